@@ -1,0 +1,348 @@
+//! `rein demo`: everything in one process against a real PostgreSQL (a private one started
+//! from the installed server binaries when DATABASE_URL is unset), driving a mixed workload
+//! of both built-in definitions to the end and summarising what happened.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use rein_scheduler::{Scheduler, SchedulerConfig};
+use rein_store::{EnqueueRequest, Store, counters};
+use rein_worker::{Worker, WorkerConfig};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::ops::report;
+use crate::{DbArgs, exit};
+
+#[derive(clap::Args)]
+pub struct DemoArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Runs to enqueue.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    runs: u32,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Keep the database (and the fleet) running after the summary until Ctrl-C.
+    #[arg(long)]
+    keep: bool,
+    /// Give up waiting for the workload after this long.
+    #[arg(long, default_value_t = 300)]
+    timeout_s: u64,
+}
+
+/// Where the private PostgreSQL lives: `target/` when run from a checkout, else the temp dir
+/// (readable by the `postgres` user when we run as root).
+fn pg_base_dir() -> PathBuf {
+    let target = PathBuf::from("target");
+    if target.is_dir() {
+        std::fs::canonicalize(&target)
+            .unwrap_or(target)
+            .join("rein-pg")
+    } else {
+        std::env::temp_dir().join("rein-pg")
+    }
+}
+
+pub async fn demo(args: DemoArgs) -> u8 {
+    crate::init_logging(false);
+    let mut private = None;
+    let url = match args.db.database_url.clone() {
+        Some(url) => url,
+        None => {
+            eprintln!(
+                "DATABASE_URL is unset: starting a private PostgreSQL from the installed binaries…"
+            );
+            let options = rein_devdb::PrivatePostgresOptions {
+                base_dir: pg_base_dir(),
+                name: format!("demo-{}", std::process::id()),
+                fast: true,
+                ..Default::default()
+            };
+            match tokio::task::spawn_blocking(move || rein_devdb::PrivatePostgres::start(options))
+                .await
+            {
+                Ok(Ok(pg)) => {
+                    let url = pg.url();
+                    eprintln!(
+                        "private PostgreSQL on port {} (data in {})",
+                        pg.port(),
+                        pg.data_dir().display()
+                    );
+                    private = Some(pg);
+                    url
+                }
+                Ok(Err(e)) => {
+                    eprintln!("error: {e}");
+                    return exit::DATABASE;
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return exit::DATABASE;
+                }
+            }
+        }
+    };
+    let code = run_demo(&args, &url).await;
+    if args.keep && code == exit::OK {
+        eprintln!(
+            "\nkeeping the database up; explore with:\n  export DATABASE_URL={url}\n  rein runs list\n  rein runs show RUN\nCtrl-C to stop."
+        );
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    if let Some(pg) = private {
+        let _ = tokio::task::spawn_blocking(move || drop(pg)).await;
+    }
+    code
+}
+
+async fn run_demo(args: &DemoArgs, url: &str) -> u8 {
+    let store = match Store::connect(url, 24).await {
+        Ok(s) => s,
+        Err(e) => return report(&e),
+    };
+    let stop = CancellationToken::new();
+    let mut fleet = tokio::task::JoinSet::new();
+    for i in 0..2 {
+        let mut config = SchedulerConfig::new(format!("demo-scheduler-{i}"));
+        config.tick_ms = 50;
+        let mut scheduler = Scheduler::new(store.clone(), config);
+        let stop = stop.clone();
+        fleet.spawn(async move {
+            let _ = scheduler.run(stop).await;
+        });
+    }
+    for i in 0..4 {
+        let mut config = WorkerConfig::new(format!("demo-worker-{i}"));
+        config.concurrency = 16;
+        config.lease_ttl_ms = 5_000;
+        config.poll_interval_ms = 20;
+        let worker = Worker::new(
+            store.clone(),
+            config,
+            rein_worker::builtin_registry(store.clone()),
+        );
+        let stop = stop.clone();
+        fleet.spawn(async move {
+            let _ = worker.run(stop).await;
+        });
+    }
+
+    let (lifecycle, research) = match (
+        store.load_definition("lifecycle", None).await,
+        store.load_definition("research-agent", None).await,
+    ) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => return report(&e),
+    };
+    let mut requests = Vec::new();
+    for i in 0..args.runs {
+        let (def, sim) = workload(i, &lifecycle, &research);
+        requests.push(EnqueueRequest::new(def, json!({ "sim": sim })));
+    }
+    let started = Instant::now();
+    let mut run_ids = Vec::new();
+    for chunk in requests.chunks(1000) {
+        match store.enqueue_batch(chunk).await {
+            Ok(done) => run_ids.extend(done.into_iter().map(|e| e.run_id)),
+            Err(e) => return report(&e),
+        }
+    }
+    eprintln!(
+        "enqueued {} runs (lifecycle and research-agent, with sim actions)",
+        run_ids.len()
+    );
+    let cancel_target = run_ids.get(7).copied();
+    let mut cancelled = false;
+    let mut approvals = BTreeMap::<&str, u64>::new();
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_s);
+    let mut last_print = Instant::now() - Duration::from_secs(1);
+    loop {
+        // The simulated approver decides parked approvals as each run's input says.
+        if let Ok(waiting) = store
+            .runs_in_states(&["paused", "WAITING_APPROVAL"], 200)
+            .await
+        {
+            for row in waiting {
+                let wish = row.projection.data["sim"]["approval"]
+                    .as_str()
+                    .unwrap_or("grant")
+                    .to_owned();
+                let event = match (row.definition.as_str(), wish.as_str()) {
+                    (_, "expire") => continue,
+                    ("lifecycle", "deny") => "approval_denied",
+                    ("lifecycle", _) => "approval_granted",
+                    (_, "deny") => "REJECTED",
+                    _ => "APPROVED",
+                };
+                let payload = json!({ "approver": "demo-approver", "reason": if wish == "deny" { "denied by the demo approver" } else { "granted" } });
+                if store
+                    .send(row.run_id, event, payload, "demo-approver", 60_000)
+                    .await
+                    .is_ok()
+                {
+                    *approvals
+                        .entry(if wish == "deny" { "denied" } else { "granted" })
+                        .or_default() += 1;
+                }
+            }
+        }
+        if !cancelled && let Some(run) = cancel_target {
+            if store
+                .send(
+                    run,
+                    "CANCEL",
+                    json!({ "reason": "cancelled by the demo" }),
+                    "demo-operator",
+                    60_000,
+                )
+                .await
+                .is_ok()
+            {
+                cancelled = true;
+            }
+        }
+        let counts = match store.count_by_state().await {
+            Ok(c) => c,
+            Err(e) => return report(&e),
+        };
+        let terminal: i64 = counts
+            .iter()
+            .filter(|c| c.2 == "terminal")
+            .map(|c| c.3)
+            .sum();
+        let total: i64 = counts.iter().map(|c| c.3).sum();
+        if last_print.elapsed() >= Duration::from_secs(1) || terminal == total {
+            last_print = Instant::now();
+            let line: Vec<String> = counts
+                .iter()
+                .map(|(d, s, _, n)| format!("{d}/{s}={n}"))
+                .collect();
+            eprintln!(
+                "[{:>5.1}s] {terminal}/{total} finished  {}",
+                started.elapsed().as_secs_f64(),
+                line.join(" ")
+            );
+        }
+        if terminal == total {
+            break;
+        }
+        if Instant::now() > deadline {
+            eprintln!(
+                "error: the workload did not finish within {} s",
+                args.timeout_s
+            );
+            stop.cancel();
+            return exit::REFUSED;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    stop.cancel();
+    while fleet.join_next().await.is_some() {}
+
+    let counts = store.count_by_state().await.unwrap_or_default();
+    let events = store.count_events_by_type().await.unwrap_or_default();
+    let fenced = store.counter(counters::FENCED_WRITES).await.unwrap_or(0);
+    let events_total: i64 = events.iter().map(|e| e.1).sum();
+    let count = |names: &[&str]| -> i64 {
+        events
+            .iter()
+            .filter(|e| names.contains(&e.0.as_str()))
+            .map(|e| e.1)
+            .sum()
+    };
+    let mut by_final: BTreeMap<String, i64> = BTreeMap::new();
+    for (d, s, _, n) in &counts {
+        *by_final.entry(format!("{d}/{s}")).or_default() += n;
+    }
+    let mut integrity_errors = 0;
+    for run in &run_ids {
+        if !matches!(store.verify_run(*run).await, Ok(None)) {
+            integrity_errors += 1;
+        }
+    }
+    let summary = json!({
+        "runs": run_ids.len(),
+        "runs_by_final_state": by_final,
+        "events": events_total,
+        "retries": count(&["retry", "RETRY_DUE"]),
+        "approvals": { "granted": approvals.get("granted").copied().unwrap_or(0), "denied": approvals.get("denied").copied().unwrap_or(0) },
+        "cancelled": count(&["CANCEL"]),
+        "fenced_writes_rejected": fenced,
+        "replay_mismatches": integrity_errors,
+        "elapsed_s": elapsed,
+        "runs_per_s": run_ids.len() as f64 / elapsed,
+        "events_per_s": events_total as f64 / elapsed,
+        "database_url": url,
+    });
+    if args.json {
+        println!("{summary}");
+    } else {
+        print_summary(&summary);
+    }
+    if integrity_errors > 0 {
+        exit::REFUSED
+    } else {
+        exit::OK
+    }
+}
+
+/// Run `i` of the demo workload: a mix that exercises retries, exhaustion, approvals (granted
+/// and denied), failures and multi-step agents.
+fn workload(
+    i: u32,
+    lifecycle: &rein_core::Definition,
+    research: &rein_core::Definition,
+) -> (rein_core::Definition, Value) {
+    let def = if i % 2 == 0 {
+        lifecycle.clone()
+    } else {
+        research.clone()
+    };
+    let sim = match i % 10 {
+        0 | 1 => json!({ "work_ms": 20, "transient_failures": 1 + i % 2 }),
+        2 => json!({ "work_ms": 10, "transient_failures": 5 }),
+        3 => json!({ "work_ms": 10, "approval": "grant", "amount": 150 }),
+        4 => json!({ "work_ms": 10, "approval": "deny", "amount": 500 }),
+        5 => json!({ "work_ms": 10, "fatal_at_step": 1 }),
+        6 => json!({ "work_ms": 30, "steps": 3 }),
+        _ => json!({ "work_ms": 10 }),
+    };
+    (def, sim)
+}
+
+fn print_summary(s: &Value) {
+    println!("\n== Rein demo summary ==");
+    println!("{:<40} {:>8}", "runs by final state", "count");
+    if let Some(map) = s["runs_by_final_state"].as_object() {
+        for (k, v) in map {
+            println!("  {k:<38} {v:>8}");
+        }
+    }
+    println!("{:<40} {:>8}", "runs", s["runs"]);
+    println!("{:<40} {:>8}", "events committed", s["events"]);
+    println!("{:<40} {:>8}", "retries", s["retries"]);
+    println!(
+        "{:<40} {:>8}",
+        "approvals granted", s["approvals"]["granted"]
+    );
+    println!("{:<40} {:>8}", "approvals denied", s["approvals"]["denied"]);
+    println!("{:<40} {:>8}", "cancelled", s["cancelled"]);
+    println!(
+        "{:<40} {:>8}",
+        "fenced writes rejected", s["fenced_writes_rejected"]
+    );
+    println!(
+        "{:<40} {:>8}",
+        "runs whose log does not replay", s["replay_mismatches"]
+    );
+    println!(
+        "{:<40} {:>8.1} runs/s, {:.1} events/s",
+        "throughput",
+        s["runs_per_s"].as_f64().unwrap_or(0.0),
+        s["events_per_s"].as_f64().unwrap_or(0.0)
+    );
+}

@@ -1,0 +1,116 @@
+//! `rein`: one binary, every role. `rein worker`, `rein scheduler`, `rein demo`, and the
+//! operator and offline commands.
+
+mod demo;
+mod offline;
+mod ops;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit codes shared by every command.
+pub mod exit {
+    pub const OK: u8 = 0;
+    /// Usage or input error.
+    pub const INPUT: u8 = 1;
+    /// Refused: invalid transition, fenced.
+    pub const REFUSED: u8 = 2;
+    /// Database unreachable, or its schema too old or too new.
+    pub const DATABASE: u8 = 3;
+}
+
+#[derive(Parser)]
+#[command(
+    name = "rein",
+    version,
+    about = "A durable runtime for LLM agent runs",
+    propagate_version = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Clone)]
+pub struct DbArgs {
+    /// PostgreSQL URL.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Connections this process may open (sized for 2 cores and Postgres' 100 connections).
+    #[arg(long, default_value_t = rein_store::POOL_MAX_DEFAULT, value_parser = clap::value_parser!(u32).range(1..=90))]
+    pub db_pool_max: u32,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate, show and list state-machine definitions.
+    #[command(subcommand)]
+    Definitions(offline::DefinitionsCommand),
+    /// Re-reduce a recorded event log offline (changes nothing).
+    Replay(offline::ReplayArgs),
+    /// Apply database migrations.
+    Migrate(DbArgs),
+    /// Run a worker: claims runs and executes their node actions.
+    Worker(ops::WorkerArgs),
+    /// Run a scheduler: fires timers and recovers expired leases.
+    Scheduler(ops::SchedulerArgs),
+    /// Create a run; prints its id.
+    Enqueue(ops::EnqueueArgs),
+    /// Send an event to a run (reply, approval, cancel).
+    Send(ops::SendArgs),
+    /// Inspect runs.
+    #[command(subcommand)]
+    Runs(ops::RunsCommand),
+    /// Start a private PostgreSQL, a scheduler pair and workers, drive real runs and show
+    /// what happened.
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Definitions(cmd) => offline::definitions(cmd),
+        Command::Replay(args) => offline::replay(args),
+        other => {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: cannot start the async runtime: {e}");
+                    return ExitCode::from(exit::INPUT);
+                }
+            };
+            runtime.block_on(async move {
+                match other {
+                    Command::Migrate(db) => ops::migrate(db).await,
+                    Command::Worker(args) => ops::worker(args).await,
+                    Command::Scheduler(args) => ops::scheduler(args).await,
+                    Command::Enqueue(args) => ops::enqueue(args).await,
+                    Command::Send(args) => ops::send(args).await,
+                    Command::Runs(cmd) => ops::runs(cmd).await,
+                    Command::Demo(args) => demo::demo(args).await,
+                    Command::Definitions(_) | Command::Replay(_) => exit::INPUT,
+                }
+            })
+        }
+    };
+    ExitCode::from(code)
+}
+
+/// Logs to stderr: JSON lines for long-running roles unless on a terminal.
+pub fn init_logging(json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter =
+        EnvFilter::try_from_env("REIN_LOG").unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}

@@ -1,0 +1,36 @@
+//! Definitions shipped with Rein (SPEC M7), embedded from `definitions/` at build time.
+
+use crate::definition::{Definition, DefinitionError, Format};
+use crate::guard::GuardRegistry;
+
+pub const LIFECYCLE: &str = include_str!("../../../definitions/lifecycle.toml");
+pub const RESEARCH_AGENT: &str = include_str!("../../../definitions/research-agent.toml");
+pub const CHAIN4: &str = include_str!("../../../definitions/chain4.toml");
+
+/// Name and source of every built-in definition.
+pub const ALL: [(&str, &str); 3] = [
+    ("lifecycle", LIFECYCLE),
+    ("research-agent", RESEARCH_AGENT),
+    ("chain4", CHAIN4),
+];
+
+pub fn source(name: &str) -> Option<&'static str> {
+    ALL.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
+}
+
+/// Loads a built-in definition by name.
+pub fn load(name: &str) -> Option<Result<Definition, DefinitionError>> {
+    source(name).map(|text| Definition::parse(text, Format::Toml, &GuardRegistry::new()))
+}
+
+pub fn lifecycle() -> Definition {
+    load("lifecycle")
+        .and_then(Result::ok)
+        .expect("the shipped lifecycle definition is validated by tests")
+}
+
+pub fn research_agent() -> Definition {
+    load("research-agent")
+        .and_then(Result::ok)
+        .expect("the shipped research-agent definition is validated by tests")
+}

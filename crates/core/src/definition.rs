@@ -1,0 +1,892 @@
+//! State-machine definitions (SPEC M1): the data format, its validation, and the validated
+//! [`Definition`] every other module works with.
+//!
+//! A definition is written as TOML (primary) or JSON, or built in Rust as a
+//! [`DefinitionSpec`]. [`Definition::from_spec`] is the only way to get a `Definition`, so
+//! holding one proves it passed every check below.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::EngineEvent;
+use crate::guard::{CompiledGuard, GuardRegistry, GuardSpec};
+use crate::limits;
+use crate::retry::RetryPolicy;
+
+/// The serialised form of a definition, exactly as a file declares it (with defaults filled
+/// in by serde). `Serialize` gives the normalised JSON of `rein definitions show`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DefinitionSpec {
+    pub name: String,
+    pub version: u32,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    pub states: Vec<StateSpec>,
+    pub events: Vec<String>,
+    pub transitions: Vec<TransitionSpec>,
+    /// Where CANCEL (an engine event, SPEC M8) takes a run from any non-terminal state.
+    #[serde(default)]
+    pub cancel_state: Option<String>,
+    /// Competing candidate events, highest priority first (SPEC M6).
+    #[serde(default)]
+    pub priority: Vec<String>,
+    /// Events that report the result of a dispatched action; they must name the pending
+    /// call (SPEC X5) when one is pending.
+    #[serde(default)]
+    pub call_results: Vec<String>,
+    /// Default retry policy for states that declare none.
+    #[serde(default)]
+    pub retry: RetryPolicy,
+    /// Constants visible to guards as `def.NAME`.
+    #[serde(default)]
+    pub constants: BTreeMap<String, serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateKind {
+    /// The run has work to do: a worker claims it and runs the state's action.
+    Active,
+    /// The run is parked: it waits for a timer, a human or a dependency.
+    Waiting,
+    /// No ordinary event is accepted any more.
+    Terminal,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateSpec {
+    pub name: String,
+    pub kind: StateKind,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub initial: bool,
+    /// Name of the node action a worker runs in this state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<TimeoutSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalPolicy>,
+    /// A retry-wait state: after the backoff the scheduler commits `due` if its guards
+    /// allow, else `exhausted`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<BackoffSpec>,
+    /// The event the scheduler commits when a worker's lease on a run in this state expires
+    /// with no action pending (SPEC S2), e.g. the state's transient-failure event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_lease_expired: Option<String>,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackoffSpec {
+    pub due: String,
+    pub exhausted: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutSpec {
+    pub after_ms: u64,
+    pub event: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolSpec {
+    pub name: String,
+    /// JSON Schema of the tool's arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<serde_json::Value>,
+    #[serde(default)]
+    pub side_effect: bool,
+    #[serde(default)]
+    pub retryable: bool,
+    #[serde(default)]
+    pub requires_idempotency_key: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// When a call needs a human's approval first: `always`, `never` (default), or a guard
+    /// expression over the call's arguments such as `args.amount > 100`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalPolicy {
+    pub expires_after_ms: u64,
+    /// How long before expiry the reminder event fires; none when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remind_before_ms: Option<u64>,
+    /// Event committed as a reminder (may be a self-loop).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reminder_event: Option<String>,
+    /// Event committed when the approval expires; it must leave the state.
+    pub expiry_event: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_version: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransitionSpec {
+    pub from: String,
+    pub event: String,
+    pub to: String,
+    /// Shorthand for a single business guard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub guards: Vec<GuardSpec>,
+    /// Among transitions for the same (from, event), the highest priority whose guards pass
+    /// wins. Required to tell such transitions apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub effects: Vec<Effect>,
+}
+
+/// What a transition does to the run's data besides moving it (the `Δd` of seed 000 §6.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Effect {
+    /// `attempt += 1` (a retry is being made).
+    IncrementAttempt,
+    /// `attempt = 0` (a new logical step starts fresh).
+    ResetAttempt,
+    /// Append `payload.result` to the run's results.
+    AppendResult,
+    /// The dispatched action is finished for good (success or fatal): the next action is a
+    /// new logical step.
+    CompleteStep,
+}
+
+/// Input formats for definition documents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Toml,
+    Json,
+}
+
+impl Format {
+    /// Picks the format from a file name's extension; TOML unless it ends in `.json`.
+    pub fn from_path(path: &str) -> Format {
+        if path.to_ascii_lowercase().ends_with(".json") {
+            Format::Json
+        } else {
+            Format::Toml
+        }
+    }
+}
+
+/// One thing wrong with a definition: where it is and why it is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DefinitionProblem {
+    /// Path to the offending item, e.g. `transitions[3] (ACTING + FOO -> BAR)`.
+    pub item: String,
+    pub reason: String,
+}
+
+impl fmt::Display for DefinitionProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.item, self.reason)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DefinitionError {
+    #[error("definition is {size} bytes; the limit is {limit} bytes")]
+    TooLarge { size: usize, limit: usize },
+    #[error("definition does not parse: {0}")]
+    Parse(String),
+    #[error("definition is invalid ({} problem{}):\n{}", .0.len(), if .0.len() == 1 { "" } else { "s" }, list(.0))]
+    Invalid(Vec<DefinitionProblem>),
+}
+
+fn list(problems: &[DefinitionProblem]) -> String {
+    problems
+        .iter()
+        .map(|p| format!("  - {p}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl DefinitionError {
+    pub fn problems(&self) -> Vec<DefinitionProblem> {
+        match self {
+            DefinitionError::Invalid(problems) => problems.clone(),
+            other => vec![DefinitionProblem {
+                item: "document".to_owned(),
+                reason: other.to_string(),
+            }],
+        }
+    }
+}
+
+/// A transition after validation: guards compiled, names checked.
+#[derive(Clone)]
+pub struct Transition {
+    pub index: usize,
+    pub from: String,
+    pub event: String,
+    pub to: String,
+    pub priority: i32,
+    /// Sorted by kind: legality, then safety, then business (SPEC M5).
+    pub guards: Vec<CompiledGuard>,
+    pub effects: Vec<Effect>,
+}
+
+impl fmt::Debug for Transition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} + {} -> {}", self.from, self.event, self.to)
+    }
+}
+
+/// A validated definition. Cheap to clone (shared inside).
+#[derive(Clone)]
+pub struct Definition {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    spec: DefinitionSpec,
+    states: HashMap<String, StateSpec>,
+    events: BTreeSet<String>,
+    call_results: BTreeSet<String>,
+    /// Candidates for each (state, event), highest priority first.
+    table: HashMap<(String, String), Vec<Transition>>,
+    priority: HashMap<String, usize>,
+    initial: String,
+    cancel_state: String,
+    hash: String,
+}
+
+impl fmt::Debug for Definition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Definition({}@v{})", self.name(), self.version())
+    }
+}
+
+impl Definition {
+    /// Parses and validates a definition document.
+    pub fn parse(
+        text: &str,
+        format: Format,
+        guards: &GuardRegistry,
+    ) -> Result<Definition, DefinitionError> {
+        if text.len() > limits::DEFINITION_BYTES_MAX {
+            return Err(DefinitionError::TooLarge {
+                size: text.len(),
+                limit: limits::DEFINITION_BYTES_MAX,
+            });
+        }
+        let spec: DefinitionSpec = match format {
+            Format::Toml => toml::from_str(text).map_err(|e| DefinitionError::Parse(e.to_string())),
+            Format::Json => {
+                serde_json::from_str(text).map_err(|e| DefinitionError::Parse(e.to_string()))
+            }
+        }?;
+        Definition::from_spec(spec, guards)
+    }
+
+    /// Validates a spec built in Rust or parsed from a file. Every problem is reported, not
+    /// only the first.
+    pub fn from_spec(
+        spec: DefinitionSpec,
+        guards: &GuardRegistry,
+    ) -> Result<Definition, DefinitionError> {
+        let mut problems = Vec::new();
+        let mut p =
+            |item: String, reason: String| problems.push(DefinitionProblem { item, reason });
+
+        check_name(&mut p, "name", &spec.name);
+        if spec.version == 0 {
+            p("version".into(), "must be 1 or greater".into());
+        }
+        if spec.states.len() > limits::STATES_MAX {
+            p(
+                "states".into(),
+                format!(
+                    "{} states; the limit is {}",
+                    spec.states.len(),
+                    limits::STATES_MAX
+                ),
+            );
+        }
+        if spec.events.len() > limits::EVENTS_MAX {
+            p(
+                "events".into(),
+                format!(
+                    "{} events; the limit is {}",
+                    spec.events.len(),
+                    limits::EVENTS_MAX
+                ),
+            );
+        }
+        if spec.transitions.len() > limits::TRANSITIONS_MAX {
+            p(
+                "transitions".into(),
+                format!(
+                    "{} transitions; the limit is {}",
+                    spec.transitions.len(),
+                    limits::TRANSITIONS_MAX
+                ),
+            );
+        }
+
+        // States.
+        let mut states: HashMap<String, StateSpec> = HashMap::new();
+        let mut initials = Vec::new();
+        for (i, state) in spec.states.iter().enumerate() {
+            let item = format!("states[{i}] ({})", state.name);
+            check_name(&mut p, &item, &state.name);
+            if states.insert(state.name.clone(), state.clone()).is_some() {
+                p(item.clone(), format!("duplicate state `{}`", state.name));
+            }
+            if state.initial {
+                initials.push(state.name.clone());
+                if state.kind == StateKind::Terminal {
+                    p(item.clone(), "the initial state cannot be terminal".into());
+                }
+            }
+            if let Some(action) = &state.action {
+                check_name(&mut p, &format!("{item}.action"), action);
+                if state.kind == StateKind::Terminal {
+                    p(
+                        format!("{item}.action"),
+                        "a terminal state runs no action".into(),
+                    );
+                }
+            }
+            if let Some(retry) = &state.retry
+                && let Err(reason) = retry.validate()
+            {
+                p(format!("{item}.retry"), reason);
+            }
+            let mut tool_names = BTreeSet::new();
+            for (t, tool) in state.tools.iter().enumerate() {
+                let tool_item = format!("{item}.tools[{t}] ({})", tool.name);
+                check_name(&mut p, &tool_item, &tool.name);
+                if !tool_names.insert(tool.name.clone()) {
+                    p(tool_item.clone(), format!("duplicate tool `{}`", tool.name));
+                }
+                if let Some(when) = &tool.approval
+                    && when != "always"
+                    && when != "never"
+                    && let Err(reason) = crate::guard::compile_expr(when)
+                {
+                    p(format!("{tool_item}.approval"), reason);
+                }
+                if let Some(schema) = &tool.schema
+                    && !schema.is_object()
+                    && !schema.is_boolean()
+                {
+                    p(
+                        format!("{tool_item}.schema"),
+                        "a JSON Schema must be an object or a boolean".into(),
+                    );
+                }
+            }
+        }
+        if let Err(reason) = spec.retry.validate() {
+            p("retry".into(), reason);
+        }
+        match initials.len() {
+            0 => p(
+                "states".into(),
+                "missing initial state: mark exactly one state `initial = true`".into(),
+            ),
+            1 => {}
+            _ => p(
+                "states".into(),
+                format!(
+                    "duplicate initial state: {} are all marked initial",
+                    initials.join(", ")
+                ),
+            ),
+        }
+
+        // Events.
+        let mut events = BTreeSet::new();
+        for (i, event) in spec.events.iter().enumerate() {
+            let item = format!("events[{i}] ({event})");
+            check_name(&mut p, &item, event);
+            if EngineEvent::is_reserved(event) {
+                p(
+                    item.clone(),
+                    format!("`{event}` is an engine event name and cannot be declared"),
+                );
+            }
+            if !events.insert(event.clone()) {
+                p(item, format!("duplicate event `{event}`"));
+            }
+        }
+        let mut call_results = BTreeSet::new();
+        for (i, event) in spec.call_results.iter().enumerate() {
+            if !events.contains(event) {
+                p(
+                    format!("call_results[{i}] ({event})"),
+                    format!("unknown event `{event}`"),
+                );
+            }
+            call_results.insert(event.clone());
+        }
+        let mut priority = HashMap::new();
+        for (i, event) in spec.priority.iter().enumerate() {
+            if !events.contains(event) {
+                p(
+                    format!("priority[{i}] ({event})"),
+                    format!("unknown event `{event}`"),
+                );
+            }
+            if priority.insert(event.clone(), i).is_some() {
+                p(
+                    format!("priority[{i}] ({event})"),
+                    format!("`{event}` is listed twice"),
+                );
+            }
+        }
+        for (name, value) in &spec.constants {
+            if !(value.is_number() || value.is_boolean() || value.is_string()) {
+                p(
+                    format!("constants.{name}"),
+                    "a constant must be a number, boolean or string".into(),
+                );
+            }
+        }
+
+        // Transitions.
+        let mut table: HashMap<(String, String), Vec<Transition>> = HashMap::new();
+        for (i, t) in spec.transitions.iter().enumerate() {
+            let item = format!("transitions[{i}] ({} + {} -> {})", t.from, t.event, t.to);
+            let from = states.get(&t.from);
+            if from.is_none() {
+                p(
+                    item.clone(),
+                    format!("unknown state `{}` in `from`", t.from),
+                );
+            }
+            if !states.contains_key(&t.to) {
+                p(item.clone(), format!("unknown state `{}` in `to`", t.to));
+            }
+            if !events.contains(&t.event) {
+                p(item.clone(), format!("unknown event `{}`", t.event));
+            }
+            if from.is_some_and(|s| s.kind == StateKind::Terminal) {
+                p(
+                    item.clone(),
+                    format!(
+                        "terminal state `{}` cannot have outgoing transitions",
+                        t.from
+                    ),
+                );
+            }
+            let mut specs: Vec<GuardSpec> = t.guards.clone();
+            if let Some(expr) = &t.guard {
+                specs.push(GuardSpec::business(expr));
+            }
+            if specs.len() > limits::GUARDS_PER_TRANSITION_MAX {
+                p(
+                    item.clone(),
+                    format!(
+                        "{} guards; the limit is {}",
+                        specs.len(),
+                        limits::GUARDS_PER_TRANSITION_MAX
+                    ),
+                );
+            }
+            let mut compiled = Vec::new();
+            for (g, guard) in specs.iter().enumerate() {
+                match guard.compile(guards) {
+                    Ok(c) => compiled.push(c),
+                    Err(reason) => p(format!("{item}.guards[{g}]"), reason),
+                }
+            }
+            compiled.sort_by_key(|g| g.kind);
+            let mut effects = t.effects.clone();
+            effects.dedup();
+            table
+                .entry((t.from.clone(), t.event.clone()))
+                .or_default()
+                .push(Transition {
+                    index: i,
+                    from: t.from.clone(),
+                    event: t.event.clone(),
+                    to: t.to.clone(),
+                    priority: t.priority.unwrap_or(0),
+                    guards: compiled,
+                    effects,
+                });
+        }
+        let mut keys: Vec<_> = table.keys().cloned().collect();
+        keys.sort();
+        for key in keys {
+            let Some(candidates) = table.get_mut(&key) else {
+                continue;
+            };
+            candidates.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.index.cmp(&b.index)));
+            for pair in candidates.windows(2) {
+                let (a, b) = (&pair[0], &pair[1]);
+                let item = format!(
+                    "transitions[{}] ({} + {} -> {})",
+                    b.index, b.from, b.event, b.to
+                );
+                if a.to == b.to && a.guards.is_empty() && b.guards.is_empty() {
+                    p(item, format!("duplicate of transitions[{}]", a.index));
+                } else if a.priority == b.priority {
+                    p(
+                        item,
+                        format!(
+                            "ambiguous with transitions[{}]: both could fire for ({}, {}); give them different `priority` values",
+                            a.index, a.from, a.event
+                        ),
+                    );
+                } else if a.guards.is_empty() {
+                    p(
+                        item,
+                        format!(
+                            "unreachable: transitions[{}] has a higher priority and no guard, so it always wins for ({}, {})",
+                            a.index, a.from, a.event
+                        ),
+                    );
+                }
+            }
+        }
+
+        // Cancel state.
+        let cancel_state = match &spec.cancel_state {
+            None => {
+                p(
+                    "cancel_state".into(),
+                    "missing cancel state: name the state CANCEL moves a run to".into(),
+                );
+                String::new()
+            }
+            Some(name) => {
+                match states.get(name) {
+                    None => p("cancel_state".into(), format!("unknown state `{name}`")),
+                    Some(s) if s.kind != StateKind::Terminal => p(
+                        "cancel_state".into(),
+                        format!("`{name}` must be a terminal state"),
+                    ),
+                    Some(_) => {}
+                }
+                name.clone()
+            }
+        };
+
+        // Per-state timeouts and approval events must leave the state.
+        let leaves = |state: &str, event: &str| {
+            table
+                .get(&(state.to_owned(), event.to_owned()))
+                .is_some_and(|c| c.iter().any(|t| t.to != state))
+        };
+        let accepts =
+            |state: &str, event: &str| table.contains_key(&(state.to_owned(), event.to_owned()));
+        for (i, state) in spec.states.iter().enumerate() {
+            let item = format!("states[{i}] ({})", state.name);
+            if let Some(timeout) = &state.timeout {
+                if timeout.after_ms == 0 {
+                    p(
+                        format!("{item}.timeout"),
+                        "after_ms must be greater than 0".into(),
+                    );
+                }
+                if !leaves(&state.name, &timeout.event) {
+                    p(
+                        format!("{item}.timeout"),
+                        format!(
+                            "timeout event `{}` does not leave state `{}`",
+                            timeout.event, state.name
+                        ),
+                    );
+                }
+            }
+            if let Some(approval) = &state.approval {
+                if state.kind != StateKind::Waiting {
+                    p(
+                        format!("{item}.approval"),
+                        "an approval is waited for in a `waiting` state".into(),
+                    );
+                }
+                if approval.expires_after_ms == 0 {
+                    p(
+                        format!("{item}.approval"),
+                        "expires_after_ms must be greater than 0".into(),
+                    );
+                }
+                if !leaves(&state.name, &approval.expiry_event) {
+                    p(
+                        format!("{item}.approval"),
+                        format!(
+                            "expiry event `{}` does not leave state `{}`",
+                            approval.expiry_event, state.name
+                        ),
+                    );
+                }
+                if let Some(reminder) = &approval.reminder_event
+                    && !accepts(&state.name, reminder)
+                {
+                    p(
+                        format!("{item}.approval"),
+                        format!(
+                            "reminder event `{reminder}` is not accepted in state `{}`",
+                            state.name
+                        ),
+                    );
+                }
+                if approval
+                    .remind_before_ms
+                    .is_some_and(|r| r >= approval.expires_after_ms)
+                {
+                    p(
+                        format!("{item}.approval"),
+                        "remind_before_ms must be less than expires_after_ms".into(),
+                    );
+                }
+            }
+            if let Some(backoff) = &state.backoff {
+                if state.kind != StateKind::Waiting {
+                    p(
+                        format!("{item}.backoff"),
+                        "a backoff is waited for in a `waiting` state".into(),
+                    );
+                }
+                for event in [&backoff.due, &backoff.exhausted] {
+                    if !leaves(&state.name, event) {
+                        p(
+                            format!("{item}.backoff"),
+                            format!(
+                                "backoff event `{event}` does not leave state `{}`",
+                                state.name
+                            ),
+                        );
+                    }
+                }
+            }
+            if let Some(event) = &state.on_lease_expired
+                && !accepts(&state.name, event)
+            {
+                p(
+                    format!("{item}.on_lease_expired"),
+                    format!("event `{event}` is not accepted in state `{}`", state.name),
+                );
+            }
+            if state.kind == StateKind::Terminal && state.timeout.is_some() {
+                p(
+                    format!("{item}.timeout"),
+                    "a terminal state has no timeout".into(),
+                );
+            }
+        }
+
+        // Reachability from the initial state. CANCEL reaches the cancel state.
+        if let [initial] = initials.as_slice() {
+            let mut seen = BTreeSet::new();
+            let mut queue = VecDeque::from([initial.clone()]);
+            seen.insert(initial.clone());
+            while let Some(state) = queue.pop_front() {
+                for t in spec.transitions.iter().filter(|t| t.from == state) {
+                    if seen.insert(t.to.clone()) {
+                        queue.push_back(t.to.clone());
+                    }
+                }
+            }
+            if states.contains_key(&cancel_state) {
+                seen.insert(cancel_state.clone());
+            }
+            for (i, state) in spec.states.iter().enumerate() {
+                if !seen.contains(&state.name) {
+                    p(
+                        format!("states[{i}] ({})", state.name),
+                        format!("unreachable state: no path leads to it from `{initial}`"),
+                    );
+                }
+            }
+        }
+        if !spec.states.iter().any(|s| s.kind == StateKind::Terminal) {
+            p(
+                "states".into(),
+                "no terminal state: a run could never end".into(),
+            );
+        }
+
+        if !problems.is_empty() {
+            return Err(DefinitionError::Invalid(problems));
+        }
+        let hash = crate::hash::sha256_hex(
+            crate::hash::canonical_json(&serde_json::to_value(&spec).unwrap_or_default())
+                .as_bytes(),
+        );
+        Ok(Definition {
+            inner: Arc::new(Inner {
+                initial: initials.remove(0),
+                cancel_state,
+                states,
+                events,
+                call_results,
+                table,
+                priority,
+                hash,
+                spec,
+            }),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.spec.name
+    }
+    pub fn version(&self) -> u32 {
+        self.inner.spec.version
+    }
+    pub fn spec(&self) -> &DefinitionSpec {
+        &self.inner.spec
+    }
+    /// sha256 of the normalised definition; two documents that mean the same hash the same.
+    pub fn hash(&self) -> &str {
+        &self.inner.hash
+    }
+    pub fn initial_state(&self) -> &str {
+        &self.inner.initial
+    }
+    pub fn cancel_state(&self) -> &str {
+        &self.inner.cancel_state
+    }
+    pub fn state(&self, name: &str) -> Option<&StateSpec> {
+        self.inner.states.get(name)
+    }
+    pub fn states(&self) -> impl Iterator<Item = &StateSpec> {
+        self.inner.spec.states.iter()
+    }
+    pub fn is_terminal(&self, state: &str) -> bool {
+        self.state(state)
+            .is_some_and(|s| s.kind == StateKind::Terminal)
+    }
+    pub fn has_event(&self, event: &str) -> bool {
+        self.inner.events.contains(event)
+    }
+    pub fn events(&self) -> impl Iterator<Item = &String> {
+        self.inner.events.iter()
+    }
+    pub fn is_call_result(&self, event: &str) -> bool {
+        self.inner.call_results.contains(event)
+    }
+    /// Transitions that may fire for `(state, event)`, highest priority first.
+    pub fn candidates(&self, state: &str, event: &str) -> &[Transition] {
+        self.inner
+            .table
+            .get(&(state.to_owned(), event.to_owned()))
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+    /// All transitions in declaration order.
+    pub fn transitions(&self) -> Vec<&Transition> {
+        let mut all: Vec<&Transition> = self.inner.table.values().flatten().collect();
+        all.sort_by_key(|t| t.index);
+        all
+    }
+    /// Rank of an event among competing candidates: lower is stronger. Events the
+    /// definition does not rank come after every ranked one.
+    pub fn event_rank(&self, event: &str) -> usize {
+        self.inner
+            .priority
+            .get(event)
+            .copied()
+            .unwrap_or(usize::MAX)
+    }
+    /// The retry policy in force in `state`: its own, else the definition's default.
+    pub fn retry_policy(&self, state: &str) -> &RetryPolicy {
+        self.state(state)
+            .and_then(|s| s.retry.as_ref())
+            .unwrap_or(&self.inner.spec.retry)
+    }
+    pub fn constants(&self) -> &BTreeMap<String, serde_json::Value> {
+        &self.inner.spec.constants
+    }
+    /// Can any state reachable from `state` (including itself) accept `event`? Used to refuse
+    /// at once an event that could never be applied (SPEC X3a).
+    pub fn could_ever_accept(&self, state: &str, event: &str) -> bool {
+        if EngineEvent::is_reserved(event) {
+            return !self.is_terminal(state);
+        }
+        let mut seen = BTreeSet::from([state.to_owned()]);
+        let mut queue = VecDeque::from([state.to_owned()]);
+        while let Some(s) = queue.pop_front() {
+            if self
+                .inner
+                .table
+                .contains_key(&(s.clone(), event.to_owned()))
+            {
+                return true;
+            }
+            for t in self.inner.table.values().flatten().filter(|t| t.from == s) {
+                if seen.insert(t.to.clone()) {
+                    queue.push_back(t.to.clone());
+                }
+            }
+        }
+        false
+    }
+
+    /// A `stateDiagram-v2` with every transition (guards shown as `[guard]`).
+    pub fn to_mermaid(&self) -> String {
+        let mut out = String::from("stateDiagram-v2\n");
+        out.push_str(&format!("    [*] --> {}\n", self.initial_state()));
+        for t in self.transitions() {
+            let guards: Vec<String> = t.guards.iter().map(|g| g.label()).collect();
+            if guards.is_empty() {
+                out.push_str(&format!("    {} --> {}: {}\n", t.from, t.to, t.event));
+            } else {
+                out.push_str(&format!(
+                    "    {} --> {}: {} [{}]\n",
+                    t.from,
+                    t.to,
+                    t.event,
+                    guards.join(" && ")
+                ));
+            }
+        }
+        for s in self.states().filter(|s| s.kind == StateKind::Terminal) {
+            out.push_str(&format!("    {} --> [*]\n", s.name));
+        }
+        out
+    }
+}
+
+fn check_name(p: &mut impl FnMut(String, String), item: &str, name: &str) {
+    if name.is_empty() {
+        p(item.to_owned(), "name is empty".into());
+    } else if name.len() > limits::NAME_LEN_MAX {
+        p(
+            item.to_owned(),
+            format!(
+                "name is {} bytes; the limit is {}",
+                name.len(),
+                limits::NAME_LEN_MAX
+            ),
+        );
+    } else if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    {
+        p(
+            item.to_owned(),
+            format!("name `{name}` may use only letters, digits, `_`, `-` and `.`"),
+        );
+    }
+}

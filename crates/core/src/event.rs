@@ -1,0 +1,90 @@
+//! Events: immutable facts (SPEC E1). The reducer needs only type, payload and sequence;
+//! ids, tokens and timestamps are storage's business.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub sequence: u64,
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default = "empty_object")]
+    pub payload: serde_json::Value,
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::json!({})
+}
+
+impl Event {
+    pub fn new(sequence: u64, kind: impl Into<String>, payload: serde_json::Value) -> Event {
+        Event {
+            sequence,
+            kind: kind.into(),
+            payload,
+        }
+    }
+}
+
+/// Engine events (SPEC M8): outside every definition's table and never rejected by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EngineEvent {
+    /// Moves a non-terminal run to the definition's cancel state.
+    Cancel,
+    /// A side-effecting action is about to run: `{action_id, call_id, node, step,
+    /// idempotency_key, tool?, action_hash?}`.
+    ActionDispatched,
+    /// A dispatched call's outcome is unknown: `{call_id, reason}`.
+    ActionResultInDoubt,
+    /// An in-doubt call was found not applied (reconcile or operator): `{call_id, by}`; the
+    /// step stays open and may be dispatched again.
+    ActionNotApplied,
+    /// Nobody can decide an in-doubt call automatically: `{call_id, reason}`.
+    OperatorRequired,
+    DecisionRejected,
+    ApprovalRequested,
+    ApprovalReminder,
+    ApprovalDecided,
+    LeaseExpired,
+    InboxExpired,
+}
+
+impl EngineEvent {
+    pub const ALL: [EngineEvent; 11] = [
+        EngineEvent::Cancel,
+        EngineEvent::ActionDispatched,
+        EngineEvent::ActionResultInDoubt,
+        EngineEvent::ActionNotApplied,
+        EngineEvent::OperatorRequired,
+        EngineEvent::DecisionRejected,
+        EngineEvent::ApprovalRequested,
+        EngineEvent::ApprovalReminder,
+        EngineEvent::ApprovalDecided,
+        EngineEvent::LeaseExpired,
+        EngineEvent::InboxExpired,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineEvent::Cancel => "CANCEL",
+            EngineEvent::ActionDispatched => "ACTION_DISPATCHED",
+            EngineEvent::ActionResultInDoubt => "ACTION_RESULT_IN_DOUBT",
+            EngineEvent::ActionNotApplied => "ACTION_NOT_APPLIED",
+            EngineEvent::OperatorRequired => "OPERATOR_REQUIRED",
+            EngineEvent::DecisionRejected => "DECISION_REJECTED",
+            EngineEvent::ApprovalRequested => "APPROVAL_REQUESTED",
+            EngineEvent::ApprovalReminder => "APPROVAL_REMINDER",
+            EngineEvent::ApprovalDecided => "APPROVAL_DECIDED",
+            EngineEvent::LeaseExpired => "LEASE_EXPIRED",
+            EngineEvent::InboxExpired => "INBOX_EXPIRED",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<EngineEvent> {
+        EngineEvent::ALL.into_iter().find(|e| e.as_str() == name)
+    }
+
+    pub fn is_reserved(name: &str) -> bool {
+        EngineEvent::parse(name).is_some()
+    }
+}

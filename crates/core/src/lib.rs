@@ -1,0 +1,27 @@
+//! Rein's pure engine.
+//!
+//! Everything here is a function of its arguments: no clock, no randomness, no I/O, no
+//! globals. Workers, schedulers and the API call into this crate to decide where a run may
+//! go; storage and networking live elsewhere.
+//!
+//! Reading order: [`definition`] (what a state machine is and how it is validated),
+//! [`state`] and [`event`] (the run projection and the facts that change it), [`reducer`]
+//! (the pure `R(X, e)`), [`guard`], [`retry`], [`hash`], [`checkpoint`], [`builtin`].
+
+pub mod builtin;
+pub mod checkpoint;
+pub mod definition;
+pub mod event;
+pub mod guard;
+pub mod hash;
+pub mod limits;
+pub mod reducer;
+pub mod retry;
+pub mod state;
+pub mod timer;
+
+pub use definition::{Definition, DefinitionError, DefinitionProblem, Format, StateKind};
+pub use event::{EngineEvent, Event};
+pub use guard::{GuardInput, GuardKind, GuardRegistry};
+pub use reducer::{InvalidTransition, RejectReason, apply, decide, replay};
+pub use state::{ActionSlot, ActionStatus, RunState, RunStatus};

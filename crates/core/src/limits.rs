@@ -1,0 +1,19 @@
+//! Named bounds on everything a definition or an event may carry. Hitting one is an explicit
+//! error that names the limit, never a silent truncation.
+
+/// Largest definition document accepted, in bytes.
+pub const DEFINITION_BYTES_MAX: usize = 1024 * 1024;
+/// Longest name of a definition, state, event, node action, tool or guard.
+pub const NAME_LEN_MAX: usize = 64;
+pub const STATES_MAX: usize = 256;
+pub const EVENTS_MAX: usize = 512;
+pub const TRANSITIONS_MAX: usize = 4096;
+pub const GUARDS_PER_TRANSITION_MAX: usize = 16;
+/// Longest guard expression, in bytes. CEL parsing is recursive; short inputs keep it cheap.
+pub const GUARD_EXPR_LEN_MAX: usize = 2048;
+/// Deepest nesting of parentheses/brackets in a guard expression.
+pub const GUARD_EXPR_DEPTH_MAX: usize = 32;
+/// Largest serialized payload of a single event, in bytes.
+pub const EVENT_PAYLOAD_BYTES_MAX: usize = 256 * 1024;
+/// Most results a run keeps in its projection (older ones are still in the event log).
+pub const RESULTS_KEPT_MAX: usize = 1000;

@@ -1,0 +1,408 @@
+//! The pure reducer `X_n = R(X_{n-1}, e_n)` (SPEC E3) and event selection (SPEC M6).
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::definition::{Definition, Effect, Transition};
+use crate::event::{EngineEvent, Event};
+use crate::guard::{GuardInput, GuardKind};
+use crate::limits;
+use crate::state::{ActionSlot, ActionStatus, RunState};
+
+/// An event the definition (or the engine's own rules) refuses in the run's current state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+#[error("invalid transition at sequence {sequence}: {event} in state {state}: {reason}")]
+pub struct InvalidTransition {
+    pub state: String,
+    pub event: String,
+    pub sequence: u64,
+    pub reason: RejectReason,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "code", rename_all = "snake_case")]
+pub enum RejectReason {
+    /// The event's sequence is not `last + 1` (SPEC E2).
+    OutOfOrder { expected: u64 },
+    /// The definition declares no such event.
+    UnknownEvent,
+    /// Terminal states accept no ordinary event (SPEC M4).
+    Terminal,
+    /// No transition for this (state, event) pair.
+    NotInTable,
+    /// A guard of every candidate transition evaluated to false; the first failing guard of
+    /// the highest-priority candidate is named.
+    GuardFailed { kind: GuardKind, guard: String },
+    /// A guard could not be evaluated (fails closed).
+    GuardError {
+        kind: GuardKind,
+        guard: String,
+        error: String,
+    },
+    /// A result for a call other than the pending one (SPEC X5), or none named while one is
+    /// pending.
+    CallMismatch {
+        pending: Option<String>,
+        got: Option<String>,
+    },
+    /// An engine event whose payload lacks what it needs.
+    BadPayload { message: String },
+}
+
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RejectReason::OutOfOrder { expected } => {
+                write!(f, "out of order: expected sequence {expected}")
+            }
+            RejectReason::UnknownEvent => {
+                write!(f, "unknown event: the definition does not declare it")
+            }
+            RejectReason::Terminal => write!(f, "the run is in a terminal state"),
+            RejectReason::NotInTable => write!(f, "no transition for this state and event"),
+            RejectReason::GuardFailed { kind, guard } => write!(f, "{kind} guard failed: {guard}"),
+            RejectReason::GuardError { kind, guard, error } => {
+                write!(f, "{kind} guard could not be evaluated ({guard}): {error}")
+            }
+            RejectReason::CallMismatch { pending, got } => write!(
+                f,
+                "result names call {} but the pending call is {}",
+                got.as_deref().unwrap_or("(none)"),
+                pending.as_deref().unwrap_or("(none)")
+            ),
+            RejectReason::BadPayload { message } => write!(f, "bad payload: {message}"),
+        }
+    }
+}
+
+impl RejectReason {
+    pub fn code(&self) -> &'static str {
+        match self {
+            RejectReason::OutOfOrder { .. } => "out_of_order",
+            RejectReason::UnknownEvent => "unknown_event",
+            RejectReason::Terminal => "terminal",
+            RejectReason::NotInTable => "not_in_table",
+            RejectReason::GuardFailed { .. } => "guard_failed",
+            RejectReason::GuardError { .. } => "guard_error",
+            RejectReason::CallMismatch { .. } => "call_mismatch",
+            RejectReason::BadPayload { .. } => "bad_payload",
+        }
+    }
+}
+
+/// Applies one event. Pure: the result depends only on the arguments.
+pub fn apply(
+    def: &Definition,
+    run: &RunState,
+    event: &Event,
+) -> Result<RunState, InvalidTransition> {
+    let reject = |reason| InvalidTransition {
+        state: run.state.clone(),
+        event: event.kind.clone(),
+        sequence: event.sequence,
+        reason,
+    };
+    if event.sequence != run.sequence + 1 {
+        return Err(reject(RejectReason::OutOfOrder {
+            expected: run.sequence + 1,
+        }));
+    }
+    if let Some(engine) = EngineEvent::parse(&event.kind) {
+        return apply_engine(def, run, event, engine).map_err(reject);
+    }
+    if !def.has_event(&event.kind) {
+        return Err(reject(RejectReason::UnknownEvent));
+    }
+    if def.is_terminal(&run.state) {
+        return Err(reject(RejectReason::Terminal));
+    }
+    let candidates = def.candidates(&run.state, &event.kind);
+    if candidates.is_empty() {
+        return Err(reject(RejectReason::NotInTable));
+    }
+    let is_call_result = def.is_call_result(&event.kind);
+    if is_call_result {
+        let got = event.payload.get("call_id").and_then(|v| v.as_str());
+        if got != run.pending_call() {
+            return Err(reject(RejectReason::CallMismatch {
+                pending: run.pending_call().map(str::to_owned),
+                got: got.map(str::to_owned),
+            }));
+        }
+    }
+    let transition = select(def, run, event, candidates).map_err(reject)?;
+    Ok(fire(def, run, event, transition, is_call_result))
+}
+
+/// The first candidate (highest priority) whose guards all hold.
+fn select<'d>(
+    def: &Definition,
+    run: &RunState,
+    event: &Event,
+    candidates: &'d [Transition],
+) -> Result<&'d Transition, RejectReason> {
+    let input = GuardInput {
+        run: run.guard_view(),
+        event: serde_json::json!({ "type": event.kind, "payload": event.payload }),
+        payload: &event.payload,
+        retry: serde_json::to_value(def.retry_policy(&run.state)).unwrap_or_default(),
+        constants: serde_json::to_value(def.constants()).unwrap_or_default(),
+    };
+    let mut first_failure = None;
+    'candidates: for transition in candidates {
+        for guard in &transition.guards {
+            let failure = match guard.eval(&input) {
+                Ok(true) => continue,
+                Ok(false) => RejectReason::GuardFailed {
+                    kind: guard.kind,
+                    guard: guard.name.clone(),
+                },
+                Err(error) => RejectReason::GuardError {
+                    kind: guard.kind,
+                    guard: guard.name.clone(),
+                    error,
+                },
+            };
+            first_failure.get_or_insert(failure);
+            continue 'candidates;
+        }
+        return Ok(transition);
+    }
+    Err(first_failure.unwrap_or(RejectReason::NotInTable))
+}
+
+fn fire(
+    def: &Definition,
+    run: &RunState,
+    event: &Event,
+    t: &Transition,
+    is_call_result: bool,
+) -> RunState {
+    let mut next = run.clone();
+    next.sequence = event.sequence;
+    if t.to != run.state {
+        next.entered_at_sequence = event.sequence;
+        next.reminders_sent = 0;
+    } else if def
+        .state(&run.state)
+        .and_then(|s| s.approval.as_ref())
+        .and_then(|a| a.reminder_event.as_deref())
+        == Some(event.kind.as_str())
+    {
+        next.reminders_sent += 1;
+    }
+    next.state = t.to.clone();
+    merge_data(&mut next.data, &event.payload);
+    if let Some(error) = event.payload.get("error") {
+        next.last_error = Some(error.clone());
+    }
+    let completes_step = t.effects.contains(&Effect::CompleteStep);
+    for effect in &t.effects {
+        match effect {
+            Effect::IncrementAttempt => next.attempt = next.attempt.saturating_add(1),
+            Effect::ResetAttempt => next.attempt = 0,
+            Effect::AppendResult => {
+                if next.results.len() >= limits::RESULTS_KEPT_MAX {
+                    next.results.remove(0);
+                }
+                next.results.push(serde_json::json!({
+                    "call_id": event.payload.get("call_id"),
+                    "step": run.action.as_ref().map(|a| a.step),
+                    "node": run.action.as_ref().map(|a| a.node.clone()),
+                    "value": event.payload.get("result").cloned().unwrap_or(serde_json::Value::Null),
+                }));
+            }
+            Effect::CompleteStep => {}
+        }
+    }
+    if is_call_result {
+        next.needs_operator = false;
+        if completes_step {
+            if next.action.take().is_some() {
+                next.steps_completed += 1;
+            }
+            next.attempt = 0;
+        } else if let Some(slot) = next.action.as_mut() {
+            slot.status = ActionStatus::Failed;
+            slot.call_id = None;
+        }
+    }
+    if def.is_terminal(&next.state) {
+        next.terminal_reason = Some(reason_of(event));
+    }
+    next
+}
+
+fn reason_of(event: &Event) -> String {
+    match event.payload.get("reason") {
+        Some(serde_json::Value::String(s)) if !s.is_empty() => s.clone(),
+        _ => event.kind.clone(),
+    }
+}
+
+/// `payload.data` (an object) is merged into the run's business data, key by key.
+fn merge_data(data: &mut serde_json::Value, payload: &serde_json::Value) {
+    let Some(serde_json::Value::Object(update)) = payload.get("data") else {
+        return;
+    };
+    if !data.is_object() {
+        *data = serde_json::json!({});
+    }
+    if let serde_json::Value::Object(map) = data {
+        for (k, v) in update {
+            map.insert(k.clone(), v.clone());
+        }
+    }
+}
+
+fn apply_engine(
+    def: &Definition,
+    run: &RunState,
+    event: &Event,
+    engine: EngineEvent,
+) -> Result<RunState, RejectReason> {
+    let mut next = run.clone();
+    next.sequence = event.sequence;
+    let str_field = |name: &str| -> Result<String, RejectReason> {
+        event
+            .payload
+            .get(name)
+            .and_then(|v| v.as_str())
+            .map(str::to_owned)
+            .ok_or_else(|| RejectReason::BadPayload {
+                message: format!("{} needs a string `{name}`", engine.as_str()),
+            })
+    };
+    let pending_must_be = |call_id: &str| -> Result<(), RejectReason> {
+        if run.pending_call() == Some(call_id) {
+            Ok(())
+        } else {
+            Err(RejectReason::CallMismatch {
+                pending: run.pending_call().map(str::to_owned),
+                got: Some(call_id.to_owned()),
+            })
+        }
+    };
+    match engine {
+        EngineEvent::Cancel => {
+            if def.is_terminal(&run.state) {
+                return Err(RejectReason::Terminal);
+            }
+            next.state = def.cancel_state().to_owned();
+            next.entered_at_sequence = event.sequence;
+            next.terminal_reason =
+                Some(match event.payload.get("reason").and_then(|r| r.as_str()) {
+                    Some(reason) if !reason.is_empty() => format!("cancelled: {reason}"),
+                    _ => "cancelled".to_owned(),
+                });
+            next.needs_operator = false;
+        }
+        EngineEvent::ActionDispatched => {
+            if def.is_terminal(&run.state) {
+                return Err(RejectReason::Terminal);
+            }
+            if let Some(pending) = run.pending_call() {
+                return Err(RejectReason::BadPayload {
+                    message: format!(
+                        "call {pending} is still pending; resolve it before dispatching again"
+                    ),
+                });
+            }
+            let step = event
+                .payload
+                .get("step")
+                .and_then(|v| v.as_u64())
+                .and_then(|s| u32::try_from(s).ok())
+                .ok_or_else(|| RejectReason::BadPayload {
+                    message: "ACTION_DISPATCHED needs a numeric `step`".into(),
+                })?;
+            next.action = Some(ActionSlot {
+                action_id: str_field("action_id")?,
+                node: str_field("node")?,
+                step,
+                idempotency_key: str_field("idempotency_key")?,
+                call_id: Some(str_field("call_id")?),
+                status: ActionStatus::Dispatched,
+                tool: event
+                    .payload
+                    .get("tool")
+                    .and_then(|v| v.as_str())
+                    .map(str::to_owned),
+                action_hash: event
+                    .payload
+                    .get("action_hash")
+                    .and_then(|v| v.as_str())
+                    .map(str::to_owned),
+            });
+            next.needs_operator = false;
+        }
+        EngineEvent::ActionResultInDoubt => {
+            pending_must_be(&str_field("call_id")?)?;
+            if let Some(slot) = next.action.as_mut() {
+                slot.status = ActionStatus::InDoubt;
+            }
+        }
+        EngineEvent::ActionNotApplied => {
+            pending_must_be(&str_field("call_id")?)?;
+            if let Some(slot) = next.action.as_mut() {
+                slot.status = ActionStatus::Failed;
+                slot.call_id = None;
+            }
+            next.needs_operator = false;
+        }
+        EngineEvent::OperatorRequired => {
+            if def.is_terminal(&run.state) {
+                return Err(RejectReason::Terminal);
+            }
+            next.needs_operator = true;
+        }
+        EngineEvent::DecisionRejected
+        | EngineEvent::ApprovalRequested
+        | EngineEvent::ApprovalReminder
+        | EngineEvent::ApprovalDecided
+        | EngineEvent::LeaseExpired
+        | EngineEvent::InboxExpired => {}
+    }
+    Ok(next)
+}
+
+/// Picks among competing candidate events by the definition's declared priority (SPEC M6),
+/// never by the order they were given in: the strongest candidate the reducer accepts wins.
+/// Returns the index of the chosen candidate and the state after it, or every rejection.
+pub fn decide(
+    def: &Definition,
+    run: &RunState,
+    candidates: &[(String, serde_json::Value)],
+) -> Result<(usize, RunState), Vec<InvalidTransition>> {
+    let mut order: Vec<usize> = (0..candidates.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (ea, eb) = (&candidates[a].0, &candidates[b].0);
+        def.event_rank(ea)
+            .cmp(&def.event_rank(eb))
+            .then_with(|| ea.cmp(eb))
+    });
+    let mut rejections = Vec::new();
+    for i in order {
+        let (kind, payload) = &candidates[i];
+        let event = Event::new(run.sequence + 1, kind.clone(), payload.clone());
+        match apply(def, run, &event) {
+            Ok(next) => return Ok((i, next)),
+            Err(e) => rejections.push(e),
+        }
+    }
+    Err(rejections)
+}
+
+/// Replays a whole log from `X_0`. On the first rejection, returns its 0-based index.
+pub fn replay<'e>(
+    def: &Definition,
+    initial: RunState,
+    events: impl IntoIterator<Item = &'e Event>,
+) -> Result<RunState, (usize, InvalidTransition)> {
+    let mut run = initial;
+    for (i, event) in events.into_iter().enumerate() {
+        run = apply(def, &run, event).map_err(|e| (i, e))?;
+    }
+    Ok(run)
+}

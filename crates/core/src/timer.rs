@@ -1,0 +1,91 @@
+//! Timers of parked runs (SPEC S1, M9): when the next one is due and which events it fires.
+//! Pure: the caller supplies the jitter sample and the time elapsed by the database clock.
+//!
+//! Only waiting states have timers. An active state's `timeout` is an execution timeout
+//! enforced by the worker running its action; a dead worker is caught by lease expiry.
+
+use crate::definition::{Definition, StateKind};
+use crate::state::RunState;
+
+/// The next timer of a run, measured from when it entered its current state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Timer {
+    pub after_ms: u64,
+}
+
+/// When the run's next timer is due, or `None` when nothing but an outside event moves it.
+pub fn next_timer(def: &Definition, run: &RunState, jitter_sample: f64) -> Option<Timer> {
+    let state = def.state(&run.state)?;
+    if state.kind != StateKind::Waiting {
+        return None;
+    }
+    let mut due: Option<u64> = None;
+    let mut earliest = |ms: u64| due = Some(due.map_or(ms, |d| d.min(ms)));
+    if state.backoff.is_some() {
+        earliest(
+            def.retry_policy(&run.state)
+                .backoff_ms(run.attempt, jitter_sample),
+        );
+    }
+    if let Some(timeout) = &state.timeout {
+        earliest(timeout.after_ms);
+    }
+    if let Some(approval) = &state.approval {
+        earliest(approval.expires_after_ms);
+        if let (Some(before), Some(_)) = (approval.remind_before_ms, &approval.reminder_event)
+            && run.reminders_sent == 0
+        {
+            earliest(approval.expires_after_ms.saturating_sub(before));
+        }
+    }
+    due.map(|after_ms| Timer { after_ms })
+}
+
+/// Candidate events for a timer that fired `elapsed_ms` after the run entered its state,
+/// strongest first; the caller commits the first one the reducer accepts.
+pub fn fired_events(
+    def: &Definition,
+    run: &RunState,
+    elapsed_ms: u64,
+) -> Vec<(String, serde_json::Value)> {
+    let Some(state) = def.state(&run.state) else {
+        return Vec::new();
+    };
+    if state.kind != StateKind::Waiting {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    if let Some(approval) = &state.approval {
+        if elapsed_ms >= approval.expires_after_ms {
+            out.push((
+                approval.expiry_event.clone(),
+                serde_json::json!({ "reason": "approval_expired" }),
+            ));
+        } else if let (Some(before), Some(reminder)) =
+            (approval.remind_before_ms, &approval.reminder_event)
+            && run.reminders_sent == 0
+            && elapsed_ms >= approval.expires_after_ms.saturating_sub(before)
+        {
+            out.push((
+                reminder.clone(),
+                serde_json::json!({ "reason": "approval_reminder" }),
+            ));
+        }
+    }
+    if let Some(timeout) = &state.timeout
+        && elapsed_ms >= timeout.after_ms
+    {
+        out.push((
+            timeout.event.clone(),
+            serde_json::json!({ "reason": "timeout" }),
+        ));
+    }
+    if let Some(backoff) = &state.backoff {
+        out.push((backoff.due.clone(), serde_json::json!({})));
+        out.push((
+            backoff.exhausted.clone(),
+            serde_json::json!({ "reason": "retries_exhausted" }),
+        ));
+    }
+    out
+}

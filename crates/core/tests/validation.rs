@@ -1,0 +1,503 @@
+//! Definition loading and validation (SPEC M1, M5, M8, M9, Z2): every rejection names the
+//! offending item and says why.
+
+use rein_core::definition::DefinitionSpec;
+use rein_core::limits::DEFINITION_BYTES_MAX;
+use rein_core::{
+    Definition, DefinitionError, Event, Format, GuardKind, GuardRegistry, RejectReason, RunState,
+    apply,
+};
+use serde_json::json;
+
+/// The smallest valid definition: start -go-> work -finish-> done, CANCEL -> cancelled.
+const BASE: &str = r#"
+name = "mini"
+version = 1
+cancel_state = "cancelled"
+events = ["go", "finish"]
+
+[[states]]
+name = "start"
+kind = "active"
+initial = true
+
+[[states]]
+name = "work"
+kind = "active"
+
+[[states]]
+name = "done"
+kind = "terminal"
+
+[[states]]
+name = "cancelled"
+kind = "terminal"
+
+[[transitions]]
+from = "start"
+event = "go"
+to = "work"
+
+[[transitions]]
+from = "work"
+event = "finish"
+to = "done"
+"#;
+
+/// BASE with `extra` TOML appended (more states or transitions).
+fn with(extra: &str) -> String {
+    format!("{BASE}\n{extra}")
+}
+
+/// BASE with `from` replaced by `to`; `from` must occur, or the fixture would silently be
+/// the valid BASE.
+fn replaced(from: &str, to: &str) -> String {
+    assert!(BASE.contains(from), "fixture does not contain {from:?}");
+    BASE.replace(from, to)
+}
+
+fn parse(text: &str) -> Result<Definition, DefinitionError> {
+    Definition::parse(text, Format::Toml, &GuardRegistry::new())
+}
+
+fn invalid(text: &str) -> DefinitionError {
+    match parse(text) {
+        Ok(def) => panic!("{def:?} should have been rejected"),
+        Err(e) => e,
+    }
+}
+
+#[track_caller]
+fn assert_problem(err: &DefinitionError, item: &str, reason: &str) {
+    let problems = err.problems();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.item.contains(item) && p.reason.contains(reason)),
+        "no problem with item containing {item:?} and reason containing {reason:?} in:\n{err}"
+    );
+}
+
+#[test]
+fn base_fixture_is_valid() {
+    let def = parse(BASE).expect("BASE is valid");
+    assert_eq!(def.name(), "mini");
+    assert_eq!(def.initial_state(), "start");
+    assert_eq!(def.cancel_state(), "cancelled");
+}
+
+#[test]
+fn definition_is_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Definition>();
+}
+
+#[test]
+fn builtin_definitions_are_valid() {
+    for (name, text) in rein_core::builtin::ALL {
+        if let Err(e) = parse(text) {
+            panic!("{name}: {e}");
+        }
+    }
+}
+
+#[test]
+fn transition_from_an_unknown_state_is_rejected() {
+    let err = invalid(&with(
+        "[[transitions]]\nfrom = \"nowhere\"\nevent = \"go\"\nto = \"work\"\n",
+    ));
+    assert_problem(
+        &err,
+        "nowhere + go -> work",
+        "unknown state `nowhere` in `from`",
+    );
+}
+
+#[test]
+fn transition_to_an_unknown_state_is_rejected() {
+    let err = invalid(&with(
+        "[[transitions]]\nfrom = \"work\"\nevent = \"go\"\nto = \"limbo\"\n",
+    ));
+    assert_problem(&err, "work + go -> limbo", "unknown state `limbo` in `to`");
+}
+
+#[test]
+fn transition_on_an_undeclared_event_is_rejected() {
+    let err = invalid(&with(
+        "[[transitions]]\nfrom = \"work\"\nevent = \"jump\"\nto = \"done\"\n",
+    ));
+    assert_problem(&err, "work + jump -> done", "unknown event `jump`");
+}
+
+#[test]
+fn unreachable_state_is_rejected() {
+    let err = invalid(&with("[[states]]\nname = \"island\"\nkind = \"active\"\n"));
+    assert_problem(&err, "island", "unreachable state");
+}
+
+#[test]
+fn state_reachable_only_from_an_unreachable_state_is_rejected() {
+    let err = invalid(&with(
+        "[[states]]\nname = \"island\"\nkind = \"active\"\n\
+         [[states]]\nname = \"beach\"\nkind = \"active\"\n\
+         [[transitions]]\nfrom = \"island\"\nevent = \"go\"\nto = \"beach\"\n",
+    ));
+    assert_problem(&err, "beach", "unreachable state");
+}
+
+#[test]
+fn terminal_state_with_an_outgoing_transition_is_rejected() {
+    let err = invalid(&with(
+        "[[transitions]]\nfrom = \"done\"\nevent = \"go\"\nto = \"work\"\n",
+    ));
+    assert_problem(
+        &err,
+        "done + go -> work",
+        "terminal state `done` cannot have outgoing transitions",
+    );
+}
+
+#[test]
+fn two_transitions_for_one_pair_without_priority_are_ambiguous() {
+    let err = invalid(&with(
+        "[[transitions]]\nfrom = \"work\"\nevent = \"finish\"\nto = \"start\"\n",
+    ));
+    assert_problem(&err, "work + finish", "ambiguous");
+}
+
+#[test]
+fn exact_duplicate_transition_is_rejected() {
+    let err = invalid(&with(
+        "[[transitions]]\nfrom = \"work\"\nevent = \"finish\"\nto = \"done\"\n",
+    ));
+    assert_problem(
+        &err,
+        "transitions[2] (work + finish -> done)",
+        "duplicate of transitions[1]",
+    );
+}
+
+#[test]
+fn transition_behind_a_stronger_unguarded_one_is_rejected() {
+    let err = invalid(&with(
+        "[[transitions]]\nfrom = \"work\"\nevent = \"finish\"\nto = \"start\"\npriority = -1\n",
+    ));
+    assert_problem(&err, "work + finish -> start", "unreachable");
+}
+
+#[test]
+fn transitions_separated_by_priority_and_guard_are_accepted() {
+    let text = with(
+        "[[transitions]]\nfrom = \"work\"\nevent = \"finish\"\nto = \"cancelled\"\n\
+         priority = 1\nguard = \"payload.abort == true\"\n",
+    );
+    let def = parse(&text).expect("a guarded, stronger transition is not ambiguous");
+    let mut run = RunState::initial(&def, json!({}));
+    run.state = "work".into();
+    let abort = apply(&def, &run, &Event::new(1, "finish", json!({"abort": true}))).unwrap();
+    assert_eq!(abort.state, "cancelled");
+    let normal = apply(
+        &def,
+        &run,
+        &Event::new(1, "finish", json!({"abort": false})),
+    )
+    .unwrap();
+    assert_eq!(normal.state, "done");
+}
+
+#[test]
+fn missing_initial_state_is_rejected() {
+    let err = invalid(&replaced("initial = true", "initial = false"));
+    assert_problem(&err, "states", "missing initial state");
+}
+
+#[test]
+fn two_initial_states_are_rejected() {
+    let err = invalid(&replaced(
+        "name = \"work\"\nkind = \"active\"",
+        "name = \"work\"\nkind = \"active\"\ninitial = true",
+    ));
+    assert_problem(&err, "states", "duplicate initial state");
+    assert_problem(&err, "states", "start, work");
+}
+
+#[test]
+fn timeout_whose_event_is_not_accepted_in_its_state_is_rejected() {
+    let err = invalid(&replaced(
+        "name = \"work\"\nkind = \"active\"",
+        "name = \"work\"\nkind = \"active\"\ntimeout = { after_ms = 1000, event = \"go\" }",
+    ));
+    assert_problem(
+        &err,
+        "(work).timeout",
+        "timeout event `go` does not leave state `work`",
+    );
+}
+
+#[test]
+fn timeout_whose_event_is_a_self_loop_is_rejected() {
+    let text = replaced(
+        "name = \"work\"\nkind = \"active\"",
+        "name = \"work\"\nkind = \"active\"\ntimeout = { after_ms = 1000, event = \"go\" }",
+    ) + "\n[[transitions]]\nfrom = \"work\"\nevent = \"go\"\nto = \"work\"\n";
+    let err = invalid(&text);
+    assert_problem(&err, "(work).timeout", "does not leave state `work`");
+}
+
+#[test]
+fn timeout_whose_event_leaves_its_state_is_accepted() {
+    let text = replaced(
+        "name = \"work\"\nkind = \"active\"",
+        "name = \"work\"\nkind = \"active\"\ntimeout = { after_ms = 1000, event = \"finish\" }",
+    );
+    parse(&text).expect("finish leaves work");
+}
+
+#[test]
+fn missing_cancel_state_is_rejected() {
+    let err = invalid(&replaced("cancel_state = \"cancelled\"\n", ""));
+    assert_problem(&err, "cancel_state", "missing cancel state");
+}
+
+#[test]
+fn cancel_state_that_is_not_terminal_is_rejected() {
+    let err = invalid(&replaced(
+        "cancel_state = \"cancelled\"",
+        "cancel_state = \"work\"",
+    ));
+    assert_problem(&err, "cancel_state", "`work` must be a terminal state");
+}
+
+#[test]
+fn cancel_state_that_is_not_declared_is_rejected() {
+    let err = invalid(&replaced(
+        "cancel_state = \"cancelled\"",
+        "cancel_state = \"gone\"",
+    ));
+    assert_problem(&err, "cancel_state", "unknown state `gone`");
+}
+
+#[test]
+fn guard_expression_that_does_not_parse_is_rejected() {
+    let err = invalid(&replaced(
+        "event = \"finish\"\nto = \"done\"",
+        "event = \"finish\"\nto = \"done\"\nguard = \"run.attempt < \"",
+    ));
+    assert_problem(&err, "(work + finish -> done).guards[0]", "does not parse");
+}
+
+#[test]
+fn unknown_guard_function_is_rejected() {
+    let err = invalid(&replaced(
+        "event = \"finish\"\nto = \"done\"",
+        "event = \"finish\"\nto = \"done\"\nguards = [{ function = \"nope\" }]",
+    ));
+    assert_problem(
+        &err,
+        "(work + finish -> done).guards[0]",
+        "unknown guard function `nope`",
+    );
+}
+
+#[test]
+fn definition_name_with_illegal_characters_is_rejected() {
+    let err = invalid(&replaced("name = \"mini\"", "name = \"mini agent!\""));
+    assert_problem(&err, "name", "`mini agent!` may use only letters, digits");
+}
+
+#[test]
+fn state_name_with_illegal_characters_is_rejected() {
+    let err = invalid(&BASE.replace("\"work\"", "\"wo/rk\""));
+    assert_problem(&err, "(wo/rk)", "may use only letters, digits");
+}
+
+#[test]
+fn event_name_with_illegal_characters_is_rejected() {
+    let err = invalid(&BASE.replace("\"finish\"", "\"fin ish\""));
+    assert_problem(&err, "events[1] (fin ish)", "may use only letters, digits");
+}
+
+#[test]
+fn declaring_an_engine_event_is_rejected() {
+    let err = invalid(&replaced(
+        "events = [\"go\", \"finish\"]",
+        "events = [\"go\", \"finish\", \"CANCEL\"]",
+    ));
+    assert_problem(&err, "events[2] (CANCEL)", "engine event");
+}
+
+#[test]
+fn document_that_does_not_parse_is_a_parse_error() {
+    let err = parse("name = \"mini\"\nversion = [").expect_err("broken TOML");
+    assert!(matches!(err, DefinitionError::Parse(_)), "{err:?}");
+    assert_problem(&err, "document", "does not parse");
+}
+
+#[test]
+fn misspelled_field_is_a_parse_error_naming_it() {
+    let err = parse(&replaced("kind = \"terminal\"", "knid = \"terminal\"")).expect_err("typo");
+    assert!(matches!(err, DefinitionError::Parse(_)), "{err:?}");
+    assert_problem(&err, "document", "knid");
+}
+
+#[test]
+fn oversize_document_is_too_large() {
+    let padding = format!("# {}\n", "x".repeat(DEFINITION_BYTES_MAX));
+    let text = format!("{BASE}{padding}");
+    let err = parse(&text).expect_err("over the limit");
+    assert_eq!(
+        err,
+        DefinitionError::TooLarge {
+            size: text.len(),
+            limit: DEFINITION_BYTES_MAX
+        }
+    );
+}
+
+#[test]
+fn every_problem_of_a_document_is_reported() {
+    let text = replaced(
+        "events = [\"go\", \"finish\"]",
+        "events = [\"go\", \"finish\", \"LEASE_EXPIRED\"]",
+    ) + "\n[[states]]\nname = \"island\"\nkind = \"active\"\n\
+           [[transitions]]\nfrom = \"work\"\nevent = \"jump\"\nto = \"done\"\n";
+    let err = invalid(&text);
+    assert_problem(&err, "events[2] (LEASE_EXPIRED)", "engine event");
+    assert_problem(&err, "island", "unreachable state");
+    assert_problem(&err, "work + jump -> done", "unknown event `jump`");
+    assert_eq!(err.problems().len(), 3, "{err}");
+}
+
+#[test]
+fn spec_built_in_rust_is_validated_like_a_file() {
+    let mut spec: DefinitionSpec = parse(BASE).expect("BASE is valid").spec().clone();
+    let mut bad = spec.transitions[1].clone();
+    bad.to = "limbo".into();
+    spec.transitions.push(bad);
+    let err = Definition::from_spec(spec, &GuardRegistry::new()).expect_err("unknown target");
+    assert_problem(
+        &err,
+        "work + finish -> limbo",
+        "unknown state `limbo` in `to`",
+    );
+}
+
+const BASE_JSON: &str = r#"{
+  "name": "mini", "version": 1, "cancel_state": "cancelled", "events": ["go", "finish"],
+  "states": [
+    {"name": "start", "kind": "active", "initial": true},
+    {"name": "work", "kind": "active"},
+    {"name": "done", "kind": "terminal"},
+    {"name": "cancelled", "kind": "terminal"}
+  ],
+  "transitions": [
+    {"from": "start", "event": "go", "to": "work"},
+    {"from": "work", "event": "finish", "to": "done"}
+  ]
+}"#;
+
+#[test]
+fn json_definition_loads_and_runs() {
+    let def =
+        Definition::parse(BASE_JSON, Format::Json, &GuardRegistry::new()).expect("valid JSON");
+    let run = RunState::initial(&def, json!({}));
+    let run = apply(&def, &run, &Event::new(1, "go", json!({}))).unwrap();
+    let run = apply(&def, &run, &Event::new(2, "finish", json!({}))).unwrap();
+    assert_eq!(run.state, "done");
+}
+
+#[test]
+fn json_and_toml_of_the_same_definition_hash_the_same() {
+    let from_json = Definition::parse(BASE_JSON, Format::Json, &GuardRegistry::new()).unwrap();
+    let from_toml = parse(BASE).unwrap();
+    assert_eq!(from_json.hash(), from_toml.hash());
+    let other = parse(&replaced("version = 1", "version = 2")).unwrap();
+    assert_ne!(other.hash(), from_toml.hash());
+}
+
+#[test]
+fn invalid_json_definition_reports_its_problems() {
+    let text = BASE_JSON.replace("\"to\": \"done\"", "\"to\": \"limbo\"");
+    let err = Definition::parse(&text, Format::Json, &GuardRegistry::new()).expect_err("limbo");
+    assert_problem(
+        &err,
+        "work + finish -> limbo",
+        "unknown state `limbo` in `to`",
+    );
+}
+
+#[test]
+fn format_is_picked_from_the_file_extension() {
+    assert_eq!(Format::from_path("defs/agent.JSON"), Format::Json);
+    assert_eq!(Format::from_path("defs/agent.toml"), Format::Toml);
+}
+
+#[test]
+fn registered_rust_guard_decides_the_transition() {
+    let mut guards = GuardRegistry::new();
+    guards.register("small_amount", |input| {
+        input
+            .payload
+            .get("amount")
+            .and_then(|a| a.as_f64())
+            .is_some_and(|a| a <= 100.0)
+    });
+    let text = replaced(
+        "event = \"finish\"\nto = \"done\"",
+        "event = \"finish\"\nto = \"done\"\n\
+         guards = [{ kind = \"safety\", function = \"small_amount\" }]",
+    );
+    let def = Definition::parse(&text, Format::Toml, &guards).expect("guard is registered");
+    let mut run = RunState::initial(&def, json!({}));
+    run.state = "work".into();
+
+    let ok = apply(&def, &run, &Event::new(1, "finish", json!({"amount": 40}))).unwrap();
+    assert_eq!(ok.state, "done");
+
+    let err = apply(&def, &run, &Event::new(1, "finish", json!({"amount": 400}))).unwrap_err();
+    assert_eq!(
+        err.reason,
+        RejectReason::GuardFailed {
+            kind: GuardKind::Safety,
+            guard: "small_amount".into()
+        }
+    );
+}
+
+#[test]
+fn guards_run_legality_before_safety_before_business() {
+    let text = replaced(
+        "event = \"finish\"\nto = \"done\"",
+        "event = \"finish\"\nto = \"done\"\nguards = [\
+         { kind = \"business\", name = \"b\", expr = \"false\" },\
+         { kind = \"safety\", name = \"s\", expr = \"false\" },\
+         { kind = \"legality\", name = \"l\", expr = \"false\" }]",
+    );
+    let def = parse(&text).unwrap();
+    let mut run = RunState::initial(&def, json!({}));
+    run.state = "work".into();
+    let err = apply(&def, &run, &Event::new(1, "finish", json!({}))).unwrap_err();
+    assert_eq!(
+        err.reason,
+        RejectReason::GuardFailed {
+            kind: GuardKind::Legality,
+            guard: "l".into()
+        }
+    );
+}
+
+#[test]
+fn guard_that_does_not_evaluate_to_a_boolean_fails_closed() {
+    let text = replaced(
+        "event = \"finish\"\nto = \"done\"",
+        "event = \"finish\"\nto = \"done\"\nguard = \"payload.missing.deeper > 1\"",
+    );
+    let def = parse(&text).unwrap();
+    let mut run = RunState::initial(&def, json!({}));
+    run.state = "work".into();
+    let err = apply(&def, &run, &Event::new(1, "finish", json!({}))).unwrap_err();
+    assert!(
+        matches!(err.reason, RejectReason::GuardError { .. }),
+        "{err}"
+    );
+}

@@ -1,0 +1,170 @@
+use std::ffi::OsStr;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rein_devdb::{
+    DevDbError, PrivatePostgres, PrivatePostgresOptions, find_pg_bin_dir, find_pg_bin_dir_in,
+};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("devdb-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn psql_select_1(port: u16) -> bool {
+    Command::new("psql")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres"])
+        .args(["-X", "-At", "-c", "select 1"])
+        .env("PGCONNECT_TIMEOUT", "5")
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "1")
+}
+
+fn pg_isready(port: u16) -> bool {
+    let bin = find_pg_bin_dir().unwrap().join("pg_isready");
+    Command::new(bin)
+        .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string(), "-t", "2"])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[test]
+fn private_server_lifecycle() {
+    let pg = PrivatePostgres::start(PrivatePostgresOptions {
+        base_dir: Path::new(env!("CARGO_TARGET_TMPDIR")).join("rein-pg"),
+        name: "lifecycle".to_owned(),
+        fast: true,
+        ..Default::default()
+    });
+    let mut pg = match pg {
+        Ok(pg) => pg,
+        Err(e) => panic!("start failed:\n{e}"),
+    };
+    let port = pg.port();
+    assert_eq!(
+        pg.url(),
+        format!("postgres://postgres@127.0.0.1:{port}/postgres")
+    );
+    assert_eq!(
+        pg.url_for_db("t1"),
+        format!("postgres://postgres@127.0.0.1:{port}/t1")
+    );
+    assert!(pg.data_dir().join("PG_VERSION").exists());
+    assert!(psql_select_1(port), "fresh server does not answer");
+
+    if let Err(e) = pg.restart_immediate() {
+        panic!("restart_immediate failed:\n{e}");
+    }
+    assert_eq!(pg.port(), port, "restart must keep the port");
+    assert!(
+        psql_select_1(port),
+        "server does not answer after crash restart"
+    );
+    let log = std::fs::read_to_string(pg.log_file()).unwrap();
+    assert!(
+        log.contains("not properly shut down") || log.contains("automatic recovery"),
+        "immediate stop should force crash recovery; log:\n{log}"
+    );
+
+    drop(pg);
+    assert!(!pg_isready(port), "server still up after drop");
+}
+
+#[test]
+fn fixed_port_that_is_taken_fails_with_log_tail() {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = holder.local_addr().unwrap().port();
+    let err = PrivatePostgres::start(PrivatePostgresOptions {
+        base_dir: Path::new(env!("CARGO_TARGET_TMPDIR")).join("rein-pg"),
+        name: "taken".to_owned(),
+        port: Some(port),
+        fast: true,
+        ..Default::default()
+    })
+    .expect_err("port is held by this test");
+    let text = err.to_string();
+    assert!(matches!(err, DevDbError::StartFailed { .. }), "{text}");
+    assert!(text.contains("could not bind"), "{text}");
+    assert!(text.contains(&format!("port {port} is taken")), "{text}");
+    // Nothing to inspect in a cluster that never ran; keep target/ small.
+    let _ = std::fs::remove_dir_all(Path::new(env!("CARGO_TARGET_TMPDIR")).join("rein-pg/taken"));
+}
+
+#[test]
+fn missing_binaries_explain_what_to_install() {
+    let empty = scratch("empty");
+    let err = find_pg_bin_dir_in(empty.as_os_str(), &empty.join("no-such-lib")).unwrap_err();
+    assert!(matches!(err, DevDbError::NoBinaries { .. }));
+    let text = err.to_string();
+    for advice in [
+        "apt-get install postgresql",
+        "brew install postgresql",
+        "DATABASE_URL",
+    ] {
+        assert!(text.contains(advice), "missing {advice:?} in: {text}");
+    }
+}
+
+fn fake_bin(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    for name in ["initdb", "pg_ctl", "postgres"] {
+        let p = dir.join(name);
+        std::fs::write(&p, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+#[test]
+fn path_symlinks_resolve_to_the_real_bin_dir() {
+    let root = scratch("symlink");
+    let real = root.join("lib/postgresql/15/bin");
+    fake_bin(&real);
+    let path_dir = root.join("usr-local-bin");
+    std::fs::create_dir_all(&path_dir).unwrap();
+    symlink(real.join("initdb"), path_dir.join("initdb")).unwrap();
+
+    let path_var = std::env::join_paths([root.join("nothing-here"), path_dir]).unwrap();
+    let found = find_pg_bin_dir_in(&path_var, Path::new("/nonexistent")).unwrap();
+    assert_eq!(found, real.canonicalize().unwrap());
+}
+
+#[test]
+fn highest_installed_version_wins_without_path() {
+    let root = scratch("versions");
+    let lib = root.join("lib/postgresql");
+    for v in ["9.6", "13", "15"] {
+        fake_bin(&lib.join(v).join("bin"));
+    }
+    // A version dir without a complete bin dir must be ignored.
+    std::fs::create_dir_all(lib.join("16/bin")).unwrap();
+    let found = find_pg_bin_dir_in(OsStr::new(""), &lib).unwrap();
+    assert_eq!(found, lib.join("15/bin"));
+}
+
+#[test]
+fn root_reports_a_base_dir_the_postgres_user_cannot_reach() {
+    let is_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if !is_root {
+        return; // Only root hands the server to another user.
+    }
+    let locked = scratch("locked");
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let err = PrivatePostgres::start(PrivatePostgresOptions {
+        base_dir: locked.join("pg"),
+        name: "unreachable".to_owned(),
+        ..Default::default()
+    })
+    .expect_err("postgres cannot enter a 0700 root-owned dir");
+    let text = err.to_string();
+    assert!(
+        matches!(&err, DevDbError::NotTraversable { blocked_at, .. } if *blocked_at == locked),
+        "{text}"
+    );
+    assert!(text.contains("chmod o+x"), "{text}");
+}

@@ -1,0 +1,292 @@
+//! The scheduler role (SPEC S1–S3): fires timers of parked runs, recovers runs whose lease
+//! expired, and applies or expires inbox entries of unleased runs.
+//!
+//! Every firing is an ordinary guarded, sequenced commit that takes the fencing token only
+//! when no live lease is held and only if the token is still the one it read; so any number
+//! of schedulers may run at once, and firing twice is harmless (the loser is refused).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use rein_core::{ActionStatus, Definition, EngineEvent, Event, StateKind, apply};
+use rein_store::{
+    CommitOutcome, CommitPlan, NewEvent, RunRow, Store, StoreError, Writer, counters, plan_commit,
+};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    pub scheduler_id: String,
+    pub tick_ms: u64,
+    /// Most runs handled per kind of work per tick.
+    pub batch: i64,
+}
+
+impl SchedulerConfig {
+    pub fn new(id: impl Into<String>) -> SchedulerConfig {
+        SchedulerConfig {
+            scheduler_id: id.into(),
+            tick_ms: 200,
+            batch: 200,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct SchedulerStats {
+    pub timers_fired: AtomicU64,
+    pub leases_recovered: AtomicU64,
+    pub inbox_applied: AtomicU64,
+    /// Another scheduler (or a sender) got there first: harmless.
+    pub lost_races: AtomicU64,
+}
+
+pub struct Scheduler {
+    store: Store,
+    config: SchedulerConfig,
+    definitions: HashMap<(String, u32), Definition>,
+    pub stats: SchedulerStats,
+}
+
+impl Scheduler {
+    pub fn new(store: Store, config: SchedulerConfig) -> Scheduler {
+        Scheduler {
+            store,
+            config,
+            definitions: HashMap::new(),
+            stats: SchedulerStats::default(),
+        }
+    }
+
+    pub async fn run(&mut self, shutdown: CancellationToken) -> Result<(), StoreError> {
+        info!(scheduler = %self.config.scheduler_id, "scheduler started");
+        let mut ticks = 0u64;
+        loop {
+            if ticks % 10 == 0 {
+                let _ = self
+                    .store
+                    .heartbeat(&self.config.scheduler_id, "scheduler", json!({}))
+                    .await;
+            }
+            ticks += 1;
+            match self.tick().await {
+                Ok(n) if n > 0 => continue,
+                Ok(_) => {}
+                Err(e) => warn!(error = %e, "scheduler tick failed; retrying"),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(Duration::from_millis(self.config.tick_ms)) => {}
+            }
+        }
+        let _ = self.store.deregister(&self.config.scheduler_id).await;
+        info!(scheduler = %self.config.scheduler_id, "scheduler stopped");
+        Ok(())
+    }
+
+    /// One pass over expired leases, due timers and inboxes; returns how much it did.
+    pub async fn tick(&mut self) -> Result<usize, StoreError> {
+        let mut done = 0;
+        for row in self.store.expired_leases(self.config.batch).await? {
+            done += usize::from(self.recover(row).await?);
+        }
+        for row in self.store.due_timers(self.config.batch).await? {
+            done += usize::from(self.fire(row).await?);
+        }
+        for run_id in self.store.runs_with_inbox(self.config.batch).await? {
+            let row = self.store.run(run_id).await?;
+            done += usize::from(self.drain_inbox(row).await?);
+        }
+        Ok(done)
+    }
+
+    async fn definition(&mut self, name: &str, version: u32) -> Result<Definition, StoreError> {
+        let key = (name.to_owned(), version);
+        if let Some(def) = self.definitions.get(&key) {
+            return Ok(def.clone());
+        }
+        let def = self.store.load_definition(name, Some(version)).await?;
+        self.definitions.insert(key, def.clone());
+        Ok(def)
+    }
+
+    /// S2: a lease expired. Record it; a dispatched call becomes in doubt (a worker will
+    /// reconcile it); otherwise an active state takes its declared recovery event (e.g. the
+    /// retry path, attempt counted); failing that, the run is simply claimable again.
+    async fn recover(&mut self, row: RunRow) -> Result<bool, StoreError> {
+        let def = self.definition(&row.definition, row.version).await?;
+        let state = &row.projection;
+        let expired = NewEvent::new(
+            EngineEvent::LeaseExpired.as_str(),
+            json!({ "worker": row.lease_owner, "token": row.fencing_token }),
+        );
+        let mut events = vec![expired];
+        let pending_dispatched = state
+            .action
+            .as_ref()
+            .is_some_and(|a| a.status == ActionStatus::Dispatched && a.call_id.is_some());
+        if pending_dispatched {
+            let call_id = state.action.as_ref().and_then(|a| a.call_id.clone());
+            events.push(NewEvent::new(
+                EngineEvent::ActionResultInDoubt.as_str(),
+                json!({ "call_id": call_id, "reason": "lease expired while the call was dispatched" }),
+            ));
+        } else if let Some(spec) = def.state(&state.state)
+            && spec.kind == StateKind::Active
+            && state.pending_call().is_none()
+            && let Some(event) = &spec.on_lease_expired
+        {
+            let candidate = NewEvent::new(
+                event.clone(),
+                json!({ "reason": "lease_expired", "error": { "class": "transient", "message": "worker lease expired" } }),
+            );
+            let record = Event::new(
+                state.sequence + 1,
+                EngineEvent::LeaseExpired.as_str(),
+                json!({}),
+            );
+            if let Ok(after) = apply(&def, state, &record)
+                && apply(
+                    &def,
+                    &after,
+                    &Event::new(
+                        after.sequence + 1,
+                        candidate.kind.clone(),
+                        candidate.payload.clone(),
+                    ),
+                )
+                .is_ok()
+            {
+                events.push(candidate);
+            }
+        }
+        let recovered = self.commit(&def, &row, events, Vec::new()).await?;
+        if recovered {
+            info!(run_id = %row.run_id, worker = ?row.lease_owner, state = %state.state, "recovered expired lease");
+            self.stats.leases_recovered.fetch_add(1, Ordering::Relaxed);
+            let _ = self.store.add_counter(counters::LEASES_RECOVERED, 1).await;
+        }
+        Ok(recovered)
+    }
+
+    /// S1: a parked run's timer is due; commit the first candidate the definition accepts.
+    async fn fire(&mut self, row: RunRow) -> Result<bool, StoreError> {
+        let def = self.definition(&row.definition, row.version).await?;
+        let elapsed_ms = row.in_state_ms.max(0.0) as u64;
+        let candidates = rein_core::timer::fired_events(&def, &row.projection, elapsed_ms);
+        for (kind, payload) in candidates {
+            let event = Event::new(row.projection.sequence + 1, kind.clone(), payload.clone());
+            if apply(&def, &row.projection, &event).is_ok() {
+                let fired = self
+                    .commit(
+                        &def,
+                        &row,
+                        vec![NewEvent::new(kind.clone(), payload)],
+                        Vec::new(),
+                    )
+                    .await?;
+                if fired {
+                    debug!(run_id = %row.run_id, event = %kind, "timer fired");
+                    self.stats.timers_fired.fetch_add(1, Ordering::Relaxed);
+                }
+                return Ok(fired);
+            }
+        }
+        warn!(run_id = %row.run_id, state = %row.state, "timer due but no candidate event is accepted");
+        Ok(false)
+    }
+
+    async fn drain_inbox(&mut self, row: RunRow) -> Result<bool, StoreError> {
+        if row.lease_live {
+            return Ok(false);
+        }
+        let def = self.definition(&row.definition, row.version).await?;
+        let mut state = row.projection.clone();
+        let mut events = Vec::new();
+        let mut consumed = Vec::new();
+        for entry in self.store.inbox(row.run_id).await? {
+            let candidate = Event::new(
+                state.sequence + 1,
+                entry.kind.clone(),
+                entry.payload.clone(),
+            );
+            if let Ok(next) = apply(&def, &state, &candidate) {
+                state = next;
+                events.push(NewEvent {
+                    event_id: entry.event_id,
+                    kind: entry.kind,
+                    payload: entry.payload,
+                    node: None,
+                });
+                consumed.push(entry.id);
+            } else if entry.expired {
+                let record = Event::new(
+                    state.sequence + 1,
+                    EngineEvent::InboxExpired.as_str(),
+                    json!({}),
+                );
+                if let Ok(next) = apply(&def, &state, &record) {
+                    state = next;
+                    events.push(NewEvent::new(
+                        EngineEvent::InboxExpired.as_str(),
+                        json!({ "event": entry.kind, "sender": entry.sender, "reason": "expired before the run could accept it" }),
+                    ));
+                    consumed.push(entry.id);
+                }
+            }
+        }
+        if events.is_empty() {
+            return Ok(false);
+        }
+        let n = events.len() as u64;
+        let applied = self.commit(&def, &row, events, consumed).await?;
+        if applied {
+            self.stats.inbox_applied.fetch_add(n, Ordering::Relaxed);
+        }
+        Ok(applied)
+    }
+
+    async fn commit(
+        &mut self,
+        def: &Definition,
+        row: &RunRow,
+        events: Vec<NewEvent>,
+        consumed: Vec<i64>,
+    ) -> Result<bool, StoreError> {
+        let plan = CommitPlan {
+            writer: Writer::TakeToken,
+            release: false,
+            jitter_sample: rand::random::<f64>(),
+        };
+        let request = match plan_commit(
+            def,
+            row.run_id,
+            row.fencing_token,
+            &row.projection,
+            events,
+            consumed,
+            plan,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(run_id = %row.run_id, state = %e.state, event = %e.event, reason = %e.reason, "rejected transition");
+                return Ok(false);
+            }
+        };
+        match self
+            .store
+            .commit_batch(&self.config.scheduler_id, std::slice::from_ref(&request))
+            .await?
+            .pop()
+        {
+            Some(CommitOutcome::Committed(_)) => Ok(true),
+            _ => {
+                self.stats.lost_races.fetch_add(1, Ordering::Relaxed);
+                Ok(false)
+            }
+        }
+    }
+}

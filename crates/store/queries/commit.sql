@@ -1,0 +1,96 @@
+-- Commits events for many runs in one statement (SPEC X3). Per run, the projection update
+-- happens only if the writer's fencing token is the run's current token, the sequence
+-- continues the log, and either
+--   * the writer holds a live lease (bump = false), or
+--   * no live lease is held and the writer takes the token itself (bump = true, SPEC X3a).
+-- Events, the grant, the ledger, consumed inbox entries and checkpoints are written only for
+-- runs whose update matched, so one fenced run never aborts the others in its batch.
+WITH req AS (
+    SELECT *
+    FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::jsonb[], $5::text[], $6::text[],
+                $7::bool[], $8::bool[], $9::bigint[], $10::text[])
+        AS r(run_id, token, base_seq, projection, state, status, bump, release, timer_ms, terminal_reason)
+),
+ev AS (
+    SELECT *
+    FROM unnest($11::uuid[], $12::bigint[], $13::uuid[], $14::text[], $15::jsonb[], $16::text[])
+        AS e(run_id, sequence, event_id, type, payload, node)
+),
+upd AS (
+    UPDATE rein_runs r SET
+        projection = q.projection,
+        state = q.state,
+        status = q.status,
+        last_sequence = COALESCE((SELECT max(ev.sequence) FROM ev WHERE ev.run_id = q.run_id), q.base_seq),
+        fencing_token = r.fencing_token + CASE WHEN q.bump THEN 1 ELSE 0 END,
+        lease_owner = CASE WHEN q.release OR q.bump THEN NULL ELSE r.lease_owner END,
+        lease_until = CASE WHEN q.release OR q.bump THEN NULL ELSE r.lease_until END,
+        state_entered_at = CASE WHEN r.state <> q.state THEN clock_timestamp() ELSE r.state_entered_at END,
+        wake_at = CASE
+            WHEN q.timer_ms IS NULL THEN NULL
+            ELSE (CASE WHEN r.state <> q.state THEN clock_timestamp() ELSE r.state_entered_at END)
+                 + q.timer_ms * interval '1 millisecond'
+        END,
+        ready_at = CASE WHEN q.status = 'runnable' AND (r.status <> 'runnable' OR q.bump OR q.release)
+                        THEN clock_timestamp() ELSE r.ready_at END,
+        terminal_reason = COALESCE(q.terminal_reason, r.terminal_reason),
+        finished_at = CASE WHEN q.status = 'terminal' AND r.finished_at IS NULL
+                           THEN clock_timestamp() ELSE r.finished_at END,
+        updated_at = clock_timestamp()
+    FROM req q
+    WHERE r.run_id = q.run_id
+      AND r.fencing_token = q.token
+      AND r.last_sequence = q.base_seq
+      AND CASE WHEN q.bump THEN (r.lease_owner IS NULL OR r.lease_until <= clock_timestamp())
+               ELSE (r.lease_owner = $17 AND r.lease_until > clock_timestamp()) END
+      AND NOT EXISTS (
+          SELECT 1 FROM rein_events x JOIN ev ON ev.run_id = x.run_id AND ev.event_id = x.event_id
+          WHERE x.run_id = q.run_id)
+    RETURNING r.run_id, r.fencing_token, r.last_sequence, q.bump, q.base_seq
+),
+ins AS (
+    INSERT INTO rein_events (run_id, sequence, event_id, type, payload, node, fencing_token, worker)
+    SELECT ev.run_id, ev.sequence, ev.event_id, ev.type, ev.payload, ev.node, upd.fencing_token, $17
+    FROM ev JOIN upd ON upd.run_id = ev.run_id
+),
+grants AS (
+    INSERT INTO rein_lease_grants (run_id, fencing_token, worker, at_sequence)
+    SELECT run_id, fencing_token, $17, base_seq FROM upd WHERE bump
+),
+consumed AS (
+    DELETE FROM rein_inbox i
+    USING unnest($18::uuid[], $19::bigint[]) AS c(run_id, id), upd
+    WHERE i.run_id = c.run_id AND i.id = c.id AND upd.run_id = c.run_id
+),
+ledger AS (
+    INSERT INTO rein_actions (run_id, action_id, node, step, idempotency_key, call_id, status, tool, result, result_hash, finished_at)
+    SELECT l.run_id, l.action_id, l.node, l.step, l.idempotency_key, l.call_id, l.status, l.tool, l.result, l.result_hash,
+           CASE WHEN l.status IN ('SUCCEEDED', 'FAILED') THEN clock_timestamp() END
+    FROM unnest($20::uuid[], $21::text[], $22::text[], $23::int[], $24::text[], $25::text[], $26::text[], $27::text[], $28::jsonb[], $29::text[])
+        AS l(run_id, action_id, node, step, idempotency_key, call_id, status, tool, result, result_hash)
+    JOIN upd ON upd.run_id = l.run_id
+    ON CONFLICT (run_id, action_id) DO UPDATE SET
+        call_id = EXCLUDED.call_id, status = EXCLUDED.status, result = EXCLUDED.result,
+        result_hash = EXCLUDED.result_hash, finished_at = EXCLUDED.finished_at
+),
+checkpoints AS (
+    INSERT INTO rein_checkpoints (run_id, sequence, definition, version, state)
+    SELECT c.run_id, c.sequence, c.definition, c.version, c.state
+    FROM unnest($30::uuid[], $31::bigint[], $32::text[], $33::int[], $34::jsonb[])
+        AS c(run_id, sequence, definition, version, state)
+    JOIN upd ON upd.run_id = c.run_id
+    ON CONFLICT DO NOTHING
+)
+SELECT q.run_id,
+       upd.run_id IS NOT NULL AS committed,
+       upd.fencing_token AS new_token,
+       upd.last_sequence AS new_sequence,
+       r.fencing_token AS current_token,
+       r.last_sequence AS current_sequence,
+       r.lease_owner AS current_owner,
+       COALESCE(r.lease_until > clock_timestamp(), false) AS lease_live,
+       EXISTS (SELECT 1 FROM rein_inbox b
+               WHERE b.run_id = q.run_id AND NOT (b.id = ANY($19::bigint[]))) AS inbox_pending
+FROM req q
+LEFT JOIN upd ON upd.run_id = q.run_id
+LEFT JOIN rein_runs r ON r.run_id = q.run_id

@@ -1,0 +1,26 @@
+-- Creates runs; $11 (client keys, NULL for none) make enqueue idempotent: the same key
+-- returns the run it created first.
+WITH req AS (
+    SELECT *
+    FROM unnest($1::uuid[], $2::text[], $3::int[], $4::text[], $5::text[], $6::jsonb[], $7::jsonb[],
+                $8::int[], $9::text[], $10::uuid[], $11::text[]) WITH ORDINALITY
+        AS r(run_id, definition, version, state, status, projection, input, priority, queue, parent_run_id, client_key, ord)
+),
+keys AS (
+    INSERT INTO rein_enqueue_keys (client_key, run_id)
+    SELECT client_key, run_id FROM req WHERE client_key IS NOT NULL
+    ON CONFLICT (client_key) DO NOTHING
+    RETURNING client_key, run_id
+),
+created AS (
+    INSERT INTO rein_runs (run_id, definition, version, state, status, projection, input, priority, queue, parent_run_id)
+    SELECT q.run_id, q.definition, q.version, q.state, q.status, q.projection, q.input, q.priority, q.queue, q.parent_run_id
+    FROM req q
+    WHERE q.client_key IS NULL OR q.run_id IN (SELECT run_id FROM keys)
+    RETURNING run_id
+)
+SELECT q.run_id AS requested, COALESCE(c.run_id, k.run_id) AS run_id, c.run_id IS NOT NULL AS created
+FROM req q
+LEFT JOIN created c ON c.run_id = q.run_id
+LEFT JOIN rein_enqueue_keys k ON k.client_key = q.client_key AND c.run_id IS NULL
+ORDER BY q.ord

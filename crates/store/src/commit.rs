@@ -1,0 +1,524 @@
+//! Claims, renewals and commits: the fencing protocol (SPEC X1–X4).
+
+use std::collections::HashMap;
+
+use rein_core::{Definition, Event, InvalidTransition, RunState, RunStatus, apply};
+use serde_json::Value;
+use sqlx::Row;
+use uuid::Uuid;
+
+use crate::{Store, StoreError};
+
+/// A checkpoint is written whenever a commit crosses a multiple of this many sequences, and
+/// on every terminal commit.
+pub const CHECKPOINT_EVERY: u64 = 64;
+/// Most runs one commit statement carries.
+pub const COMMIT_BATCH_MAX: usize = 512;
+/// Most events one run may commit at once.
+pub const EVENTS_PER_COMMIT_MAX: usize = 64;
+
+/// Who is writing, which decides the fencing check (SPEC X3, X3a).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writer {
+    /// A worker holding a live lease with this token.
+    Leased,
+    /// A writer without a lease (scheduler, API): takes the token itself, only when no live
+    /// lease is held, and only if the token is still the one it read.
+    TakeToken,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    pub event_id: Uuid,
+    pub kind: String,
+    pub payload: Value,
+    pub node: Option<String>,
+}
+
+impl NewEvent {
+    pub fn new(kind: impl Into<String>, payload: Value) -> NewEvent {
+        NewEvent {
+            event_id: Uuid::now_v7(),
+            kind: kind.into(),
+            payload,
+            node: None,
+        }
+    }
+
+    pub fn at_node(mut self, node: Option<&str>) -> NewEvent {
+        self.node = node.map(str::to_owned);
+        self
+    }
+}
+
+/// An update of the side-effect ledger (`rein_actions`).
+#[derive(Debug, Clone)]
+pub struct LedgerOp {
+    pub action_id: String,
+    pub node: String,
+    pub step: i32,
+    pub idempotency_key: String,
+    pub call_id: Option<String>,
+    pub status: &'static str,
+    pub tool: Option<String>,
+    pub result: Option<Value>,
+}
+
+/// Everything one run's commit writes, computed purely from the definition, the state the
+/// writer read and the events it wants to append.
+#[derive(Debug, Clone)]
+pub struct CommitRequest {
+    pub run_id: Uuid,
+    pub token: i64,
+    pub writer: Writer,
+    pub base_sequence: u64,
+    pub events: Vec<NewEvent>,
+    pub state: RunState,
+    pub status: RunStatus,
+    pub release: bool,
+    pub timer_ms: Option<u64>,
+    pub inbox_consumed: Vec<i64>,
+    pub ledger: Vec<LedgerOp>,
+    pub checkpoint: bool,
+}
+
+/// Options of [`plan_commit`].
+#[derive(Debug, Clone, Copy)]
+pub struct CommitPlan {
+    pub writer: Writer,
+    /// Give up the lease even if the run stays runnable (graceful shutdown, hand-over).
+    pub release: bool,
+    /// Sample in [0, 1) for the backoff jitter of a retry-wait timer.
+    pub jitter_sample: f64,
+}
+
+/// Applies `events` to `base` with the reducer and derives every row the commit writes.
+/// Fails, writing nothing, on the first event the definition refuses.
+pub fn plan_commit(
+    def: &Definition,
+    run_id: Uuid,
+    token: i64,
+    base: &RunState,
+    events: Vec<NewEvent>,
+    inbox_consumed: Vec<i64>,
+    plan: CommitPlan,
+) -> Result<CommitRequest, InvalidTransition> {
+    let mut state = base.clone();
+    let mut ledger: Vec<LedgerOp> = Vec::new();
+    for e in &events {
+        let event = Event::new(state.sequence + 1, e.kind.clone(), e.payload.clone());
+        let next = apply(def, &state, &event)?;
+        if let Some(op) = ledger_op(&state, &next, &event) {
+            ledger.retain(|o| o.action_id != op.action_id);
+            ledger.push(op);
+        }
+        state = next;
+    }
+    let status = state.status(def);
+    let timer_ms =
+        rein_core::timer::next_timer(def, &state, plan.jitter_sample).map(|t| t.after_ms);
+    let checkpoint = status == RunStatus::Terminal
+        || (events.len() as u64 > 0
+            && state.sequence / CHECKPOINT_EVERY > base.sequence / CHECKPOINT_EVERY);
+    Ok(CommitRequest {
+        run_id,
+        token,
+        writer: plan.writer,
+        base_sequence: base.sequence,
+        events,
+        release: plan.release || status != RunStatus::Runnable,
+        status,
+        timer_ms,
+        inbox_consumed,
+        ledger,
+        checkpoint,
+        state,
+    })
+}
+
+fn ledger_op(before: &RunState, after: &RunState, event: &Event) -> Option<LedgerOp> {
+    let op = |slot: &rein_core::ActionSlot, status: &'static str, result: Option<Value>| LedgerOp {
+        action_id: slot.action_id.clone(),
+        node: slot.node.clone(),
+        step: slot.step as i32,
+        idempotency_key: slot.idempotency_key.clone(),
+        call_id: slot.call_id.clone(),
+        status,
+        tool: slot.tool.clone(),
+        result,
+    };
+    match (&before.action, &after.action) {
+        (_, Some(slot)) if before.action.as_ref() != Some(slot) => {
+            let status = match slot.status {
+                rein_core::ActionStatus::Dispatched => "DISPATCHED",
+                rein_core::ActionStatus::InDoubt => "IN_DOUBT",
+                rein_core::ActionStatus::Failed => "FAILED",
+            };
+            let result =
+                (slot.status == rein_core::ActionStatus::Failed).then(|| event.payload.clone());
+            Some(op(slot, status, result))
+        }
+        (Some(slot), None) => {
+            let failed = event.payload.get("error").is_some();
+            let result = event
+                .payload
+                .get("result")
+                .cloned()
+                .or_else(|| Some(event.payload.clone()));
+            let mut o = op(slot, if failed { "FAILED" } else { "SUCCEEDED" }, result);
+            o.call_id = slot.call_id.clone();
+            Some(o)
+        }
+        _ => None,
+    }
+}
+
+/// The result of one run's commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitOutcome {
+    Committed(Committed),
+    /// The writer's token is no longer current, its lease expired, or someone else advanced
+    /// the log: it must stop and never retry the write (SPEC X3).
+    Fenced {
+        current_token: i64,
+        current_sequence: i64,
+        owner: Option<String>,
+    },
+    /// These event ids are already stored (a retried commit): nothing was written again.
+    AlreadyCommitted {
+        sequence: i64,
+    },
+    RunNotFound,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    pub token: i64,
+    pub sequence: i64,
+    /// More events wait in the run's inbox.
+    pub inbox_pending: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct ClaimedRun {
+    pub run_id: Uuid,
+    pub definition: String,
+    pub version: u32,
+    pub state: RunState,
+    pub token: i64,
+    pub lease_until: chrono::DateTime<chrono::Utc>,
+    pub queued_ms: f64,
+    pub inbox_pending: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Renewed {
+    pub run_id: Uuid,
+    pub inbox_pending: bool,
+    pub cancel_pending: bool,
+}
+
+impl Store {
+    /// Claims up to `n` runnable runs for `worker` with a lease of `lease_ttl_ms`.
+    pub async fn claim(
+        &self,
+        worker: &str,
+        n: u32,
+        lease_ttl_ms: u64,
+        queues: &[String],
+    ) -> Result<Vec<ClaimedRun>, StoreError> {
+        let rows = sqlx::query(include_str!("../queries/claim.sql"))
+            .bind(worker)
+            .bind(i64::from(n))
+            .bind(queues)
+            .bind(lease_ttl_ms as i64)
+            .fetch_all(self.pool())
+            .await?;
+        rows.into_iter()
+            .map(|row| {
+                let projection: Value = row.try_get("projection")?;
+                let state: RunState = serde_json::from_value(projection)
+                    .map_err(|e| StoreError::Corrupt(format!("projection: {e}")))?;
+                let version: i32 = row.try_get("version")?;
+                let last_sequence: i64 = row.try_get("last_sequence")?;
+                if state.sequence != last_sequence as u64 {
+                    return Err(StoreError::Corrupt(format!(
+                        "projection of run at sequence {} but the run row says {last_sequence}",
+                        state.sequence
+                    )));
+                }
+                Ok(ClaimedRun {
+                    run_id: row.try_get("run_id")?,
+                    definition: row.try_get("definition")?,
+                    version: version as u32,
+                    state,
+                    token: row.try_get("fencing_token")?,
+                    lease_until: row.try_get("lease_until")?,
+                    queued_ms: row.try_get("queued_ms")?,
+                    inbox_pending: row.try_get("inbox_pending")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Renews the leases `worker` holds; runs missing from the answer are lost.
+    pub async fn renew(
+        &self,
+        worker: &str,
+        held: &[(Uuid, i64)],
+        lease_ttl_ms: u64,
+    ) -> Result<Vec<Renewed>, StoreError> {
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (ids, tokens): (Vec<Uuid>, Vec<i64>) = held.iter().copied().unzip();
+        let rows = sqlx::query(include_str!("../queries/renew.sql"))
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(lease_ttl_ms as i64)
+            .bind(worker)
+            .fetch_all(self.pool())
+            .await?;
+        rows.into_iter()
+            .map(|row| {
+                Ok(Renewed {
+                    run_id: row.try_get("run_id")?,
+                    inbox_pending: row.try_get("inbox_pending")?,
+                    cancel_pending: row.try_get("cancel_pending")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Commits many runs in one statement; one outcome per request, in order.
+    pub async fn commit_batch(
+        &self,
+        worker: &str,
+        requests: &[CommitRequest],
+    ) -> Result<Vec<CommitOutcome>, StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        commit_on(&mut conn, worker, requests).await
+    }
+}
+
+/// [`Store::commit_batch`] on a given connection (possibly inside the caller's transaction).
+pub(crate) async fn commit_on(
+    conn: &mut sqlx::PgConnection,
+    worker: &str,
+    requests: &[CommitRequest],
+) -> Result<Vec<CommitOutcome>, StoreError> {
+    if requests.is_empty() {
+        return Ok(Vec::new());
+    }
+    if requests.len() > COMMIT_BATCH_MAX {
+        return Err(StoreError::Invalid(format!(
+            "{} runs in one commit; the limit is {COMMIT_BATCH_MAX}",
+            requests.len()
+        )));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for r in requests {
+        if !seen.insert(r.run_id) {
+            return Err(StoreError::Invalid(format!(
+                "run {} appears twice in one commit",
+                r.run_id
+            )));
+        }
+        if r.events.len() > EVENTS_PER_COMMIT_MAX {
+            return Err(StoreError::Invalid(format!(
+                "{} events for run {}; the limit is {EVENTS_PER_COMMIT_MAX}",
+                r.events.len(),
+                r.run_id
+            )));
+        }
+        // Pair assertion with the reducer: the projection is exactly base + events.
+        assert_eq!(
+            r.state.sequence,
+            r.base_sequence + r.events.len() as u64,
+            "commit of run {} does not continue its base sequence",
+            r.run_id
+        );
+    }
+
+    let mut q = Columns::default();
+    for r in requests {
+        q.run_ids.push(r.run_id);
+        q.tokens.push(r.token);
+        q.base_seqs.push(r.base_sequence as i64);
+        q.projections
+            .push(serde_json::to_value(&r.state).map_err(|e| StoreError::Corrupt(e.to_string()))?);
+        q.states.push(r.state.state.clone());
+        q.statuses.push(r.status.as_str().to_owned());
+        q.bumps.push(r.writer == Writer::TakeToken);
+        q.releases.push(r.release);
+        q.timers.push(r.timer_ms.map(|t| t as i64));
+        q.reasons.push(if r.status == RunStatus::Terminal {
+            r.state.terminal_reason.clone()
+        } else {
+            None
+        });
+        for (i, e) in r.events.iter().enumerate() {
+            q.ev_run.push(r.run_id);
+            q.ev_seq.push((r.base_sequence + 1 + i as u64) as i64);
+            q.ev_id.push(e.event_id);
+            q.ev_type.push(e.kind.clone());
+            q.ev_payload.push(e.payload.clone());
+            q.ev_node.push(e.node.clone());
+        }
+        for id in &r.inbox_consumed {
+            q.inbox_run.push(r.run_id);
+            q.inbox_id.push(*id);
+        }
+        for l in &r.ledger {
+            q.l_run.push(r.run_id);
+            q.l_action.push(l.action_id.clone());
+            q.l_node.push(l.node.clone());
+            q.l_step.push(l.step);
+            q.l_key.push(l.idempotency_key.clone());
+            q.l_call.push(l.call_id.clone());
+            q.l_status.push(l.status.to_owned());
+            q.l_tool.push(l.tool.clone());
+            q.l_hash.push(l.result.as_ref().map(|v| {
+                rein_core::hash::sha256_hex(rein_core::hash::canonical_json(v).as_bytes())
+            }));
+            q.l_result.push(l.result.clone());
+        }
+        if r.checkpoint {
+            q.ck_run.push(r.run_id);
+            q.ck_seq.push(r.state.sequence as i64);
+            q.ck_def.push(r.state.definition.clone());
+            q.ck_ver.push(r.state.version as i32);
+            q.ck_state
+                .push(q.projections.last().cloned().unwrap_or_default());
+        }
+    }
+
+    let rows = sqlx::query(include_str!("../queries/commit.sql"))
+        .bind(&q.run_ids)
+        .bind(&q.tokens)
+        .bind(&q.base_seqs)
+        .bind(&q.projections)
+        .bind(&q.states)
+        .bind(&q.statuses)
+        .bind(&q.bumps)
+        .bind(&q.releases)
+        .bind(&q.timers)
+        .bind(&q.reasons)
+        .bind(&q.ev_run)
+        .bind(&q.ev_seq)
+        .bind(&q.ev_id)
+        .bind(&q.ev_type)
+        .bind(&q.ev_payload)
+        .bind(&q.ev_node)
+        .bind(worker)
+        .bind(&q.inbox_run)
+        .bind(&q.inbox_id)
+        .bind(&q.l_run)
+        .bind(&q.l_action)
+        .bind(&q.l_node)
+        .bind(&q.l_step)
+        .bind(&q.l_key)
+        .bind(&q.l_call)
+        .bind(&q.l_status)
+        .bind(&q.l_tool)
+        .bind(&q.l_result)
+        .bind(&q.l_hash)
+        .bind(&q.ck_run)
+        .bind(&q.ck_seq)
+        .bind(&q.ck_def)
+        .bind(&q.ck_ver)
+        .bind(&q.ck_state)
+        .fetch_all(&mut *conn)
+        .await?;
+
+    let mut by_run: HashMap<Uuid, CommitOutcome> = HashMap::with_capacity(rows.len());
+    let mut failed: Vec<Uuid> = Vec::new();
+    for row in rows {
+        let run_id: Uuid = row.try_get("run_id")?;
+        let committed: bool = row.try_get("committed")?;
+        let outcome = if committed {
+            CommitOutcome::Committed(Committed {
+                token: row.try_get("new_token")?,
+                sequence: row.try_get("new_sequence")?,
+                inbox_pending: row.try_get("inbox_pending")?,
+            })
+        } else {
+            let current_token: Option<i64> = row.try_get("current_token")?;
+            match current_token {
+                None => CommitOutcome::RunNotFound,
+                Some(current_token) => {
+                    failed.push(run_id);
+                    CommitOutcome::Fenced {
+                        current_token,
+                        current_sequence: row
+                            .try_get::<Option<i64>, _>("current_sequence")?
+                            .unwrap_or(0),
+                        owner: row.try_get("current_owner")?,
+                    }
+                }
+            }
+        };
+        by_run.insert(run_id, outcome);
+    }
+    if !failed.is_empty() {
+        // A retried commit whose first attempt landed: report the stored result.
+        let ids: Vec<Uuid> = requests
+            .iter()
+            .filter(|r| failed.contains(&r.run_id))
+            .filter_map(|r| r.events.first().map(|e| e.event_id))
+            .collect();
+        let stored: Vec<(Uuid, i64)> =
+            sqlx::query_as("SELECT run_id, sequence FROM rein_events WHERE event_id = ANY($1)")
+                .bind(&ids)
+                .fetch_all(&mut *conn)
+                .await?;
+        for (run_id, sequence) in stored {
+            by_run.insert(run_id, CommitOutcome::AlreadyCommitted { sequence });
+        }
+    }
+    requests
+        .iter()
+        .map(|r| {
+            by_run.remove(&r.run_id).ok_or_else(|| {
+                StoreError::Corrupt(format!("commit returned no row for run {}", r.run_id))
+            })
+        })
+        .collect()
+}
+
+#[derive(Default)]
+struct Columns {
+    run_ids: Vec<Uuid>,
+    tokens: Vec<i64>,
+    base_seqs: Vec<i64>,
+    projections: Vec<Value>,
+    states: Vec<String>,
+    statuses: Vec<String>,
+    bumps: Vec<bool>,
+    releases: Vec<bool>,
+    timers: Vec<Option<i64>>,
+    reasons: Vec<Option<String>>,
+    ev_run: Vec<Uuid>,
+    ev_seq: Vec<i64>,
+    ev_id: Vec<Uuid>,
+    ev_type: Vec<String>,
+    ev_payload: Vec<Value>,
+    ev_node: Vec<Option<String>>,
+    inbox_run: Vec<Uuid>,
+    inbox_id: Vec<i64>,
+    l_run: Vec<Uuid>,
+    l_action: Vec<String>,
+    l_node: Vec<String>,
+    l_step: Vec<i32>,
+    l_key: Vec<String>,
+    l_call: Vec<Option<String>>,
+    l_status: Vec<String>,
+    l_tool: Vec<Option<String>>,
+    l_result: Vec<Option<Value>>,
+    l_hash: Vec<Option<String>>,
+    ck_run: Vec<Uuid>,
+    ck_seq: Vec<i64>,
+    ck_def: Vec<String>,
+    ck_ver: Vec<i32>,
+    ck_state: Vec<Value>,
+}

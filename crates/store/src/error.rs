@@ -1,0 +1,77 @@
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("DATABASE_URL is not a valid PostgreSQL URL: {0}")]
+    BadUrl(String),
+    #[error(
+        "cannot reach PostgreSQL: {0}. Check that the server is running and DATABASE_URL is right, or unset DATABASE_URL to let `rein demo` start a private server"
+    )]
+    Unreachable(String),
+    #[error("migration failed: {0}")]
+    Migrate(sqlx::migrate::MigrateError),
+    #[error("schema mismatch: {0}")]
+    SchemaMismatch(String),
+    #[error(
+        "definition {name} version {version} is already registered with a different body; register it as a new version"
+    )]
+    DefinitionConflict { name: String, version: u32 },
+    #[error("unknown definition {name}{}", .version.map(|v| format!(" version {v}")).unwrap_or_default())]
+    UnknownDefinition { name: String, version: Option<u32> },
+    #[error("run {0} not found")]
+    RunNotFound(uuid::Uuid),
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error(transparent)]
+    InvalidTransition(#[from] rein_core::InvalidTransition),
+    #[error("database error: {0}")]
+    Db(sqlx::Error),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        if is_unreachable(&e) {
+            StoreError::Unreachable(e.to_string())
+        } else {
+            StoreError::Db(e)
+        }
+    }
+}
+
+impl StoreError {
+    pub(crate) fn from_connect(e: sqlx::Error) -> Self {
+        match e {
+            sqlx::Error::Database(_) | sqlx::Error::Configuration(_) => {
+                StoreError::Unreachable(e.to_string())
+            }
+            other => StoreError::Unreachable(other.to_string()),
+        }
+    }
+
+    /// True for errors that a retry after a pause may cure (connection lost, server
+    /// restarting, serialization failure).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Unreachable(_) => true,
+            StoreError::Db(e) => {
+                is_unreachable(e)
+                    || e.as_database_error()
+                        .and_then(|d| d.code())
+                        .is_some_and(|c| {
+                            c.starts_with("40") || c.starts_with("57") || c.starts_with("08")
+                        })
+            }
+            _ => false,
+        }
+    }
+}
+
+pub fn is_unreachable(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Tls(_)
+    )
+}

@@ -1,0 +1,246 @@
+//! All of Rein's SQL. Every statement lives in `queries/*.sql` (or, for one-liners, in this
+//! crate) and every caller goes through [`Store`]. The pure engine (`rein-core`) decides
+//! what to write; this crate writes it under the fencing rules of SPEC X1–X3a and reads it
+//! back.
+//!
+//! Every lease and deadline comparison is made by the database clock (`clock_timestamp()`).
+
+mod commit;
+mod error;
+mod reads;
+mod send;
+mod sim;
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
+
+pub use commit::{
+    ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, Committed, LedgerOp, NewEvent, Renewed,
+    Writer, plan_commit,
+};
+pub use error::{StoreError, is_unreachable};
+pub use reads::{RunRow, StoredEvent};
+pub use send::{
+    EnqueueRequest, Enqueued, INBOX_TTL_MS_DEFAULT, InboxEntry, SendOutcome, jitter_from,
+};
+
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+
+/// Defaults sized for 2 cores and Postgres' default 100 connections shared by a fleet of a
+/// few processes.
+pub const POOL_MAX_DEFAULT: u32 = 8;
+pub const CONNECT_TIMEOUT_MS: u64 = 10_000;
+
+#[derive(Clone)]
+pub struct Store {
+    pool: PgPool,
+}
+
+impl Store {
+    /// Connects and applies pending migrations (safe when many processes start at once:
+    /// the migrator serialises itself with an advisory lock).
+    pub async fn connect(url: &str, pool_max: u32) -> Result<Store, StoreError> {
+        let store = Store::connect_without_migrating(url, pool_max).await?;
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    pub async fn connect_without_migrating(url: &str, pool_max: u32) -> Result<Store, StoreError> {
+        let options: PgConnectOptions = url
+            .parse()
+            .map_err(|e: sqlx::Error| StoreError::BadUrl(e.to_string()))?;
+        let options = options
+            .application_name(&format!("rein-{}", std::process::id()))
+            .log_statements(tracing::log::LevelFilter::Trace)
+            .log_slow_statements(tracing::log::LevelFilter::Debug, Duration::from_secs(1));
+        let pool = PgPoolOptions::new()
+            .max_connections(pool_max.max(1))
+            .acquire_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+            .connect_with(options)
+            .await
+            .map_err(StoreError::from_connect)?;
+        Ok(Store { pool })
+    }
+
+    pub fn from_pool(pool: PgPool) -> Store {
+        Store { pool }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        MIGRATOR
+            .run(&self.pool)
+            .await
+            .map_err(StoreError::Migrate)?;
+        self.register_builtins().await
+    }
+
+    /// Fails with [`StoreError::SchemaMismatch`] when the database was migrated by another
+    /// version of Rein (too old or too new for this binary).
+    pub async fn check_schema(&self) -> Result<(), StoreError> {
+        let applied: Vec<i64> = sqlx::query_scalar(
+            "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|_| {
+            StoreError::SchemaMismatch("no Rein schema found: run `rein migrate`".into())
+        })?;
+        let known: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
+        if applied.iter().any(|v| !known.contains(v)) {
+            return Err(StoreError::SchemaMismatch(
+                "the database schema is newer than this binary: upgrade rein".into(),
+            ));
+        }
+        if known.iter().any(|v| !applied.contains(v)) {
+            return Err(StoreError::SchemaMismatch(
+                "the database schema is older than this binary: run `rein migrate`".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    async fn register_builtins(&self) -> Result<(), StoreError> {
+        for (name, _) in rein_core::builtin::ALL {
+            if let Some(Ok(def)) = rein_core::builtin::load(name) {
+                self.register_definition(&def).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores a definition version. Registering the same body again is a no-op; a different
+    /// body under an existing version is refused (V1: change means a new version).
+    pub async fn register_definition(
+        &self,
+        def: &rein_core::Definition,
+    ) -> Result<bool, StoreError> {
+        let body =
+            serde_json::to_value(def.spec()).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let inserted = sqlx::query(
+            "INSERT INTO rein_definitions (name, version, hash, body) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (name, version) DO NOTHING",
+        )
+        .bind(def.name())
+        .bind(def.version() as i32)
+        .bind(def.hash())
+        .bind(&body)
+        .execute(&self.pool)
+        .await?
+        .rows_affected()
+            == 1;
+        if !inserted {
+            let hash: String = sqlx::query_scalar(
+                "SELECT hash FROM rein_definitions WHERE name = $1 AND version = $2",
+            )
+            .bind(def.name())
+            .bind(def.version() as i32)
+            .fetch_one(&self.pool)
+            .await?;
+            if hash != def.hash() {
+                return Err(StoreError::DefinitionConflict {
+                    name: def.name().to_owned(),
+                    version: def.version(),
+                });
+            }
+        }
+        Ok(inserted)
+    }
+
+    /// Loads a definition by name, at `version` or the newest.
+    pub async fn load_definition(
+        &self,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<rein_core::Definition, StoreError> {
+        let row: Option<(serde_json::Value,)> = match version {
+            Some(v) => {
+                sqlx::query_as("SELECT body FROM rein_definitions WHERE name = $1 AND version = $2")
+                    .bind(name)
+                    .bind(v as i32)
+                    .fetch_optional(&self.pool)
+                    .await?
+            }
+            None => sqlx::query_as(
+                "SELECT body FROM rein_definitions WHERE name = $1 ORDER BY version DESC LIMIT 1",
+            )
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?,
+        };
+        let Some((body,)) = row else {
+            return Err(StoreError::UnknownDefinition {
+                name: name.to_owned(),
+                version,
+            });
+        };
+        let spec: rein_core::definition::DefinitionSpec = serde_json::from_value(body)
+            .map_err(|e| StoreError::Corrupt(format!("definition {name}: {e}")))?;
+        rein_core::Definition::from_spec(spec, &rein_core::GuardRegistry::new()).map_err(|e| {
+            StoreError::Corrupt(format!("stored definition {name} no longer validates: {e}"))
+        })
+    }
+
+    /// Adds `n` to a named counter (fenced writes refused, ...). Rare path: not batched.
+    pub async fn add_counter(&self, name: &str, n: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO rein_counters (name, value) VALUES ($1, $2)
+             ON CONFLICT (name) DO UPDATE SET value = rein_counters.value + EXCLUDED.value",
+        )
+        .bind(name)
+        .bind(n)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn counter(&self, name: &str) -> Result<i64, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT value FROM rein_counters WHERE name = $1")
+                .bind(name)
+                .fetch_optional(&self.pool)
+                .await?
+                .unwrap_or(0),
+        )
+    }
+
+    /// Records that a worker or scheduler is alive.
+    pub async fn heartbeat(
+        &self,
+        worker_id: &str,
+        role: &str,
+        info: serde_json::Value,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO rein_workers (worker_id, role, info) VALUES ($1, $2, $3)
+             ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = now(), info = EXCLUDED.info",
+        )
+        .bind(worker_id)
+        .bind(role)
+        .bind(info)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+impl Store {
+    pub async fn deregister(&self, worker_id: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM rein_workers WHERE worker_id = $1")
+            .bind(worker_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Counter names.
+pub mod counters {
+    pub const FENCED_WRITES: &str = "fenced_writes_rejected";
+    pub const LEASES_RECOVERED: &str = "leases_recovered";
+}

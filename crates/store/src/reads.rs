@@ -1,0 +1,324 @@
+//! Reads: runs, history, timers and expired leases, integrity checks.
+
+use chrono::{DateTime, Utc};
+use rein_core::checkpoint::Checkpoint;
+use rein_core::{Event, RunState};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+use uuid::Uuid;
+
+use crate::{Store, StoreError};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunRow {
+    pub run_id: Uuid,
+    pub definition: String,
+    pub version: u32,
+    pub state: String,
+    pub status: String,
+    pub projection: RunState,
+    pub last_sequence: i64,
+    pub fencing_token: i64,
+    pub lease_owner: Option<String>,
+    pub lease_until: Option<DateTime<Utc>>,
+    pub lease_live: bool,
+    pub wake_at: Option<DateTime<Utc>>,
+    pub priority: i32,
+    pub queue: String,
+    pub parent_run_id: Option<Uuid>,
+    pub terminal_reason: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub state_entered_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Time in the current state by the database clock.
+    pub in_state_ms: f64,
+}
+
+impl RunRow {
+    fn from_row(row: &PgRow) -> Result<RunRow, StoreError> {
+        let projection: Value = row.try_get("projection")?;
+        let version: i32 = row.try_get("version")?;
+        Ok(RunRow {
+            run_id: row.try_get("run_id")?,
+            definition: row.try_get("definition")?,
+            version: version as u32,
+            state: row.try_get("state")?,
+            status: row.try_get("status")?,
+            projection: serde_json::from_value(projection)
+                .map_err(|e| StoreError::Corrupt(format!("projection: {e}")))?,
+            last_sequence: row.try_get("last_sequence")?,
+            fencing_token: row.try_get("fencing_token")?,
+            lease_owner: row.try_get("lease_owner")?,
+            lease_until: row.try_get("lease_until")?,
+            lease_live: row
+                .try_get::<Option<bool>, _>("lease_live")?
+                .unwrap_or(false),
+            wake_at: row.try_get("wake_at")?,
+            priority: row.try_get("priority")?,
+            queue: row.try_get("queue")?,
+            parent_run_id: row.try_get("parent_run_id")?,
+            terminal_reason: row.try_get("terminal_reason")?,
+            created_at: row.try_get("created_at")?,
+            updated_at: row.try_get("updated_at")?,
+            state_entered_at: row.try_get("state_entered_at")?,
+            finished_at: row.try_get("finished_at")?,
+            in_state_ms: row.try_get("in_state_ms")?,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StoredEvent {
+    pub run_id: Uuid,
+    pub sequence: i64,
+    pub event_id: Uuid,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub payload: Value,
+    pub node: Option<String>,
+    pub schema_version: i32,
+    pub token: i64,
+    pub worker: String,
+    pub occurred_at: DateTime<Utc>,
+}
+
+impl StoredEvent {
+    pub fn as_event(&self) -> Event {
+        Event::new(
+            self.sequence as u64,
+            self.kind.clone(),
+            self.payload.clone(),
+        )
+    }
+}
+
+const RUN_ROW: &str = include_str!("../queries/run_row.sql");
+const EVENT_COLUMNS: &str = "run_id, sequence, event_id, type, payload, node, schema_version, fencing_token, worker, occurred_at";
+
+fn event_from_row(row: &PgRow) -> Result<StoredEvent, StoreError> {
+    Ok(StoredEvent {
+        run_id: row.try_get("run_id")?,
+        sequence: row.try_get("sequence")?,
+        event_id: row.try_get("event_id")?,
+        kind: row.try_get("type")?,
+        payload: row.try_get("payload")?,
+        node: row.try_get("node")?,
+        schema_version: row.try_get("schema_version")?,
+        token: row.try_get("fencing_token")?,
+        worker: row.try_get("worker")?,
+        occurred_at: row.try_get("occurred_at")?,
+    })
+}
+
+impl Store {
+    pub async fn run(&self, run_id: Uuid) -> Result<RunRow, StoreError> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!("{RUN_ROW} WHERE run_id = $1")))
+            .bind(run_id)
+            .fetch_optional(self.pool())
+            .await?
+            .ok_or(StoreError::RunNotFound(run_id))?;
+        RunRow::from_row(&row)
+    }
+
+    /// The run's log, in sequence order.
+    pub async fn history(&self, run_id: Uuid) -> Result<Vec<StoredEvent>, StoreError> {
+        self.history_after(run_id, 0).await
+    }
+
+    pub async fn history_after(
+        &self,
+        run_id: Uuid,
+        after: i64,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {EVENT_COLUMNS} FROM rein_events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence"
+        )))
+        .bind(run_id)
+        .bind(after)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter().map(event_from_row).collect()
+    }
+
+    /// Unleased runs whose timer is due by the database clock, with the time elapsed since
+    /// they entered their state.
+    pub async fn due_timers(&self, limit: i64) -> Result<Vec<RunRow>, StoreError> {
+        self.rows(
+            "WHERE wake_at IS NOT NULL AND wake_at <= clock_timestamp() AND lease_owner IS NULL
+             ORDER BY wake_at LIMIT $1",
+            limit,
+        )
+        .await
+    }
+
+    /// Runs whose lease expired by the database clock (dead or stalled holder).
+    pub async fn expired_leases(&self, limit: i64) -> Result<Vec<RunRow>, StoreError> {
+        self.rows(
+            "WHERE lease_owner IS NOT NULL AND lease_until <= clock_timestamp()
+             ORDER BY lease_until LIMIT $1",
+            limit,
+        )
+        .await
+    }
+
+    pub async fn list_runs(
+        &self,
+        status: Option<&str>,
+        definition: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<RunRow>, StoreError> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "{RUN_ROW} WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR definition = $2)
+             ORDER BY created_at DESC, run_id LIMIT $3"
+        )))
+        .bind(status)
+        .bind(definition)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter().map(RunRow::from_row).collect()
+    }
+
+    async fn rows(&self, tail: &str, limit: i64) -> Result<Vec<RunRow>, StoreError> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("{RUN_ROW} {tail}")))
+            .bind(limit)
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter().map(RunRow::from_row).collect()
+    }
+
+    pub async fn newest_checkpoint(&self, run_id: Uuid) -> Result<Option<Checkpoint>, StoreError> {
+        let row: Option<(i64, String, i32, Value)> = sqlx::query_as(
+            "SELECT sequence, definition, version, state FROM rein_checkpoints
+             WHERE run_id = $1 ORDER BY sequence DESC LIMIT 1",
+        )
+        .bind(run_id)
+        .fetch_optional(self.pool())
+        .await?;
+        row.map(|(sequence, definition, version, state)| {
+            Ok(Checkpoint {
+                sequence: sequence as u64,
+                definition,
+                version: version as u32,
+                state: serde_json::from_value(state)
+                    .map_err(|e| StoreError::Corrupt(format!("checkpoint: {e}")))?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Replays the run's whole log from `X_0` and compares it with the stored projection
+    /// (SPEC E3). `Ok(None)` when they agree; `Ok(Some(reason))` describes a mismatch.
+    pub async fn verify_run(&self, run_id: Uuid) -> Result<Option<String>, StoreError> {
+        let row = self.run(run_id).await?;
+        let def = self
+            .load_definition(&row.definition, Some(row.version))
+            .await?;
+        let input: Value = sqlx::query_scalar("SELECT input FROM rein_runs WHERE run_id = $1")
+            .bind(run_id)
+            .fetch_one(self.pool())
+            .await?;
+        let events = self.history(run_id).await?;
+        for (i, e) in events.iter().enumerate() {
+            if e.sequence != i as i64 + 1 {
+                return Ok(Some(format!(
+                    "sequence gap: expected {} found {}",
+                    i + 1,
+                    e.sequence
+                )));
+            }
+        }
+        let replayed = match rein_core::replay(
+            &def,
+            RunState::initial(&def, input),
+            events
+                .iter()
+                .map(|e| e.as_event())
+                .collect::<Vec<_>>()
+                .iter(),
+        ) {
+            Ok(state) => state,
+            Err((i, e)) => return Ok(Some(format!("event {} does not replay: {e}", i + 1))),
+        };
+        if replayed != row.projection {
+            return Ok(Some(format!(
+                "replayed state differs from the stored projection (replayed {} at {}, stored {} at {})",
+                replayed.state, replayed.sequence, row.projection.state, row.projection.sequence
+            )));
+        }
+        if row.last_sequence != replayed.sequence as i64 || row.state != replayed.state {
+            return Ok(Some("run row columns disagree with the projection".into()));
+        }
+        Ok(None)
+    }
+
+    /// Recovery as a new process does it (SPEC E4): newest checkpoint plus the tail.
+    pub async fn recover_run(&self, run_id: Uuid) -> Result<RunState, StoreError> {
+        let row = self.run(run_id).await?;
+        let def = self
+            .load_definition(&row.definition, Some(row.version))
+            .await?;
+        let Some(checkpoint) = self.newest_checkpoint(run_id).await? else {
+            let input: Value = sqlx::query_scalar("SELECT input FROM rein_runs WHERE run_id = $1")
+                .bind(run_id)
+                .fetch_one(self.pool())
+                .await?;
+            let events: Vec<Event> = self
+                .history(run_id)
+                .await?
+                .iter()
+                .map(StoredEvent::as_event)
+                .collect();
+            return rein_core::replay(&def, RunState::initial(&def, input), events.iter())
+                .map_err(|(_, e)| StoreError::Corrupt(format!("log does not replay: {e}")));
+        };
+        let tail: Vec<Event> = self
+            .history_after(run_id, checkpoint.sequence as i64)
+            .await?
+            .iter()
+            .map(StoredEvent::as_event)
+            .collect();
+        checkpoint
+            .recover(&def, tail.iter())
+            .map_err(|e| StoreError::Corrupt(format!("checkpoint recovery: {e}")))
+    }
+
+    /// Runs by (definition, state, status).
+    pub async fn count_by_state(&self) -> Result<Vec<(String, String, String, i64)>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT definition, state, status, count(*) FROM rein_runs
+             GROUP BY definition, state, status ORDER BY definition, state",
+        )
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// Events by type.
+    pub async fn count_events_by_type(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        Ok(
+            sqlx::query_as("SELECT type, count(*) FROM rein_events GROUP BY type ORDER BY type")
+                .fetch_all(self.pool())
+                .await?,
+        )
+    }
+
+    /// Runs parked in one of `states`, oldest first (the demo's simulated approver).
+    pub async fn runs_in_states(
+        &self,
+        states: &[&str],
+        limit: i64,
+    ) -> Result<Vec<RunRow>, StoreError> {
+        let states: Vec<String> = states.iter().map(|s| s.to_string()).collect();
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "{RUN_ROW} WHERE state = ANY($1) AND status <> 'terminal' ORDER BY state_entered_at LIMIT $2"
+        )))
+        .bind(&states)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter().map(RunRow::from_row).collect()
+    }
+}

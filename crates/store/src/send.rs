@@ -1,0 +1,340 @@
+//! Runs and events from outside: enqueue (SPEC I3) and send (SPEC X3a).
+
+use rein_core::{Definition, EngineEvent, Event, InvalidTransition, RejectReason, RunState, apply};
+use serde_json::Value;
+use sqlx::Row;
+use uuid::Uuid;
+
+use crate::commit::{CommitOutcome, CommitPlan, NewEvent, Writer, commit_on, plan_commit};
+use crate::{Store, StoreError};
+
+/// Longest client idempotency key accepted.
+pub const CLIENT_KEY_LEN_MAX: usize = 256;
+/// Largest run input accepted, in bytes.
+pub const INPUT_BYTES_MAX: usize = 256 * 1024;
+/// Most runs one enqueue call may create.
+pub const ENQUEUE_BATCH_MAX: usize = 10_000;
+/// How long an inbox entry waits for the lease holder before it is recorded as expired.
+pub const INBOX_TTL_MS_DEFAULT: u64 = 24 * 3600 * 1000;
+
+#[derive(Debug, Clone)]
+pub struct EnqueueRequest {
+    pub definition: Definition,
+    pub input: Value,
+    pub client_key: Option<String>,
+    pub priority: i32,
+    pub queue: String,
+    pub parent_run_id: Option<Uuid>,
+}
+
+impl EnqueueRequest {
+    pub fn new(definition: Definition, input: Value) -> EnqueueRequest {
+        EnqueueRequest {
+            definition,
+            input,
+            client_key: None,
+            priority: 0,
+            queue: "default".to_owned(),
+            parent_run_id: None,
+        }
+    }
+
+    fn check(&self) -> Result<(), StoreError> {
+        let size = self.input.to_string().len();
+        if size > INPUT_BYTES_MAX {
+            return Err(StoreError::Invalid(format!(
+                "run input is {size} bytes; the limit is {INPUT_BYTES_MAX}"
+            )));
+        }
+        if let Some(key) = &self.client_key
+            && (key.is_empty() || key.len() > CLIENT_KEY_LEN_MAX)
+        {
+            return Err(StoreError::Invalid(format!(
+                "idempotency key must be 1 to {CLIENT_KEY_LEN_MAX} bytes"
+            )));
+        }
+        if self.queue.is_empty() || self.queue.len() > rein_core::limits::NAME_LEN_MAX {
+            return Err(StoreError::Invalid(
+                "queue name must be 1 to 64 bytes".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enqueued {
+    pub run_id: Uuid,
+    /// False when the client key named a run that already existed.
+    pub created: bool,
+}
+
+/// What happened to an event sent from outside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendOutcome {
+    /// Committed at once at this sequence (no live lease was held).
+    Applied { sequence: i64 },
+    /// Queued in the run's inbox for the lease holder (or for a later state).
+    Queued { inbox_id: i64 },
+}
+
+#[derive(Debug, Clone)]
+pub struct InboxEntry {
+    pub id: i64,
+    pub event_id: Uuid,
+    pub kind: String,
+    pub payload: Value,
+    pub sender: String,
+    pub expired: bool,
+}
+
+impl Store {
+    pub async fn enqueue(&self, request: EnqueueRequest) -> Result<Enqueued, StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        let mut out = enqueue_on(&mut conn, std::slice::from_ref(&request)).await?;
+        out.pop()
+            .ok_or_else(|| StoreError::Corrupt("enqueue returned no row".into()))
+    }
+
+    /// Enqueues many runs in one statement.
+    pub async fn enqueue_batch(
+        &self,
+        requests: &[EnqueueRequest],
+    ) -> Result<Vec<Enqueued>, StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        enqueue_on(&mut conn, requests).await
+    }
+
+    /// Enqueues inside the caller's transaction, atomically with its own business data.
+    pub async fn enqueue_in(
+        tx: &mut sqlx::PgConnection,
+        request: EnqueueRequest,
+    ) -> Result<Enqueued, StoreError> {
+        let mut out = enqueue_on(tx, std::slice::from_ref(&request)).await?;
+        out.pop()
+            .ok_or_else(|| StoreError::Corrupt("enqueue returned no row".into()))
+    }
+
+    /// Delivers an event from outside (SPEC X3a). With no live lease on the run, the event is
+    /// committed at once, taking the token; with a live lease, or when the run's current
+    /// state cannot take it yet, it waits in the inbox. An event no reachable state could
+    /// accept is refused.
+    pub async fn send(
+        &self,
+        run_id: Uuid,
+        kind: &str,
+        payload: Value,
+        sender: &str,
+        inbox_ttl_ms: u64,
+    ) -> Result<SendOutcome, StoreError> {
+        let size = payload.to_string().len();
+        if size > rein_core::limits::EVENT_PAYLOAD_BYTES_MAX {
+            return Err(StoreError::Invalid(format!(
+                "event payload is {size} bytes; the limit is {}",
+                rein_core::limits::EVENT_PAYLOAD_BYTES_MAX
+            )));
+        }
+        let mut tx = self.pool().begin().await?;
+        let row = sqlx::query(
+            "SELECT definition, version, projection, fencing_token,
+                    COALESCE(lease_until > clock_timestamp(), false) AS lease_live
+             FROM rein_runs WHERE run_id = $1 FOR UPDATE",
+        )
+        .bind(run_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::RunNotFound(run_id))?;
+        let definition: String = row.try_get("definition")?;
+        let version: i32 = row.try_get("version")?;
+        let state: RunState = serde_json::from_value(row.try_get("projection")?)
+            .map_err(|e| StoreError::Corrupt(format!("projection: {e}")))?;
+        let token: i64 = row.try_get("fencing_token")?;
+        let lease_live: bool = row.try_get("lease_live")?;
+        let def = self
+            .load_definition(&definition, Some(version as u32))
+            .await?;
+
+        let refuse = |reason| InvalidTransition {
+            state: state.state.clone(),
+            event: kind.to_owned(),
+            sequence: state.sequence + 1,
+            reason,
+        };
+        if !def.has_event(kind) && !EngineEvent::is_reserved(kind) {
+            return Err(refuse(RejectReason::UnknownEvent).into());
+        }
+        if !def.could_ever_accept(&state.state, kind) {
+            let reason = if def.is_terminal(&state.state) {
+                RejectReason::Terminal
+            } else {
+                RejectReason::NotInTable
+            };
+            return Err(refuse(reason).into());
+        }
+        let event = NewEvent::new(kind, payload.clone());
+        let acceptable_now = apply(
+            &def,
+            &state,
+            &Event::new(state.sequence + 1, kind, payload.clone()),
+        )
+        .is_ok();
+        if !lease_live && acceptable_now {
+            let plan = CommitPlan {
+                writer: Writer::TakeToken,
+                release: false,
+                jitter_sample: jitter_from(event.event_id),
+            };
+            let request = plan_commit(&def, run_id, token, &state, vec![event], Vec::new(), plan)?;
+            let outcome = commit_on(&mut tx, sender, std::slice::from_ref(&request)).await?;
+            tx.commit().await?;
+            return match outcome.into_iter().next() {
+                Some(CommitOutcome::Committed(c)) => Ok(SendOutcome::Applied {
+                    sequence: c.sequence,
+                }),
+                other => Err(StoreError::Corrupt(format!(
+                    "commit under the row lock did not apply: {other:?}"
+                ))),
+            };
+        }
+        let inbox_id: i64 = sqlx::query_scalar(
+            "INSERT INTO rein_inbox (run_id, event_id, type, payload, sender, expires_at)
+             VALUES ($1, $2, $3, $4, $5, now() + $6 * interval '1 millisecond') RETURNING id",
+        )
+        .bind(run_id)
+        .bind(event.event_id)
+        .bind(kind)
+        .bind(&payload)
+        .bind(sender)
+        .bind(inbox_ttl_ms as i64)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(SendOutcome::Queued { inbox_id })
+    }
+
+    /// The run's inbox, oldest first; `expired` by the database clock.
+    pub async fn inbox(&self, run_id: Uuid) -> Result<Vec<InboxEntry>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, event_id, type, payload, sender, expires_at <= clock_timestamp() AS expired
+             FROM rein_inbox WHERE run_id = $1 ORDER BY id LIMIT 100",
+        )
+        .bind(run_id)
+        .fetch_all(self.pool())
+        .await?;
+        rows.into_iter()
+            .map(|row| {
+                Ok(InboxEntry {
+                    id: row.try_get("id")?,
+                    event_id: row.try_get("event_id")?,
+                    kind: row.try_get("type")?,
+                    payload: row.try_get("payload")?,
+                    sender: row.try_get("sender")?,
+                    expired: row.try_get("expired")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Unleased runs with inbox entries, for the scheduler to apply or expire.
+    pub async fn runs_with_inbox(&self, limit: i64) -> Result<Vec<Uuid>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT DISTINCT i.run_id FROM rein_inbox i JOIN rein_runs r USING (run_id)
+             WHERE r.lease_owner IS NULL OR r.lease_until <= clock_timestamp()
+             LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+}
+
+/// A deterministic jitter sample from an id (uuid v7 has random low bits).
+pub fn jitter_from(id: Uuid) -> f64 {
+    let bytes = id.as_bytes();
+    let low = u32::from_be_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
+    f64::from(low) / (f64::from(u32::MAX) + 1.0)
+}
+
+async fn enqueue_on(
+    conn: &mut sqlx::PgConnection,
+    requests: &[EnqueueRequest],
+) -> Result<Vec<Enqueued>, StoreError> {
+    if requests.len() > ENQUEUE_BATCH_MAX {
+        return Err(StoreError::Invalid(format!(
+            "{} runs in one enqueue; the limit is {ENQUEUE_BATCH_MAX}",
+            requests.len()
+        )));
+    }
+    let mut keys = std::collections::HashSet::new();
+    for r in requests {
+        r.check()?;
+        if let Some(k) = &r.client_key
+            && !keys.insert(k.clone())
+        {
+            return Err(StoreError::Invalid(format!(
+                "idempotency key `{k}` appears twice in one batch"
+            )));
+        }
+    }
+    let mut ids = Vec::new();
+    let mut defs = Vec::new();
+    let mut versions = Vec::new();
+    let mut states = Vec::new();
+    let mut statuses = Vec::new();
+    let mut projections = Vec::new();
+    let mut inputs = Vec::new();
+    let mut priorities = Vec::new();
+    let mut queues = Vec::new();
+    let mut parents = Vec::new();
+    let mut client_keys = Vec::new();
+    for r in requests {
+        let state = RunState::initial(&r.definition, r.input.clone());
+        ids.push(Uuid::now_v7());
+        defs.push(r.definition.name().to_owned());
+        versions.push(r.definition.version() as i32);
+        statuses.push(state.status(&r.definition).as_str().to_owned());
+        states.push(state.state.clone());
+        projections
+            .push(serde_json::to_value(&state).map_err(|e| StoreError::Corrupt(e.to_string()))?);
+        inputs.push(r.input.clone());
+        priorities.push(r.priority);
+        queues.push(r.queue.clone());
+        parents.push(r.parent_run_id);
+        client_keys.push(r.client_key.clone());
+    }
+    let rows = sqlx::query(include_str!("../queries/enqueue.sql"))
+        .bind(&ids)
+        .bind(&defs)
+        .bind(&versions)
+        .bind(&states)
+        .bind(&statuses)
+        .bind(&projections)
+        .bind(&inputs)
+        .bind(&priorities)
+        .bind(&queues)
+        .bind(&parents)
+        .bind(&client_keys)
+        .fetch_all(&mut *conn)
+        .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (row, key) in rows.iter().zip(&client_keys) {
+        let run_id: Option<Uuid> = row.try_get("run_id")?;
+        let run_id = match (run_id, key) {
+            (Some(id), _) => id,
+            // A concurrent enqueue with the same key committed after this statement's
+            // snapshot was taken; a new statement sees it.
+            (None, Some(key)) => {
+                sqlx::query_scalar("SELECT run_id FROM rein_enqueue_keys WHERE client_key = $1")
+                    .bind(key)
+                    .fetch_one(&mut *conn)
+                    .await?
+            }
+            (None, None) => return Err(StoreError::Corrupt("enqueue returned no run id".into())),
+        };
+        out.push(Enqueued {
+            run_id,
+            created: row.try_get("created")?,
+        });
+    }
+    Ok(out)
+}

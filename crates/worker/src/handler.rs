@@ -1,0 +1,95 @@
+//! The Rust handler API (SPEC I1): register an async handler per node action name; the
+//! runtime owns claims, lease renewal, cancellation, commits and idempotency keys.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use rein_core::{Definition, RunState};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// What a handler is told about the action it runs.
+#[derive(Clone)]
+pub struct ActionContext {
+    pub run_id: Uuid,
+    pub definition: Definition,
+    /// The node (control state) the action belongs to.
+    pub node: String,
+    pub run: RunState,
+    /// Ordinal of the logical action within the run, stable across retries and takeovers.
+    pub step: u32,
+    pub action_id: String,
+    /// `hash(run_id, node, action_id)`: pass it to every external system.
+    pub idempotency_key: String,
+    /// The call id of this attempt (a retry gets a new one).
+    pub call_id: String,
+    pub fencing_token: i64,
+    pub worker_id: String,
+    /// Fires when the lease is lost, the run is cancelled, or the worker shuts down hard.
+    pub cancel: CancellationToken,
+}
+
+/// What an action produced.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Candidate events; the engine commits the strongest one the definition accepts
+    /// (SPEC M6). For a dispatched call the runtime adds its `call_id`.
+    Events(Vec<(String, Value)>),
+    /// The request may have been applied but no answer came back (SPEC X7).
+    InDoubt(String),
+}
+
+impl Outcome {
+    pub fn event(kind: &str, payload: Value) -> Outcome {
+        Outcome::Events(vec![(kind.to_owned(), payload)])
+    }
+}
+
+/// The answer of a reconcile hook about an in-doubt call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reconciled {
+    /// It was applied; these are the result events to commit.
+    Applied(Vec<(String, Value)>),
+    /// It was not applied; the step may be dispatched again with the same key.
+    NotApplied,
+}
+
+pub trait NodeHandler: Send + Sync {
+    /// Whether the action about to run has side effects. If so the runtime commits
+    /// ACTION_DISPATCHED (with the idempotency key) before calling [`NodeHandler::run`].
+    fn side_effect(&self, ctx: &ActionContext) -> bool;
+
+    fn run(&self, ctx: ActionContext) -> BoxFuture<Outcome>;
+
+    /// Asks the external system, by idempotency key, what became of an in-doubt call.
+    /// `None`: this handler has no reconcile hook, so the run needs an operator.
+    fn reconcile(&self, _ctx: ActionContext) -> Option<BoxFuture<Result<Reconciled, String>>> {
+        None
+    }
+}
+
+/// Handlers by node action name.
+#[derive(Clone, Default)]
+pub struct Registry {
+    handlers: HashMap<String, Arc<dyn NodeHandler>>,
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn register(&mut self, action: &str, handler: impl NodeHandler + 'static) -> &mut Self {
+        self.handlers.insert(action.to_owned(), Arc::new(handler));
+        self
+    }
+
+    pub fn get(&self, action: &str) -> Option<Arc<dyn NodeHandler>> {
+        self.handlers.get(action).cloned()
+    }
+}

@@ -1,0 +1,826 @@
+//! The worker runtime: claim loop, lease renewal, action execution outside transactions,
+//! batched commits under the fencing token, inbox application, in-doubt reconciliation and
+//! graceful shutdown (SPEC X1–X8).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use rein_core::{ActionStatus, Definition, EngineEvent, Event, RunState, RunStatus, apply};
+use rein_store::{
+    ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, NewEvent, Store, StoreError, Writer,
+    counters, plan_commit,
+};
+use serde_json::{Value, json};
+use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+use uuid::Uuid;
+
+use crate::handler::{ActionContext, Outcome, Reconciled, Registry};
+
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub worker_id: String,
+    /// Runs driven at once.
+    pub concurrency: usize,
+    pub lease_ttl_ms: u64,
+    /// Most runs taken per claim query.
+    pub claim_batch: u32,
+    /// Idle wait between claim queries when nothing was found.
+    pub poll_interval_ms: u64,
+    pub queues: Vec<String>,
+    /// How long in-flight actions may take to finish after SIGTERM.
+    pub shutdown_grace_ms: u64,
+    /// Most steps driven per claim before the run is handed back to the queue (fairness).
+    pub steps_per_claim_max: u32,
+    /// Group commits of many runs into one statement.
+    pub commit_batching: bool,
+}
+
+impl WorkerConfig {
+    pub fn new(worker_id: impl Into<String>) -> WorkerConfig {
+        WorkerConfig {
+            worker_id: worker_id.into(),
+            concurrency: 32,
+            lease_ttl_ms: 10_000,
+            claim_batch: 16,
+            poll_interval_ms: 100,
+            queues: vec!["default".to_owned()],
+            shutdown_grace_ms: 10_000,
+            steps_per_claim_max: 64,
+            commit_batching: true,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.concurrency == 0 || self.concurrency > 10_000 {
+            return Err("concurrency must be 1..=10000".into());
+        }
+        if self.lease_ttl_ms < 300 || self.lease_ttl_ms > 3_600_000 {
+            return Err("lease TTL must be 300 ms ..= 1 h".into());
+        }
+        if self.claim_batch == 0 || self.claim_batch > 1000 {
+            return Err("claim batch must be 1..=1000".into());
+        }
+        Ok(())
+    }
+}
+
+/// Counters a worker keeps about itself.
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    pub claimed: AtomicU64,
+    pub steps: AtomicU64,
+    pub events_committed: AtomicU64,
+    pub commits: AtomicU64,
+    pub commit_statements: AtomicU64,
+    pub fenced: AtomicU64,
+    pub leases_lost: AtomicU64,
+}
+
+struct Held {
+    token: i64,
+    /// Fires when the lease is lost or the worker stops hard: stop without writing.
+    lost: CancellationToken,
+    /// Fires when a CANCEL waits in the inbox: stop the action, then apply the inbox.
+    interrupt: CancellationToken,
+    inbox_pending: AtomicBool,
+}
+
+struct CommitJob {
+    request: CommitRequest,
+    reply: oneshot::Sender<Result<CommitOutcome, StoreError>>,
+}
+
+#[derive(Clone)]
+pub struct Worker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    config: WorkerConfig,
+    registry: Registry,
+    definitions: Mutex<HashMap<(String, u32), Definition>>,
+    held: std::sync::Mutex<HashMap<Uuid, Arc<Held>>>,
+    commits: mpsc::Sender<CommitJob>,
+    commit_rx: Mutex<Option<mpsc::Receiver<CommitJob>>>,
+    stats: WorkerStats,
+    /// Stop claiming; finish or hand back what is held.
+    draining: CancellationToken,
+    /// Stop everything now; leases lapse.
+    hard_stop: CancellationToken,
+}
+
+impl Worker {
+    pub fn new(store: Store, config: WorkerConfig, registry: Registry) -> Worker {
+        let (tx, rx) = mpsc::channel(4096);
+        Worker {
+            inner: Arc::new(Inner {
+                store,
+                config,
+                registry,
+                definitions: Mutex::new(HashMap::new()),
+                held: std::sync::Mutex::new(HashMap::new()),
+                commits: tx,
+                commit_rx: Mutex::new(Some(rx)),
+                stats: WorkerStats::default(),
+                draining: CancellationToken::new(),
+                hard_stop: CancellationToken::new(),
+            }),
+        }
+    }
+
+    pub fn stats(&self) -> &WorkerStats {
+        &self.inner.stats
+    }
+
+    pub fn id(&self) -> &str {
+        &self.inner.config.worker_id
+    }
+
+    /// Number of runs this worker holds right now.
+    pub fn held(&self) -> usize {
+        self.inner.held.lock().map(|h| h.len()).unwrap_or(0)
+    }
+
+    /// Runs until `shutdown` fires, then drains: stops claiming, lets held runs reach a
+    /// commit point within the grace period, and stops hard after it.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let rx = inner
+            .commit_rx
+            .lock()
+            .await
+            .take()
+            .ok_or_else(|| StoreError::Invalid("a worker runs once".into()))?;
+        let committer = tokio::spawn(committer(inner.clone(), rx));
+        let renewer = tokio::spawn(renewer(inner.clone()));
+        let _ = inner
+            .store
+            .heartbeat(
+                &inner.config.worker_id,
+                "worker",
+                json!({ "concurrency": inner.config.concurrency }),
+            )
+            .await;
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut idle_ms = inner.config.poll_interval_ms;
+        let mut last_heartbeat = tokio::time::Instant::now();
+        info!(worker = %inner.config.worker_id, concurrency = inner.config.concurrency, "worker started");
+        loop {
+            while tasks.try_join_next().is_some() {}
+            if shutdown.is_cancelled() {
+                break;
+            }
+            if last_heartbeat.elapsed() > Duration::from_millis(inner.config.lease_ttl_ms / 3) {
+                last_heartbeat = tokio::time::Instant::now();
+                let _ = inner
+                    .store
+                    .heartbeat(
+                        &inner.config.worker_id,
+                        "worker",
+                        json!({ "held": self.held() }),
+                    )
+                    .await;
+            }
+            let free = inner.config.concurrency.saturating_sub(tasks.len());
+            let mut claimed_any = false;
+            if free > 0 {
+                let n = (free as u32).min(inner.config.claim_batch);
+                match inner
+                    .store
+                    .claim(
+                        &inner.config.worker_id,
+                        n,
+                        inner.config.lease_ttl_ms,
+                        &inner.config.queues,
+                    )
+                    .await
+                {
+                    Ok(runs) => {
+                        claimed_any = !runs.is_empty();
+                        for run in runs {
+                            inner.stats.claimed.fetch_add(1, Ordering::Relaxed);
+                            let inner = inner.clone();
+                            tasks.spawn(async move { drive(inner, run).await });
+                        }
+                    }
+                    Err(e) => warn!(error = %e, "claim failed; retrying after a pause"),
+                }
+            }
+            if claimed_any {
+                idle_ms = inner.config.poll_interval_ms;
+                tokio::task::yield_now().await;
+                continue;
+            }
+            let wait = if free == 0 {
+                Duration::from_millis(5)
+            } else {
+                let d = Duration::from_millis(idle_ms);
+                idle_ms = (idle_ms * 2).min(inner.config.poll_interval_ms * 4).max(1);
+                d
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(wait) => {}
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+        }
+        info!(worker = %inner.config.worker_id, held = tasks.len(), "draining");
+        inner.draining.cancel();
+        let grace = Duration::from_millis(inner.config.shutdown_grace_ms);
+        if tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} })
+            .await
+            .is_err()
+        {
+            warn!("grace period over; stopping actions, their leases will lapse");
+            inner.hard_stop.cancel();
+            while tasks.join_next().await.is_some() {}
+        }
+        inner.hard_stop.cancel();
+        renewer.abort();
+        drop(tasks);
+        committer.abort();
+        let _ = inner.store.deregister(&inner.config.worker_id).await;
+        info!(worker = %inner.config.worker_id, "worker stopped");
+        Ok(())
+    }
+}
+
+/// Group commit: takes every job queued right now and commits them in one statement.
+async fn committer(inner: Arc<Inner>, mut rx: mpsc::Receiver<CommitJob>) {
+    let max = if inner.config.commit_batching { 256 } else { 1 };
+    let mut jobs = Vec::with_capacity(max);
+    while rx.recv_many(&mut jobs, max).await > 0 {
+        let requests: Vec<CommitRequest> = jobs.iter().map(|j| j.request.clone()).collect();
+        inner
+            .stats
+            .commit_statements
+            .fetch_add(1, Ordering::Relaxed);
+        match inner
+            .store
+            .commit_batch(&inner.config.worker_id, &requests)
+            .await
+        {
+            Ok(outcomes) => {
+                for (job, outcome) in jobs.drain(..).zip(outcomes) {
+                    let _ = job.reply.send(Ok(outcome));
+                }
+            }
+            Err(e) => {
+                let message = e.to_string();
+                let transient = e.is_transient();
+                for job in jobs.drain(..) {
+                    let err = if transient {
+                        StoreError::Unreachable(message.clone())
+                    } else {
+                        StoreError::Invalid(message.clone())
+                    };
+                    let _ = job.reply.send(Err(err));
+                }
+            }
+        }
+    }
+}
+
+async fn renewer(inner: Arc<Inner>) {
+    let period = Duration::from_millis((inner.config.lease_ttl_ms / 3).max(100));
+    loop {
+        tokio::time::sleep(period).await;
+        let held: Vec<(Uuid, i64)> = match inner.held.lock() {
+            Ok(h) => h.iter().map(|(id, held)| (*id, held.token)).collect(),
+            Err(_) => return,
+        };
+        if held.is_empty() {
+            continue;
+        }
+        match inner
+            .store
+            .renew(&inner.config.worker_id, &held, inner.config.lease_ttl_ms)
+            .await
+        {
+            Ok(renewed) => {
+                let renewed: HashMap<Uuid, rein_store::Renewed> =
+                    renewed.into_iter().map(|r| (r.run_id, r)).collect();
+                let Ok(map) = inner.held.lock() else { return };
+                for (run_id, held) in map.iter() {
+                    match renewed.get(run_id) {
+                        Some(r) => {
+                            if r.inbox_pending {
+                                held.inbox_pending.store(true, Ordering::Release);
+                            }
+                            if r.cancel_pending {
+                                held.interrupt.cancel();
+                            }
+                        }
+                        None => {
+                            warn!(%run_id, token = held.token, "lease lost; cancelling its action");
+                            inner.stats.leases_lost.fetch_add(1, Ordering::Relaxed);
+                            held.lost.cancel();
+                        }
+                    }
+                }
+            }
+            // Cannot tell whether the leases still stand; the commit check will say.
+            Err(e) => warn!(error = %e, "lease renewal failed"),
+        }
+    }
+}
+
+/// Why driving a run stopped.
+enum Stop {
+    /// Committed a state where this worker has nothing more to do, or handed it back.
+    Released,
+    /// The lease is gone: do not write anything more.
+    Lost,
+}
+
+struct Driver {
+    inner: Arc<Inner>,
+    def: Definition,
+    run_id: Uuid,
+    token: i64,
+    state: RunState,
+    held: Arc<Held>,
+}
+
+async fn drive(inner: Arc<Inner>, claimed: ClaimedRun) {
+    let run_id = claimed.run_id;
+    let def = match definition(&inner, &claimed.definition, claimed.version).await {
+        Ok(def) => def,
+        Err(e) => {
+            error!(%run_id, error = %e, "cannot load the run's definition; leaving the lease to lapse");
+            return;
+        }
+    };
+    let held = Arc::new(Held {
+        token: claimed.token,
+        lost: inner.hard_stop.child_token(),
+        interrupt: CancellationToken::new(),
+        inbox_pending: AtomicBool::new(claimed.inbox_pending),
+    });
+    if let Ok(mut map) = inner.held.lock() {
+        map.insert(run_id, held.clone());
+    }
+    let mut driver = Driver {
+        inner: inner.clone(),
+        def,
+        run_id,
+        token: claimed.token,
+        state: claimed.state,
+        held,
+    };
+    debug!(%run_id, token = driver.token, queued_ms = claimed.queued_ms, "claimed");
+    let _ = driver.run().await;
+    if let Ok(mut map) = inner.held.lock() {
+        map.remove(&run_id);
+    }
+}
+
+async fn definition(inner: &Inner, name: &str, version: u32) -> Result<Definition, StoreError> {
+    let key = (name.to_owned(), version);
+    if let Some(def) = inner.definitions.lock().await.get(&key) {
+        return Ok(def.clone());
+    }
+    let def = inner.store.load_definition(name, Some(version)).await?;
+    inner.definitions.lock().await.insert(key, def.clone());
+    Ok(def)
+}
+
+impl Driver {
+    async fn run(&mut self) -> Stop {
+        let mut steps = 0u32;
+        loop {
+            if self.held.lost.is_cancelled() {
+                return Stop::Lost;
+            }
+            if self.held.inbox_pending.swap(false, Ordering::AcqRel)
+                && let Err(stop) = self.apply_inbox().await
+            {
+                return stop;
+            }
+            let status = self.state.status(&self.def);
+            let hand_back = steps >= self.inner.config.steps_per_claim_max
+                || self.inner.draining.is_cancelled();
+            if status != RunStatus::Runnable || hand_back {
+                return self.release().await;
+            }
+            steps += 1;
+            let step_result = self.step().await;
+            if let Err(stop) = step_result {
+                return stop;
+            }
+        }
+    }
+
+    /// One node action: reconcile an in-doubt call, or run the state's action and commit
+    /// its outcome.
+    async fn step(&mut self) -> Result<(), Stop> {
+        let Some(spec) = self.def.state(&self.state.state).cloned() else {
+            return self
+                .operator_required("the run is in a state its definition does not declare")
+                .await;
+        };
+        let Some(action) = spec.action.clone() else {
+            return self
+                .operator_required("this active state declares no action")
+                .await;
+        };
+        let Some(handler) = self.inner.registry.get(&action) else {
+            return self
+                .operator_required(&format!(
+                    "no handler registered for action `{action}` on this worker"
+                ))
+                .await;
+        };
+        let node = self.state.state.clone();
+
+        // A call dispatched by an earlier holder and never answered is in doubt (SPEC X7).
+        if let Some(slot) = self.state.action.clone()
+            && matches!(
+                slot.status,
+                ActionStatus::Dispatched | ActionStatus::InDoubt
+            )
+        {
+            let call_id = slot.call_id.clone().unwrap_or_default();
+            if slot.status == ActionStatus::Dispatched {
+                self.commit(vec![NewEvent::new(
+                    EngineEvent::ActionResultInDoubt.as_str(),
+                    json!({ "call_id": call_id, "reason": "found dispatched without a result after takeover" }),
+                )])
+                .await?;
+            }
+            let ctx = self.context(&slot.node, slot.step, &slot.action_id, &call_id);
+            let Some(hook) = handler.reconcile(ctx) else {
+                return self
+                    .operator_required("in-doubt action and its tool has no reconcile hook")
+                    .await;
+            };
+            return match hook.await {
+                Ok(Reconciled::Applied(candidates)) => {
+                    let candidates = with_call_id(candidates, &call_id);
+                    self.commit_decision(candidates, Some(&node)).await
+                }
+                Ok(Reconciled::NotApplied) => {
+                    self.commit(vec![NewEvent::new(
+                        EngineEvent::ActionNotApplied.as_str(),
+                        json!({ "call_id": call_id, "by": "reconcile" }),
+                    )])
+                    .await
+                }
+                Err(e) => {
+                    warn!(run_id = %self.run_id, error = %e, "reconcile failed; handing the run back");
+                    Err(self.release().await)
+                }
+            };
+        }
+
+        // The open step's identity is reused by its retries (same idempotency key).
+        let (step, action_id) = match &self.state.action {
+            Some(slot) if slot.status == ActionStatus::Failed && slot.node == node => {
+                (slot.step, slot.action_id.clone())
+            }
+            _ => {
+                let step = self.state.steps_completed + 1;
+                (step, format!("step-{step}"))
+            }
+        };
+        let call_id = Uuid::now_v7().to_string();
+        let ctx = self.context(&node, step, &action_id, &call_id);
+        let side_effect = handler.side_effect(&ctx);
+        if side_effect {
+            self.commit(vec![
+                NewEvent::new(
+                    EngineEvent::ActionDispatched.as_str(),
+                    json!({
+                        "action_id": action_id,
+                        "call_id": call_id,
+                        "node": node,
+                        "step": step,
+                        "idempotency_key": ctx.idempotency_key,
+                    }),
+                )
+                .at_node(Some(&node)),
+            ])
+            .await?;
+        }
+        let timeout = spec
+            .timeout
+            .as_ref()
+            .map(|t| Duration::from_millis(t.after_ms))
+            .unwrap_or(Duration::from_secs(3600));
+        let cancel = ctx.cancel.clone();
+        let outcome = tokio::select! {
+            outcome = handler.run(ctx) => Some(outcome),
+            _ = self.held.lost.cancelled() => { cancel.cancel(); return Err(Stop::Lost) }
+            _ = self.held.interrupt.cancelled() => { cancel.cancel(); None }
+            _ = tokio::time::sleep(timeout) => {
+                cancel.cancel();
+                if side_effect {
+                    Some(Outcome::InDoubt("execution timeout after the call was sent".into()))
+                } else {
+                    let event = spec.timeout.as_ref().map(|t| t.event.clone()).unwrap_or_default();
+                    Some(Outcome::event(&event, json!({ "reason": "timeout", "error": { "class": "timeout" } })))
+                }
+            }
+        };
+        self.inner.stats.steps.fetch_add(1, Ordering::Relaxed);
+        let Some(outcome) = outcome else {
+            // Interrupted by a CANCEL: the inbox applies it; the call's fate is recorded as
+            // in doubt if it was dispatched.
+            self.held.inbox_pending.store(true, Ordering::Release);
+            if side_effect {
+                self.commit(vec![NewEvent::new(
+                    EngineEvent::ActionResultInDoubt.as_str(),
+                    json!({ "call_id": call_id, "reason": "cancelled while running" }),
+                )])
+                .await?;
+            }
+            return Ok(());
+        };
+        match outcome {
+            Outcome::Events(candidates) => {
+                let candidates = if side_effect {
+                    with_call_id(candidates, &call_id)
+                } else {
+                    candidates
+                };
+                self.commit_decision(candidates, Some(&node)).await
+            }
+            Outcome::InDoubt(reason) => {
+                if !side_effect {
+                    return self.operator_required(&reason).await;
+                }
+                self.commit(vec![NewEvent::new(
+                    EngineEvent::ActionResultInDoubt.as_str(),
+                    json!({ "call_id": call_id, "reason": reason }),
+                )])
+                .await
+            }
+        }
+    }
+
+    fn context(&self, node: &str, step: u32, action_id: &str, call_id: &str) -> ActionContext {
+        ActionContext {
+            run_id: self.run_id,
+            definition: self.def.clone(),
+            node: node.to_owned(),
+            run: self.state.clone(),
+            step,
+            action_id: action_id.to_owned(),
+            idempotency_key: rein_core::hash::idempotency_key(
+                &self.run_id.to_string(),
+                node,
+                action_id,
+            ),
+            call_id: call_id.to_owned(),
+            fencing_token: self.token,
+            worker_id: self.inner.config.worker_id.clone(),
+            cancel: self.held.lost.child_token(),
+        }
+    }
+
+    /// Commits the strongest candidate the definition accepts (SPEC M6); when none is
+    /// accepted, records DECISION_REJECTED and asks for an operator.
+    async fn commit_decision(
+        &mut self,
+        candidates: Vec<(String, Value)>,
+        node: Option<&str>,
+    ) -> Result<(), Stop> {
+        match rein_core::decide(&self.def, &self.state, &candidates) {
+            Ok((i, _)) => {
+                let (kind, payload) = candidates[i].clone();
+                self.commit(vec![NewEvent::new(kind, payload).at_node(node)])
+                    .await
+            }
+            Err(rejections) => {
+                for r in &rejections {
+                    warn!(run_id = %self.run_id, state = %r.state, event = %r.event, reason = %r.reason, "rejected transition");
+                }
+                let reasons: Vec<Value> = rejections
+                    .iter()
+                    .map(|r| json!({ "event": r.event, "reason": r.reason.to_string(), "code": r.reason.code() }))
+                    .collect();
+                self.commit(vec![
+                    NewEvent::new(
+                        EngineEvent::DecisionRejected.as_str(),
+                        json!({ "step": "transition", "rejections": reasons }),
+                    ),
+                    NewEvent::new(
+                        EngineEvent::OperatorRequired.as_str(),
+                        json!({ "reason": "no candidate event was accepted" }),
+                    ),
+                ])
+                .await
+            }
+        }
+    }
+
+    async fn operator_required(&mut self, reason: &str) -> Result<(), Stop> {
+        error!(run_id = %self.run_id, state = %self.state.state, reason, "run needs an operator");
+        self.commit(vec![NewEvent::new(
+            EngineEvent::OperatorRequired.as_str(),
+            json!({ "reason": reason }),
+        )])
+        .await
+    }
+
+    /// Applies inbox entries the current state accepts; records expired ones.
+    async fn apply_inbox(&mut self) -> Result<(), Stop> {
+        let entries = match self.inner.store.inbox(self.run_id).await {
+            Ok(e) => e,
+            Err(e) => {
+                warn!(run_id = %self.run_id, error = %e, "cannot read the inbox; will try at the next commit point");
+                self.held.inbox_pending.store(true, Ordering::Release);
+                return Ok(());
+            }
+        };
+        let mut state = self.state.clone();
+        let mut events = Vec::new();
+        let mut consumed = Vec::new();
+        for entry in entries {
+            let candidate = Event::new(
+                state.sequence + 1,
+                entry.kind.clone(),
+                entry.payload.clone(),
+            );
+            match apply(&self.def, &state, &candidate) {
+                Ok(next) => {
+                    state = next;
+                    events.push(NewEvent {
+                        event_id: entry.event_id,
+                        kind: entry.kind,
+                        payload: entry.payload,
+                        node: None,
+                    });
+                    consumed.push(entry.id);
+                }
+                Err(_) if entry.expired => {
+                    let record = NewEvent::new(
+                        EngineEvent::InboxExpired.as_str(),
+                        json!({ "event": entry.kind, "sender": entry.sender, "reason": "expired before the run could accept it" }),
+                    );
+                    if let Ok(next) = apply(
+                        &self.def,
+                        &state,
+                        &Event::new(
+                            state.sequence + 1,
+                            record.kind.clone(),
+                            record.payload.clone(),
+                        ),
+                    ) {
+                        state = next;
+                        events.push(record);
+                        consumed.push(entry.id);
+                    }
+                }
+                Err(_) => {}
+            }
+        }
+        if events.is_empty() {
+            return Ok(());
+        }
+        self.commit_with(events, consumed, false).await
+    }
+
+    async fn release(&mut self) -> Stop {
+        if self.held.lost.is_cancelled() {
+            return Stop::Lost;
+        }
+        match self.commit_with(Vec::new(), Vec::new(), true).await {
+            Ok(()) => Stop::Released,
+            Err(stop) => stop,
+        }
+    }
+
+    async fn commit(&mut self, events: Vec<NewEvent>) -> Result<(), Stop> {
+        self.commit_with(events, Vec::new(), false).await
+    }
+
+    /// Commits under this worker's token, retrying transient database errors until the lease
+    /// would have expired (a retry is safe: event ids make it idempotent).
+    async fn commit_with(
+        &mut self,
+        events: Vec<NewEvent>,
+        consumed: Vec<i64>,
+        release: bool,
+    ) -> Result<(), Stop> {
+        let plan = CommitPlan {
+            writer: Writer::Leased,
+            release,
+            jitter_sample: rand::random::<f64>(),
+        };
+        let n_events = events.len() as u64;
+        let request = match plan_commit(
+            &self.def,
+            self.run_id,
+            self.token,
+            &self.state,
+            events,
+            consumed,
+            plan,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(run_id = %self.run_id, state = %e.state, event = %e.event, reason = %e.reason, "rejected transition");
+                return Err(self.release_boxed().await);
+            }
+        };
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_millis(self.inner.config.lease_ttl_ms);
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let (tx, rx) = oneshot::channel();
+            let sent = self
+                .inner
+                .commits
+                .send(CommitJob {
+                    request: request.clone(),
+                    reply: tx,
+                })
+                .await;
+            let outcome = match (sent, rx.await) {
+                (Ok(()), Ok(outcome)) => outcome,
+                _ => return Err(Stop::Lost),
+            };
+            match outcome {
+                Ok(CommitOutcome::Committed(c)) => {
+                    self.after_commit(&request, n_events, c.inbox_pending);
+                    // A commit into a parked or terminal state released the lease too.
+                    return if request.release { Err(Stop::Released) } else { Ok(()) };
+                }
+                Ok(CommitOutcome::AlreadyCommitted { .. }) => {
+                    self.after_commit(&request, n_events, true);
+                    return if request.release { Err(Stop::Released) } else { Ok(()) };
+                }
+                Ok(CommitOutcome::Fenced {
+                    current_token,
+                    owner,
+                    ..
+                }) => {
+                    warn!(run_id = %self.run_id, token = self.token, current_token, owner = ?owner,
+                          "fenced: another holder owns the run; stopping without writing");
+                    self.inner.stats.fenced.fetch_add(1, Ordering::Relaxed);
+                    let _ = self
+                        .inner
+                        .store
+                        .add_counter(counters::FENCED_WRITES, 1)
+                        .await;
+                    self.held.lost.cancel();
+                    return Err(Stop::Lost);
+                }
+                Ok(CommitOutcome::RunNotFound) => {
+                    error!(run_id = %self.run_id, "run vanished");
+                    return Err(Stop::Lost);
+                }
+                Err(e) if e.is_transient() && tokio::time::Instant::now() < deadline => {
+                    warn!(run_id = %self.run_id, error = %e, "commit failed; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => {
+                    error!(run_id = %self.run_id, error = %e, "commit failed; the lease will lapse");
+                    return Err(Stop::Lost);
+                }
+            }
+        }
+    }
+
+    async fn release_boxed(&mut self) -> Stop {
+        Box::pin(self.release()).await
+    }
+
+    fn after_commit(&mut self, request: &CommitRequest, n_events: u64, inbox_pending: bool) {
+        if self.state.state != request.state.state {
+            info!(run_id = %self.run_id, from = %self.state.state, to = %request.state.state,
+                  sequence = request.state.sequence, token = self.token, "transition");
+        }
+        self.state = request.state.clone();
+        self.inner.stats.commits.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .stats
+            .events_committed
+            .fetch_add(n_events, Ordering::Relaxed);
+        if inbox_pending {
+            self.held.inbox_pending.store(true, Ordering::Release);
+        }
+    }
+}
+
+fn with_call_id(candidates: Vec<(String, Value)>, call_id: &str) -> Vec<(String, Value)> {
+    candidates
+        .into_iter()
+        .map(|(kind, mut payload)| {
+            if !payload.is_object() {
+                payload = json!({ "value": payload });
+            }
+            if let Value::Object(map) = &mut payload {
+                map.insert("call_id".into(), Value::String(call_id.to_owned()));
+            }
+            (kind, payload)
+        })
+        .collect()
+}

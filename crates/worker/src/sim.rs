@@ -1,0 +1,202 @@
+//! Built-in node actions so a fleet can drive real runs of the built-in definitions with
+//! no code: `sim` (configurable work, failures, approvals and a side effect on an external
+//! ledger that honours idempotency keys) and `noop`.
+//!
+//! Run input, all optional: `{"sim": {"work_ms": 0, "transient_failures": 0,
+//! "fatal_at_step": null, "side_effect": true, "approval": "none" | "grant" | "deny" |
+//! "expire", "amount": 0, "steps": 1}}`.
+
+use std::time::Duration;
+
+use rein_store::Store;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::handler::{ActionContext, BoxFuture, NodeHandler, Outcome, Reconciled};
+
+/// Longest `work_ms` a sim action may ask for.
+pub const SIM_WORK_MS_MAX: u64 = 60_000;
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(default)]
+pub struct SimInput {
+    pub work_ms: u64,
+    pub transient_failures: u32,
+    pub fatal_at_step: Option<u32>,
+    pub side_effect: Option<bool>,
+    pub approval: Option<String>,
+    pub amount: f64,
+    /// Tool steps a research-agent run takes before it is ready.
+    pub steps: Option<u32>,
+}
+
+impl SimInput {
+    pub fn of(ctx: &ActionContext) -> SimInput {
+        ctx.run
+            .data
+            .get("sim")
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .unwrap_or_default()
+    }
+
+    fn wants_approval(&self) -> bool {
+        matches!(self.approval.as_deref(), Some("grant" | "deny" | "expire"))
+    }
+}
+
+/// Which role the current state plays for `sim`.
+enum Role {
+    Emit(&'static str),
+    Tool {
+        ok: &'static str,
+        transient: &'static str,
+        fatal: &'static str,
+        approval: &'static str,
+    },
+    Observe,
+    Unknown,
+}
+
+fn role(ctx: &ActionContext) -> Role {
+    match (ctx.definition.name(), ctx.node.as_str()) {
+        ("lifecycle", "planned") => Role::Emit("start"),
+        ("lifecycle", "running") => Role::Tool {
+            ok: "complete",
+            transient: "transient_error",
+            fatal: "fatal_error",
+            approval: "pause_for_approval",
+        },
+        (_, "INTAKE") => Role::Emit("TASK_ACCEPTED"),
+        (_, "PLANNING") => Role::Emit("PLAN_READY"),
+        (_, "ACTING") => Role::Tool {
+            ok: "TOOL_SUCCEEDED",
+            transient: "TOOL_RETRYABLE_FAILED",
+            fatal: "TOOL_FATAL_FAILED",
+            approval: "APPROVAL_REQUIRED",
+        },
+        (_, "OBSERVING") => Role::Observe,
+        (_, "FINALIZING") => Role::Emit("OUTPUT_COMMITTED"),
+        _ => Role::Unknown,
+    }
+}
+
+fn approval_pending(ctx: &ActionContext, sim: &SimInput) -> bool {
+    sim.wants_approval() && ctx.run.data.get("sim_approval_requested").is_none()
+}
+
+pub struct Sim {
+    pub store: Store,
+}
+
+impl NodeHandler for Sim {
+    fn side_effect(&self, ctx: &ActionContext) -> bool {
+        let sim = SimInput::of(ctx);
+        matches!(role(ctx), Role::Tool { .. })
+            && sim.side_effect.unwrap_or(true)
+            && !approval_pending(ctx, &sim)
+    }
+
+    fn run(&self, ctx: ActionContext) -> BoxFuture<Outcome> {
+        let store = self.store.clone();
+        let side_effect = self.side_effect(&ctx);
+        Box::pin(async move {
+            let sim = SimInput::of(&ctx);
+            let work = Duration::from_millis(sim.work_ms.min(SIM_WORK_MS_MAX));
+            if !work.is_zero() {
+                tokio::time::sleep(work).await;
+            }
+            match role(&ctx) {
+                Role::Emit(event) => Outcome::event(event, json!({})),
+                Role::Observe => {
+                    let wanted = sim.steps.unwrap_or(1).max(1);
+                    // Both candidates, so the definition's priority decides (SPEC M6).
+                    if ctx.run.steps_completed >= wanted {
+                        Outcome::Events(vec![
+                            ("CONTINUE".into(), json!({})),
+                            ("TASK_READY".into(), json!({})),
+                        ])
+                    } else {
+                        Outcome::event("CONTINUE", json!({}))
+                    }
+                }
+                Role::Tool {
+                    ok,
+                    transient,
+                    fatal,
+                    approval,
+                } => {
+                    if approval_pending(&ctx, &sim) {
+                        return Outcome::event(
+                            approval,
+                            json!({ "data": { "sim_approval_requested": true },
+                                    "args": { "amount": sim.amount } }),
+                        );
+                    }
+                    if ctx.run.attempt < sim.transient_failures {
+                        return Outcome::event(
+                            transient,
+                            json!({ "error": { "class": "transient", "message": "sim: transient failure" } }),
+                        );
+                    }
+                    if sim.fatal_at_step == Some(ctx.step) {
+                        return Outcome::event(
+                            fatal,
+                            json!({ "error": { "class": "fatal", "message": "sim: fatal failure" }, "reason": "sim_fatal" }),
+                        );
+                    }
+                    let result = json!({ "step": ctx.step, "amount": sim.amount });
+                    if !side_effect {
+                        return Outcome::event(ok, json!({ "result": result }));
+                    }
+                    match store
+                        .sim_apply(
+                            ctx.run_id,
+                            &ctx.node,
+                            ctx.step as i32,
+                            &ctx.idempotency_key,
+                            &ctx.worker_id,
+                            &result,
+                        )
+                        .await
+                    {
+                        Ok((first, _)) => Outcome::event(ok, json!({ "result": first })),
+                        Err(e) => Outcome::InDoubt(format!("sim ledger unreachable: {e}")),
+                    }
+                }
+                Role::Unknown => {
+                    Outcome::InDoubt(format!("sim has no behaviour for node {}", ctx.node))
+                }
+            }
+        })
+    }
+
+    fn reconcile(&self, ctx: ActionContext) -> Option<BoxFuture<Result<Reconciled, String>>> {
+        let store = self.store.clone();
+        Some(Box::pin(async move {
+            let Role::Tool { ok, .. } = role(&ctx) else {
+                return Ok(Reconciled::NotApplied);
+            };
+            match store.sim_lookup(&ctx.idempotency_key).await {
+                Ok(Some(result)) => Ok(Reconciled::Applied(vec![(
+                    ok.to_owned(),
+                    json!({ "result": result }),
+                )])),
+                Ok(None) => Ok(Reconciled::NotApplied),
+                Err(e) => Err(e.to_string()),
+            }
+        }))
+    }
+}
+
+/// Does nothing and moves on with `next` (the benchmark chain).
+pub struct Noop;
+
+impl NodeHandler for Noop {
+    fn side_effect(&self, _ctx: &ActionContext) -> bool {
+        false
+    }
+
+    fn run(&self, _ctx: ActionContext) -> BoxFuture<Outcome> {
+        Box::pin(async { Outcome::event("next", Value::Object(Default::default())) })
+    }
+}

@@ -1,0 +1,363 @@
+#!/usr/bin/env bash
+# The one command that installs what is missing and runs every check.
+#
+#   scripts/test.sh                 # everything
+#   scripts/test.sh -p rein-core    # extra args go to `cargo test`
+#
+# Phases: tools, services, fmt, clippy, test, alerts. Each prints its duration;
+# a summary follows at the end. fmt/clippy/test/alerts keep going after a
+# failure so one run shows every problem; tools/services failures stop the run
+# because nothing after them could pass. Exit status is non-zero if any phase
+# failed.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+CI=${CI:-false}
+
+if [[ $CI == true ]]; then
+  export CARGO_INCREMENTAL=0 CARGO_TERM_COLOR=never RUST_BACKTRACE=1
+fi
+
+is_root() { [[ $(id -u) == 0 ]]; }
+note() { printf '   %s\n' "$*"; }
+
+# ---------------------------------------------------------------- bookkeeping
+PHASES=()
+RESULTS=()
+DURATIONS=()
+FAILED=0
+SCRIPT_START=$SECONDS
+SKIPPED=99 # phase exit status meaning "nothing to do here", not a failure
+
+record() { # name result seconds
+  PHASES+=("$1")
+  RESULTS+=("$2")
+  DURATIONS+=("$3")
+  printf '== phase: %s: %s (%ss)\n' "$1" "$2" "$3"
+  [[ $2 == FAILED ]] && FAILED=1
+  return 0
+}
+
+# Runs a phase in a subshell so `set -e` applies inside it (bash ignores -e in
+# functions called from an `if`), without a failure ending the whole script.
+run_phase() { # name fn args...
+  local name=$1 start=$SECONDS rc
+  shift
+  printf '\n== phase: %s\n' "$name"
+  set +e
+  (set -e; "$@")
+  rc=$?
+  set -e
+  case $rc in
+    0) record "$name" ok $((SECONDS - start)) ;;
+    "$SKIPPED") record "$name" skipped $((SECONDS - start)) ;;
+    *) record "$name" FAILED $((SECONDS - start)) ;;
+  esac
+}
+
+# Like run_phase, but in this shell, because the phase exports variables and
+# installs traps the later phases rely on. Such phases return non-zero
+# explicitly rather than relying on `set -e`.
+run_phase_here() { # name fn args...
+  local name=$1 start=$SECONDS rc
+  shift
+  printf '\n== phase: %s\n' "$name"
+  set +e
+  "$@"
+  rc=$?
+  set -e
+  case $rc in
+    0) record "$name" ok $((SECONDS - start)) ;;
+    *) record "$name" FAILED $((SECONDS - start)) ;;
+  esac
+}
+
+summary() {
+  local i
+  printf '\n== summary\n'
+  for i in "${!PHASES[@]}"; do
+    printf '   %-10s %-8s %5ss\n' "${PHASES[$i]}" "${RESULTS[$i]}" "${DURATIONS[$i]}"
+  done
+  printf '   %-10s %-8s %5ss\n' total "$([[ $FAILED == 0 ]] && echo ok || echo FAILED)" \
+    $((SECONDS - SCRIPT_START))
+}
+
+# ---------------------------------------------------------------- cleanup
+CLEANUPS=()
+cleanup() {
+  local c
+  for c in ${CLEANUPS[@]+"${CLEANUPS[@]}"}; do eval "$c" || true; done
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ---------------------------------------------------------------- tools
+# First match of a PostgreSQL tool on PATH or in Debian's versioned dirs.
+pg_tool() {
+  local name=$1 dir
+  if command -v "$name" >/dev/null 2>&1; then
+    command -v "$name"
+    return 0
+  fi
+  for dir in $(printf '%s\n' /usr/lib/postgresql/*/bin | sort -Vr); do
+    if [[ -x $dir/$name ]]; then
+      echo "$dir/$name"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# Debian package for each tool the later phases need.
+missing_packages() {
+  local pkgs=()
+  pg_tool initdb >/dev/null || pkgs+=(postgresql)
+  { command -v psql >/dev/null && pg_tool pg_isready >/dev/null; } || pkgs+=(postgresql-client)
+  command -v redis-server >/dev/null || pkgs+=(redis-server)
+  # redis-server depends on redis-tools; only name it when the server exists.
+  if command -v redis-server >/dev/null && ! command -v redis-cli >/dev/null; then
+    pkgs+=(redis-tools)
+  fi
+  command -v promtool >/dev/null || pkgs+=(prometheus)
+  echo "${pkgs[*]}"
+}
+
+# Keeps packages from starting their daemons while installing: this script
+# starts what it needs itself and must not come to depend on a distro default
+# service (e.g. Debian's cluster on 5432 wants a password over TCP, and the
+# prometheus package would otherwise leave a server on :9090).
+POLICY_RC=/usr/sbin/policy-rc.d
+apt_install() {
+  local ours=0 rc=0
+  if [[ ! -e $POLICY_RC ]]; then
+    printf '#!/bin/sh\nexit 101\n' >"$POLICY_RC" && chmod 755 "$POLICY_RC" && ours=1
+    CLEANUPS+=("[[ -e $POLICY_RC ]] && grep -qx 'exit 101' $POLICY_RC && rm -f $POLICY_RC")
+  fi
+  # dpkg is chatty; keep its output for when something goes wrong.
+  local log
+  log=$(mktemp "${TMPDIR:-/tmp}/rein-apt.XXXXXX.log")
+  note "apt-get update"
+  apt-get update -qq >"$log" 2>&1 </dev/null || rc=$?
+  if [[ $rc == 0 ]]; then
+    note "apt-get install -y --no-install-recommends $* (log: $log)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" \
+      >>"$log" 2>&1 </dev/null || rc=$?
+  fi
+  [[ $ours == 1 ]] && rm -f "$POLICY_RC"
+  if [[ $rc != 0 ]]; then
+    tail -n 30 "$log" | sed 's/^/     /'
+  fi
+  return "$rc"
+}
+
+phase_tools() {
+  local missing
+  if ! command -v cargo >/dev/null; then
+    note "cargo is not on PATH; install Rust from https://rustup.rs"
+    return 1
+  fi
+  missing=$(missing_packages)
+  if [[ -z $missing ]]; then
+    note "all tools present: initdb psql pg_isready redis-server redis-cli promtool"
+    return 0
+  fi
+  note "missing tools; Debian packages needed: $missing"
+  if ! is_root; then
+    note "run this, then retry:"
+    note "  sudo apt-get install -y --no-install-recommends $missing"
+    note "(macOS: brew install postgresql redis prometheus)"
+    return 1
+  fi
+  if ! command -v apt-get >/dev/null; then
+    note "no apt-get here; install the equivalents of: $missing"
+    return 1
+  fi
+  # shellcheck disable=SC2086 # word splitting of the package list is intended
+  apt_install $missing || { note "apt-get failed"; return 1; }
+  missing=$(missing_packages)
+  if [[ -n $missing ]]; then
+    note "still missing after install: $missing"
+    [[ $CI == true ]] && return 1
+    note "continuing outside CI; phases needing them will skip or fail"
+  fi
+  return 0
+}
+
+# ---------------------------------------------------------------- services
+PRIVATE_REDIS_PID=
+
+free_port() {
+  local port i
+  for i in $(seq 1 50); do
+    port=$((20000 + RANDOM % 40000))
+    # Nothing answers => free (good enough; a race is caught by retrying).
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "$port"
+      return 0
+    fi
+  done
+  return 1
+}
+
+start_private_redis() {
+  local dir=$TARGET_DIR/rein-redis port attempt i
+  mkdir -p "$dir" || return 1
+  for attempt in 1 2 3; do
+    port=$(free_port) || return 1
+    rm -f "$dir/redis.pid"
+    redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no \
+      --daemonize yes --pidfile "$dir/redis.pid" --dir "$dir" \
+      --logfile "$dir/redis.log" </dev/null || continue
+    for i in $(seq 1 50); do
+      if [[ $(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null) == PONG ]]; then
+        PRIVATE_REDIS_PID=$(cat "$dir/redis.pid" 2>/dev/null || true)
+        if [[ -z $PRIVATE_REDIS_PID ]]; then
+          note "redis on $port answered but wrote no pid file; cannot clean it up"
+          return 1
+        fi
+        CLEANUPS+=("stop_private_redis")
+        export REDIS_URL="redis://127.0.0.1:$port"
+        note "started private redis-server (pid $PRIVATE_REDIS_PID) on $port; stopped on exit"
+        return 0
+      fi
+      sleep 0.1
+    done
+    note "private redis on $port did not answer (attempt $attempt); log: $dir/redis.log"
+    tail -n 5 "$dir/redis.log" 2>/dev/null | sed 's/^/     /' || true
+  done
+  return 1
+}
+
+stop_private_redis() {
+  # Only the server this script started, by its pid.
+  local pid=$PRIVATE_REDIS_PID i
+  [[ -n $pid ]] || return 0
+  PRIVATE_REDIS_PID=
+  kill "$pid" 2>/dev/null || return 0
+  for i in $(seq 1 50); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  note "private redis-server (pid $pid) did not exit within 5s"
+}
+
+redact() { sed -E 's#(://[^:/@]*):[^@]*@#\1:***@#' <<<"$1"; }
+
+phase_services() {
+  local isready url
+  # PostgreSQL: tests create their own databases inside whatever DATABASE_URL
+  # names; without one, the test helpers start private servers via rein-devdb.
+  if [[ -n ${DATABASE_URL:-} ]]; then
+    note "postgres: using DATABASE_URL=$(redact "$DATABASE_URL")"
+  else
+    url=postgres://postgres@127.0.0.1:5432/postgres
+    isready=$(pg_tool pg_isready || true)
+    if [[ -n $isready ]] && "$isready" -q -h 127.0.0.1 -p 5432 -t 3; then
+      # pg_isready does not authenticate; make sure trust auth really works.
+      if PGCONNECT_TIMEOUT=5 psql "$url" -X -At -c 'select 1' >/dev/null 2>&1; then
+        export DATABASE_URL=$url
+        note "postgres: server on 127.0.0.1:5432 answers; DATABASE_URL=$url"
+      else
+        note "postgres: 127.0.0.1:5432 is up but rejects $url (password auth?);"
+        note "          tests will start private servers via rein-devdb instead"
+      fi
+    else
+      note "postgres: nothing on 127.0.0.1:5432 and DATABASE_URL unset;"
+      note "          tests will start private servers via rein-devdb"
+    fi
+    local probe=$TARGET_DIR
+    [[ -d $probe ]] || probe=$ROOT
+    if is_root && [[ -z ${DATABASE_URL:-} ]] && command -v runuser >/dev/null &&
+      ! runuser -u postgres -- test -x "$probe" 2>/dev/null; then
+      note "warning: the postgres user cannot enter $probe; private servers run as"
+      note "         postgres when root, so check the modes of its parent directories"
+    fi
+  fi
+
+  # Redis
+  if [[ -n ${REDIS_URL:-} ]]; then
+    note "redis: using REDIS_URL=$(redact "$REDIS_URL")"
+  elif [[ $(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null) == PONG ]]; then
+    export REDIS_URL=redis://127.0.0.1:6379
+    note "redis: server on 127.0.0.1:6379 answers; REDIS_URL=$REDIS_URL"
+  else
+    if ! command -v redis-server >/dev/null; then
+      note "redis: no server reachable and redis-server is not installed"
+      return 1
+    fi
+    start_private_redis || { note "redis: could not start a private redis-server"; return 1; }
+  fi
+  return 0
+}
+
+# ---------------------------------------------------------------- cargo
+# `|| return 1` everywhere keeps a tool's own exit status from reading as $SKIPPED.
+phase_fmt() { cargo fmt --all -- --check --color "${CARGO_TERM_COLOR:-auto}" || return 1; }
+
+phase_clippy() { cargo clippy --workspace --all-targets -- -D warnings || return 1; }
+
+phase_test() {
+  local arg scoped=0
+  for arg in "$@"; do
+    case $arg in
+      --) break ;;
+      -p | --package | --package=* | -p?* | --workspace | --all) scoped=1 ;;
+    esac
+  done
+  if [[ $scoped == 1 ]]; then
+    cargo test "$@" || return 1
+  else
+    cargo test --workspace "$@" || return 1
+  fi
+}
+
+# ---------------------------------------------------------------- alerts
+phase_alerts() {
+  local dir=deploy/prometheus rules tests
+  if [[ ! -d $dir ]]; then
+    note "$dir does not exist yet; no alert rules to check"
+    return "$SKIPPED"
+  fi
+  shopt -s nullglob
+  rules=("$dir"/*.rules.yml)
+  tests=("$dir"/tests/*.yml)
+  if [[ ${#rules[@]} == 0 ]]; then
+    note "no $dir/*.rules.yml yet; nothing to check"
+    return "$SKIPPED"
+  fi
+  if ! command -v promtool >/dev/null; then
+    note "promtool missing (Debian package: prometheus)"
+    [[ $CI == true ]] && return 1
+    return "$SKIPPED"
+  fi
+  promtool check rules "${rules[@]}" || return 1
+  if [[ ${#tests[@]} -gt 0 ]]; then
+    promtool test rules "${tests[@]}" || return 1
+  else
+    note "no $dir/tests/*.yml; rule unit tests skipped"
+  fi
+}
+
+# ---------------------------------------------------------------- main
+main() {
+  run_phase_here tools phase_tools
+  if [[ $FAILED == 0 ]]; then
+    run_phase_here services phase_services
+  fi
+  if [[ $FAILED == 0 ]]; then
+    run_phase fmt phase_fmt
+    run_phase clippy phase_clippy
+    run_phase test phase_test "$@"
+    run_phase alerts phase_alerts
+  fi
+  summary
+  return "$FAILED"
+}
+
+# Sourcing (for poking at single phases) defines everything but runs nothing.
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
+  main "$@"
+fi
