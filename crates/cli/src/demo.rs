@@ -47,7 +47,7 @@ fn pg_base_dir() -> PathBuf {
 }
 
 pub async fn demo(args: DemoArgs) -> u8 {
-    crate::init_logging(false);
+    crate::init_logging_at(false, "warn,sqlx=error");
     let mut private = None;
     let url = match args.db.database_url.clone() {
         Some(url) => url,
@@ -189,8 +189,9 @@ async fn run_demo(args: &DemoArgs, url: &str) -> u8 {
                 }
             }
         }
-        if !cancelled && let Some(run) = cancel_target {
-            if store
+        if !cancelled
+            && let Some(run) = cancel_target
+            && store
                 .send(
                     run,
                     "CANCEL",
@@ -200,9 +201,8 @@ async fn run_demo(args: &DemoArgs, url: &str) -> u8 {
                 )
                 .await
                 .is_ok()
-            {
-                cancelled = true;
-            }
+        {
+            cancelled = true;
         }
         let counts = match store.count_by_state().await {
             Ok(c) => c,
@@ -297,7 +297,7 @@ fn workload(
     lifecycle: &rein_core::Definition,
     research: &rein_core::Definition,
 ) -> (rein_core::Definition, Value) {
-    let def = if i % 2 == 0 {
+    let def = if i.is_multiple_of(2) {
         lifecycle.clone()
     } else {
         research.clone()

@@ -102,9 +102,14 @@ fn main() -> ExitCode {
 
 /// Logs to stderr: JSON lines for long-running roles unless on a terminal.
 pub fn init_logging(json: bool) {
+    init_logging_at(json, "info,sqlx=warn");
+}
+
+/// Like [`init_logging`] with another default filter (`REIN_LOG` still wins).
+pub fn init_logging_at(json: bool, default_filter: &str) {
     use tracing_subscriber::EnvFilter;
     let filter =
-        EnvFilter::try_from_env("REIN_LOG").unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+        EnvFilter::try_from_env("REIN_LOG").unwrap_or_else(|_| EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -51,8 +51,8 @@ pub struct EnqueueArgs {
     #[arg(long)]
     definition: String,
     /// Definition version (default: newest).
-    #[arg(long)]
-    version: Option<u32>,
+    #[arg(long = "definition-version")]
+    definition_version: Option<u32>,
     /// Run input as JSON.
     #[arg(long, default_value = "{}")]
     input: String,
@@ -246,7 +246,10 @@ pub async fn enqueue(args: EnqueueArgs) -> u8 {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let def = match store.load_definition(&args.definition, args.version).await {
+    let def = match store
+        .load_definition(&args.definition, args.definition_version)
+        .await
+    {
         Ok(d) => d,
         Err(e) => return report(&e),
     };

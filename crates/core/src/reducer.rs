@@ -219,9 +219,8 @@ fn fire(
     if is_call_result {
         next.needs_operator = false;
         if completes_step {
-            if next.action.take().is_some() {
-                next.steps_completed += 1;
-            }
+            next.action = None;
+            next.steps_completed += 1;
             next.attempt = 0;
         } else if let Some(slot) = next.action.as_mut() {
             slot.status = ActionStatus::Failed;

@@ -226,7 +226,7 @@ impl PrivatePostgres {
     pub fn stop_when_process_exits(mut self, pid: u32) -> Result<String, DevDbError> {
         let pg_ctl = self.bin_dir.join("pg_ctl");
         let script = format!(
-            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; \"$0\" -D \"$1\" -m immediate stop >/dev/null 2>&1"
+            "while [ -e /proc/{pid} ]; do sleep 1; done; \"$0\" -D \"$1\" -m immediate stop >/dev/null 2>&1"
         );
         let mut cmd = self.as_postgres(Path::new("/bin/sh"));
         cmd.arg("-c")

@@ -45,7 +45,13 @@ pub fn test_database(prefix: &str, base_dir: impl Into<PathBuf>) -> Result<Strin
     })?;
     let clean: String = prefix
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
         .take(30)
         .collect();
     let name = format!(
@@ -56,7 +62,9 @@ pub fn test_database(prefix: &str, base_dir: impl Into<PathBuf>) -> Result<Strin
     let output = Command::new("psql")
         .arg(&server)
         .args(["-v", "ON_ERROR_STOP=1", "-q", "-c"])
-        .arg(format!("DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name}"))
+        .arg(format!("DROP DATABASE IF EXISTS {name}"))
+        .arg("-c")
+        .arg(format!("CREATE DATABASE {name}"))
         .output()
         .map_err(|source| DevDbError::Spawn {
             command: "psql".into(),

@@ -65,7 +65,7 @@ impl Scheduler {
         info!(scheduler = %self.config.scheduler_id, "scheduler started");
         let mut ticks = 0u64;
         loop {
-            if ticks % 10 == 0 {
+            if ticks.is_multiple_of(10) {
                 let _ = self
                     .store
                     .heartbeat(&self.config.scheduler_id, "scheduler", json!({}))
@@ -175,7 +175,7 @@ impl Scheduler {
     /// S1: a parked run's timer is due; commit the first candidate the definition accepts.
     async fn fire(&mut self, row: RunRow) -> Result<bool, StoreError> {
         let def = self.definition(&row.definition, row.version).await?;
-        let elapsed_ms = row.in_state_ms.max(0.0) as u64;
+        let elapsed_ms = row.in_state_ms.max(0.0).ceil() as u64;
         let candidates = rein_core::timer::fired_events(&def, &row.projection, elapsed_ms);
         for (kind, payload) in candidates {
             let event = Event::new(row.projection.sequence + 1, kind.clone(), payload.clone());

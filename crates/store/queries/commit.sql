@@ -16,6 +16,7 @@ ev AS (
     FROM unnest($11::uuid[], $12::bigint[], $13::uuid[], $14::text[], $15::jsonb[], $16::text[])
         AS e(run_id, sequence, event_id, type, payload, node)
 ),
+t AS (SELECT clock_timestamp() AS now),
 upd AS (
     UPDATE rein_runs r SET
         projection = q.projection,
@@ -25,10 +26,10 @@ upd AS (
         fencing_token = r.fencing_token + CASE WHEN q.bump THEN 1 ELSE 0 END,
         lease_owner = CASE WHEN q.release OR q.bump THEN NULL ELSE r.lease_owner END,
         lease_until = CASE WHEN q.release OR q.bump THEN NULL ELSE r.lease_until END,
-        state_entered_at = CASE WHEN r.state <> q.state THEN clock_timestamp() ELSE r.state_entered_at END,
+        state_entered_at = CASE WHEN r.state <> q.state THEN t.now ELSE r.state_entered_at END,
         wake_at = CASE
             WHEN q.timer_ms IS NULL THEN NULL
-            ELSE (CASE WHEN r.state <> q.state THEN clock_timestamp() ELSE r.state_entered_at END)
+            ELSE (CASE WHEN r.state <> q.state THEN t.now ELSE r.state_entered_at END)
                  + q.timer_ms * interval '1 millisecond'
         END,
         ready_at = CASE WHEN q.status = 'runnable' AND (r.status <> 'runnable' OR q.bump OR q.release)
@@ -37,7 +38,7 @@ upd AS (
         finished_at = CASE WHEN q.status = 'terminal' AND r.finished_at IS NULL
                            THEN clock_timestamp() ELSE r.finished_at END,
         updated_at = clock_timestamp()
-    FROM req q
+    FROM req q, t
     WHERE r.run_id = q.run_id
       AND r.fencing_token = q.token
       AND r.last_sequence = q.base_seq

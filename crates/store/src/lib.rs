@@ -5,6 +5,7 @@
 //!
 //! Every lease and deadline comparison is made by the database clock (`clock_timestamp()`).
 
+mod audit;
 mod commit;
 mod error;
 mod reads;
@@ -16,6 +17,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 
+pub use audit::*;
 pub use commit::{
     ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, Committed, LedgerOp, NewEvent, Renewed,
     Writer, plan_commit,

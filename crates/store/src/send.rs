@@ -287,8 +287,13 @@ async fn enqueue_on(
     let mut queues = Vec::new();
     let mut parents = Vec::new();
     let mut client_keys = Vec::new();
+    let mut timers: Vec<Option<i64>> = Vec::new();
     for r in requests {
         let state = RunState::initial(&r.definition, r.input.clone());
+        // An initial waiting state's deadline starts now.
+        timers.push(
+            rein_core::timer::next_timer(&r.definition, &state, 0.5).map(|t| t.after_ms as i64),
+        );
         ids.push(Uuid::now_v7());
         defs.push(r.definition.name().to_owned());
         versions.push(r.definition.version() as i32);
@@ -314,6 +319,7 @@ async fn enqueue_on(
         .bind(&queues)
         .bind(&parents)
         .bind(&client_keys)
+        .bind(&timers)
         .fetch_all(&mut *conn)
         .await?;
     let mut out = Vec::with_capacity(rows.len());

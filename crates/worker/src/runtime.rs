@@ -362,8 +362,11 @@ async fn drive(inner: Arc<Inner>, claimed: ClaimedRun) {
         interrupt: CancellationToken::new(),
         inbox_pending: AtomicBool::new(claimed.inbox_pending),
     });
-    if let Ok(mut map) = inner.held.lock() {
-        map.insert(run_id, held.clone());
+    if let Ok(mut map) = inner.held.lock()
+        && let Some(superseded) = map.insert(run_id, held.clone())
+    {
+        // This worker claimed the run again after losing it: the old action must stop.
+        superseded.lost.cancel();
     }
     let mut driver = Driver {
         inner: inner.clone(),
@@ -375,7 +378,11 @@ async fn drive(inner: Arc<Inner>, claimed: ClaimedRun) {
     };
     debug!(%run_id, token = driver.token, queued_ms = claimed.queued_ms, "claimed");
     let _ = driver.run().await;
-    if let Ok(mut map) = inner.held.lock() {
+    if let Ok(mut map) = inner.held.lock()
+        && map
+            .get(&run_id)
+            .is_some_and(|h| Arc::ptr_eq(h, &driver.held))
+    {
         map.remove(&run_id);
     }
 }
@@ -750,11 +757,19 @@ impl Driver {
                 Ok(CommitOutcome::Committed(c)) => {
                     self.after_commit(&request, n_events, c.inbox_pending);
                     // A commit into a parked or terminal state released the lease too.
-                    return if request.release { Err(Stop::Released) } else { Ok(()) };
+                    return if request.release {
+                        Err(Stop::Released)
+                    } else {
+                        Ok(())
+                    };
                 }
                 Ok(CommitOutcome::AlreadyCommitted { .. }) => {
                     self.after_commit(&request, n_events, true);
-                    return if request.release { Err(Stop::Released) } else { Ok(()) };
+                    return if request.release {
+                        Err(Stop::Released)
+                    } else {
+                        Ok(())
+                    };
                 }
                 Ok(CommitOutcome::Fenced {
                     current_token,

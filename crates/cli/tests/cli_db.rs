@@ -1,0 +1,147 @@
+//! Operator commands against a real database, run as a user runs them.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{rein, stderr, stdout};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_show_send_and_history_through_the_cli() {
+    let url = common::fresh_database("cli_db");
+    let out = rein(&["migrate", "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    let input = r#"{"sim": {"work_ms": 1, "approval": "grant", "amount": 150}}"#;
+    let out = rein(&[
+        "enqueue",
+        "--database-url",
+        &url,
+        "--definition",
+        "lifecycle",
+        "--input",
+        input,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let printed = stdout(&out);
+    assert_eq!(printed.lines().count(), 1, "{printed}");
+    let run: Uuid = printed
+        .trim()
+        .parse()
+        .expect("enqueue prints a run id alone");
+
+    let out = rein(&[
+        "runs",
+        "show",
+        &run.to_string(),
+        "--database-url",
+        &url,
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let shown: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    for key in [
+        "run_id",
+        "definition",
+        "version",
+        "status",
+        "state",
+        "sequence",
+        "attempt",
+    ] {
+        assert!(shown.get(key).is_some(), "no {key} in {shown}");
+    }
+    for key in ["worker", "token", "until"] {
+        assert!(
+            shown["lease"].get(key).is_some(),
+            "no lease.{key} in {shown}"
+        );
+    }
+    assert_eq!(shown["state"], "planned");
+
+    // A worker takes the run to `paused`, where it waits for the approval.
+    let store = rein_store::Store::connect(&url, 4).await.expect("connect");
+    let mut config = rein_worker::WorkerConfig::new("cli-db-worker");
+    config.poll_interval_ms = 20;
+    let worker = rein_worker::Worker::new(
+        store.clone(),
+        config,
+        rein_worker::builtin_registry(store.clone()),
+    );
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { worker.run(shutdown).await }
+    });
+    common::wait_for(
+        "the run to wait for approval",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || {
+            let store = store.clone();
+            async move { store.run(run).await.is_ok_and(|r| r.state == "paused") }
+        },
+    )
+    .await;
+    shutdown.cancel();
+    task.await.expect("worker task").expect("worker");
+
+    let out = rein(&[
+        "send",
+        &run.to_string(),
+        "approval_granted",
+        "--payload",
+        r#"{"approver": "cli"}"#,
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).starts_with("applied"), "{}", stdout(&out));
+
+    let out = rein(&[
+        "runs",
+        "history",
+        &run.to_string(),
+        "--database-url",
+        &url,
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let events: Vec<Value> = serde_json::from_str(&stdout(&out)).expect("JSON array");
+    assert!(events.len() >= 3, "{events:?}");
+    for e in &events {
+        for key in [
+            "sequence",
+            "type",
+            "event_id",
+            "token",
+            "worker",
+            "occurred_at",
+            "payload",
+        ] {
+            assert!(e.get(key).is_some(), "no {key} in {e}");
+        }
+    }
+    assert_eq!(events.last().expect("an event")["type"], "approval_granted");
+}
+
+#[test]
+fn unreachable_database_exits_3() {
+    let out = rein(&[
+        "runs",
+        "show",
+        &Uuid::nil().to_string(),
+        "--database-url",
+        "postgres://postgres@127.0.0.1:1/x",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+}
+
+#[test]
+fn no_database_url_exits_1() {
+    let out = rein(&["enqueue", "--definition", "lifecycle"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+}

@@ -1,0 +1,179 @@
+//! The offline commands, run as a user runs them: `rein definitions` and `rein replay`.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use common::{REIN, rein, stderr, stdout, tmp_dir};
+use serde_json::Value;
+
+const LIFECYCLE_FILE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../definitions/lifecycle.toml"
+);
+
+const LIFECYCLE_TRANSITIONS: [(&str, &str, &str); 14] = [
+    ("planned", "start", "running"),
+    ("running", "pause_for_approval", "paused"),
+    ("running", "block_on_dependency", "blocked"),
+    ("running", "complete", "done"),
+    ("running", "fatal_error", "failed"),
+    ("running", "transient_error", "retrying"),
+    ("paused", "approval_granted", "running"),
+    ("paused", "approval_denied", "failed"),
+    ("paused", "timeout", "failed"),
+    ("blocked", "dependency_resolved", "running"),
+    ("blocked", "fatal_error", "failed"),
+    ("retrying", "retry", "running"),
+    ("retrying", "max_retries_exceeded", "failed"),
+    ("retrying", "fatal_error", "failed"),
+];
+
+fn write_tmp(name: &str, text: &str) -> String {
+    let path = tmp_dir("cli-offline").join(name);
+    std::fs::write(&path, text).expect("write a tmp file");
+    path.to_string_lossy().into_owned()
+}
+
+#[test]
+fn definitions_check_accepts_lifecycle_with_a_summary() {
+    let out = rein(&["definitions", "check", LIFECYCLE_FILE]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let summary = stdout(&out);
+    assert!(summary.starts_with("ok: lifecycle v1"), "{summary}");
+    assert!(
+        summary.contains("7 states") && summary.contains("14 transitions"),
+        "{summary}"
+    );
+}
+
+#[test]
+fn definitions_check_lists_every_problem_of_a_broken_file() {
+    let file = write_tmp(
+        "broken.toml",
+        r#"
+name = "broken"
+version = 1
+events = ["go", "stop"]
+
+[[states]]
+name = "a"
+kind = "active"
+initial = true
+
+[[states]]
+name = "b"
+kind = "terminal"
+
+[[states]]
+name = "island"
+kind = "active"
+
+[[transitions]]
+from = "a"
+event = "go"
+to = "nowhere"
+
+[[transitions]]
+from = "b"
+event = "stop"
+to = "a"
+
+[[transitions]]
+from = "a"
+event = "jump"
+to = "b"
+"#,
+    );
+    let out = rein(&["definitions", "check", &file]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let err = stderr(&out);
+    for item in ["nowhere", "jump", "island"] {
+        assert!(err.contains(item), "no problem names `{item}`:\n{err}");
+    }
+    let listed = err.lines().filter(|l| l.starts_with("  ")).count();
+    assert!(listed >= 4, "expected every problem listed:\n{err}");
+}
+
+#[test]
+fn definitions_show_mermaid_has_every_lifecycle_transition() {
+    let out = rein(&["definitions", "show", "lifecycle", "--format", "mermaid"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("stateDiagram-v2"), "{text}");
+    for (from, event, to) in LIFECYCLE_TRANSITIONS {
+        assert!(
+            text.lines().any(|l| l.contains(from)
+                && l.contains(event)
+                && l.contains(to)
+                && l.contains("-->")),
+            "missing {from} --{event}--> {to}:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn definitions_show_json_parses() {
+    let out = rein(&["definitions", "show", "lifecycle", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let spec: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(spec["name"], "lifecycle");
+}
+
+const GOOD_LOG: &str = r#"{"type": "start"}
+{"type": "transient_error", "payload": {"error": {"class": "transient"}}}
+{"type": "retry"}
+{"type": "complete", "payload": {"result": 1}}
+"#;
+
+fn assert_replayed_to_done(out: &std::process::Output) {
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(out));
+    let state: Value = serde_json::from_str(&stdout(out)).expect("JSON");
+    assert_eq!(state["status"], "done", "{state}");
+    assert_eq!(state["sequence"], 4, "{state}");
+    assert_eq!(state["attempt"], 0, "{state}");
+}
+
+#[test]
+fn replay_of_a_valid_log_prints_the_final_state() {
+    let file = write_tmp("good.jsonl", GOOD_LOG);
+    assert_replayed_to_done(&rein(&["replay", "--definition", "lifecycle", &file]));
+}
+
+#[test]
+fn replay_of_a_rejected_event_exits_2_naming_its_line() {
+    let file = write_tmp(
+        "rejected.jsonl",
+        "{\"type\": \"start\"}\n{\"type\": \"approval_granted\"}\n",
+    );
+    let out = rein(&["replay", "--definition", "lifecycle", &file]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(stderr(&out).contains("line 2"), "{}", stderr(&out));
+}
+
+#[test]
+fn replay_of_an_invalid_json_line_exits_1() {
+    let file = write_tmp("invalid.jsonl", "{\"type\": \"start\"}\n{not json\n");
+    let out = rein(&["replay", "--definition", "lifecycle", &file]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stderr(&out).contains("line 2"), "{}", stderr(&out));
+}
+
+#[test]
+fn replay_reads_stdin_for_dash() {
+    let mut child = Command::new(REIN)
+        .args(["replay", "--definition", "lifecycle", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rein");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(GOOD_LOG.as_bytes())
+        .expect("write stdin");
+    assert_replayed_to_done(&child.wait_with_output().expect("wait"));
+}

@@ -1,0 +1,202 @@
+//! One helper that sets up the real thing for the CLI's integration tests: a fresh database
+//! on real PostgreSQL, real `rein` processes in their own process groups, reaped even when a
+//! test panics.
+
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const REIN: &str = env!("CARGO_BIN_EXE_rein");
+pub const TMP: &str = env!("CARGO_TARGET_TMPDIR");
+
+/// A fresh, empty database; its URL.
+pub fn fresh_database(prefix: &str) -> String {
+    match rein_devdb::test_database(prefix, TMP) {
+        Ok(url) => url,
+        // rein-devdb sends DROP and CREATE DATABASE in one `psql -c`, which PostgreSQL runs
+        // as one transaction and refuses; until that is fixed, create the database here when
+        // DATABASE_URL names a server.
+        Err(e) => match std::env::var("DATABASE_URL") {
+            Ok(server) if !server.is_empty() => create_database(&server, prefix),
+            _ => panic!("a fresh test database: {e}"),
+        },
+    }
+}
+
+fn create_database(server: &str, prefix: &str) -> String {
+    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let name = format!(
+        "rein_t_{prefix}_{}_{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let output = Command::new("psql")
+        .arg(server)
+        .args(["-v", "ON_ERROR_STOP=1", "-q"])
+        .arg("-c")
+        .arg(format!("DROP DATABASE IF EXISTS {name}"))
+        .arg("-c")
+        .arg(format!("CREATE DATABASE {name}"))
+        .output()
+        .expect("run psql");
+    assert!(
+        output.status.success(),
+        "CREATE DATABASE {name}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    rein_devdb::replace_database(server, &name)
+}
+
+/// A fresh database with Rein's schema, and a store on it.
+pub async fn fresh_store(prefix: &str) -> (String, rein_store::Store) {
+    let url = fresh_database(prefix);
+    let store = rein_store::Store::connect(&url, 8)
+        .await
+        .expect("connect and migrate");
+    (url, store)
+}
+
+/// Runs `rein ARGS` to completion with DATABASE_URL unset.
+pub fn rein(args: &[&str]) -> Output {
+    Command::new(REIN)
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("run the rein binary")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A directory under the target's tmp dir, unique to this test process and `name`.
+pub fn tmp_dir(name: &str) -> PathBuf {
+    let dir = PathBuf::from(TMP).join(format!("{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create a tmp dir");
+    dir
+}
+
+/// A long-running `rein` process (worker, scheduler) in its own process group.
+pub struct Proc {
+    pub name: String,
+    pub child: Child,
+}
+
+impl Proc {
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Sends `signal` to the process's whole group.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) with a negative pid addresses the group this process leads; it has
+        // no memory effects.
+        let rc = unsafe { libc::kill(-self.pid(), signal) };
+        assert_eq!(rc, 0, "kill({}, {signal}) failed", self.name);
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+/// Every process a test started: on drop, each group is continued (a stopped process cannot
+/// die otherwise), killed and reaped, so nothing outlives the test even when it panics.
+pub struct Fleet {
+    pub url: String,
+    pub log_dir: PathBuf,
+    pub procs: Vec<Proc>,
+}
+
+impl Fleet {
+    pub fn new(url: &str, name: &str) -> Fleet {
+        Fleet {
+            url: url.to_owned(),
+            log_dir: tmp_dir(name),
+            procs: Vec::new(),
+        }
+    }
+
+    /// Starts `rein ARGS --database-url URL --id ID`; stdout and stderr go to files named
+    /// after `id` in the log directory. Returns the index of the process.
+    pub fn spawn(&mut self, id: &str, args: &[&str]) -> usize {
+        let out = File::create(self.log_dir.join(format!("{id}.out"))).expect("log file");
+        let err = File::create(self.log_dir.join(format!("{id}.err"))).expect("log file");
+        let child = Command::new(REIN)
+            .args(args)
+            .args(["--database-url", &self.url, "--id", id])
+            .env("REIN_LOG", "info,sqlx=warn")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .spawn()
+            .expect("spawn rein");
+        self.procs.push(Proc {
+            name: id.to_owned(),
+            child,
+        });
+        self.procs.len() - 1
+    }
+
+    pub fn proc(&mut self, id: &str) -> &mut Proc {
+        self.procs
+            .iter_mut()
+            .find(|p| p.name == id)
+            .unwrap_or_else(|| panic!("no process {id}"))
+    }
+
+    /// Kills (SIGKILL) and reaps one process.
+    pub fn kill(&mut self, id: &str) {
+        let p = self.proc(id);
+        p.signal(libc::SIGKILL);
+        p.child.wait().expect("reap the killed process");
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for p in &mut self.procs {
+            if matches!(p.child.try_wait(), Ok(Some(_))) {
+                continue;
+            }
+            // SAFETY: as in `Proc::signal`; failures (group already gone) are harmless here.
+            unsafe {
+                libc::kill(-p.pid(), libc::SIGCONT);
+                libc::kill(-p.pid(), libc::SIGKILL);
+            }
+            let _ = p.child.wait();
+        }
+    }
+}
+
+/// Polls `condition` every `every` until it holds or `deadline_after` passes.
+pub async fn wait_for<F, Fut>(
+    what: &str,
+    deadline_after: Duration,
+    every: Duration,
+    mut condition: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + deadline_after;
+    loop {
+        if condition().await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {deadline_after:?} waiting for {what}"
+        );
+        tokio::time::sleep(every).await;
+    }
+}

@@ -1,0 +1,594 @@
+//! The fencing protocol against a real PostgreSQL (SPEC E1–E4, X1–X3a, S2).
+
+mod common;
+
+use common::{assert_replays, event_types, store, wait_lease_expired};
+use rein_core::{Definition, EngineEvent, Event, RejectReason, RunState, apply};
+use rein_scheduler::{Scheduler, SchedulerConfig};
+use rein_store::{
+    ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, EnqueueRequest, INBOX_TTL_MS_DEFAULT,
+    NewEvent, SendOutcome, Store, StoreError, Writer, plan_commit,
+};
+use serde_json::json;
+use uuid::Uuid;
+
+fn lifecycle() -> Definition {
+    rein_core::builtin::lifecycle()
+}
+
+fn queues() -> Vec<String> {
+    vec!["default".to_owned()]
+}
+
+fn leased(release: bool) -> CommitPlan {
+    CommitPlan {
+        writer: Writer::Leased,
+        release,
+        jitter_sample: 0.5,
+    }
+}
+
+async fn enqueue(store: &Store) -> Uuid {
+    store
+        .enqueue(EnqueueRequest::new(lifecycle(), json!({ "k": 1 })))
+        .await
+        .expect("enqueue")
+        .run_id
+}
+
+async fn claim_one(store: &Store, worker: &str, ttl_ms: u64) -> ClaimedRun {
+    let mut claimed = store
+        .claim(worker, 1, ttl_ms, &queues())
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 1, "{worker} expected to claim one run");
+    claimed.pop().unwrap()
+}
+
+/// The holder's commit of `kinds` on top of the state it read.
+fn commit_of(claimed: &ClaimedRun, base: &RunState, kinds: &[&str]) -> CommitRequest {
+    let events = kinds.iter().map(|k| NewEvent::new(*k, json!({}))).collect();
+    plan_commit(
+        &lifecycle(),
+        claimed.run_id,
+        claimed.token,
+        base,
+        events,
+        Vec::new(),
+        leased(false),
+    )
+    .expect("plan")
+}
+
+async fn commit_one(store: &Store, worker: &str, request: &CommitRequest) -> CommitOutcome {
+    let mut out = store
+        .commit_batch(worker, std::slice::from_ref(request))
+        .await
+        .expect("commit_batch");
+    assert_eq!(out.len(), 1);
+    out.pop().unwrap()
+}
+
+async fn expire_lease(store: &Store, run: Uuid) {
+    sqlx::query("UPDATE rein_runs SET lease_until = now() - interval '1 s' WHERE run_id = $1")
+        .bind(run)
+        .execute(store.pool())
+        .await
+        .expect("expire lease");
+}
+
+fn scheduler(store: &Store, id: &str) -> Scheduler {
+    Scheduler::new(store.clone(), SchedulerConfig::new(id))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_claims_never_take_the_same_run() {
+    let store = store("two_claims").await;
+    let mut runs = Vec::new();
+    for round in 0..10 {
+        let run = enqueue(&store).await;
+        runs.push(run);
+        let q = queues();
+        let (a, b) = tokio::join!(
+            store.claim("worker-a", 1, 10_000, &q),
+            store.claim("worker-b", 1, 10_000, &q)
+        );
+        let (a, b) = (a.expect("claim a"), b.expect("claim b"));
+        assert_eq!(
+            a.len() + b.len(),
+            1,
+            "round {round}: exactly one claim takes the run"
+        );
+        let (holder, first) = match (a.first(), b.first()) {
+            (Some(c), None) => ("worker-a", c.clone()),
+            (None, Some(c)) => ("worker-b", c.clone()),
+            _ => unreachable!(),
+        };
+        assert_eq!(first.run_id, run);
+        assert_eq!(first.token, 1, "the first grant carries token 1");
+
+        // Nobody else takes it while the lease is held.
+        assert!(
+            store
+                .claim("worker-c", 1, 10_000, &queues())
+                .await
+                .unwrap()
+                .is_empty()
+        );
+
+        // The holder gives the lease back; the next claim gets a higher token.
+        let release = plan_commit(
+            &lifecycle(),
+            run,
+            first.token,
+            &first.state,
+            Vec::new(),
+            Vec::new(),
+            leased(true),
+        )
+        .unwrap();
+        assert!(matches!(
+            commit_one(&store, holder, &release).await,
+            CommitOutcome::Committed(_)
+        ));
+        let again = claim_one(&store, "worker-c", 10_000).await;
+        assert_eq!(again.run_id, run);
+        assert_eq!(again.token, 2);
+
+        let grants: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT fencing_token, worker FROM rein_lease_grants WHERE run_id = $1
+             ORDER BY fencing_token",
+        )
+        .bind(run)
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+        assert_eq!(
+            grants,
+            vec![(1, holder.to_owned()), (2, "worker-c".to_owned())],
+            "every claim records its grant"
+        );
+    }
+    for run in runs {
+        assert_replays(&store, run).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_token_commit_is_fenced() {
+    let store = store("stale_token").await;
+    let run = enqueue(&store).await;
+    let a = claim_one(&store, "worker-a", 300).await;
+    wait_lease_expired(&store, run).await;
+
+    let mut sched = scheduler(&store, "sched-1");
+    assert!(
+        sched.tick().await.unwrap() >= 1,
+        "the expired lease is recovered"
+    );
+    let b = claim_one(&store, "worker-b", 10_000).await;
+    assert!(b.token > a.token);
+
+    // A wakes up and commits on what it read: refused, nothing written.
+    let stale = commit_of(&a, &a.state, &["start"]);
+    let stale_id = stale.events[0].event_id;
+    match commit_one(&store, "worker-a", &stale).await {
+        CommitOutcome::Fenced { current_token, .. } => assert_eq!(current_token, b.token),
+        other => panic!("stale commit was not fenced: {other:?}"),
+    }
+
+    let fresh = commit_of(&b, &b.state, &["start"]);
+    assert!(matches!(
+        commit_one(&store, "worker-b", &fresh).await,
+        CommitOutcome::Committed(_)
+    ));
+    // Still refused after B moved on.
+    assert!(matches!(
+        commit_one(&store, "worker-a", &stale).await,
+        CommitOutcome::Fenced { .. }
+    ));
+
+    let history = store.history(run).await.unwrap();
+    assert!(history.iter().all(|e| e.event_id != stale_id));
+    assert_eq!(
+        event_types(&store, run).await,
+        vec![EngineEvent::LeaseExpired.as_str(), "start"]
+    );
+    let last = history.last().unwrap();
+    assert_eq!((last.worker.as_str(), last.token), ("worker-b", b.token));
+    assert!(history.iter().all(|e| e.worker != "worker-a"));
+    assert_replays(&store, run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_order_sequence_is_rejected() {
+    let store = store("out_of_order").await;
+    let run = enqueue(&store).await;
+    let c = claim_one(&store, "worker-a", 10_000).await;
+    let first = commit_of(&c, &c.state, &["start"]);
+    assert!(matches!(
+        commit_one(&store, "worker-a", &first).await,
+        CommitOutcome::Committed(_)
+    ));
+
+    // Same token, live lease, but planned on a base the log has moved past.
+    let behind = commit_of(&c, &c.state, &["start"]);
+    match commit_one(&store, "worker-a", &behind).await {
+        CommitOutcome::Fenced {
+            current_sequence, ..
+        } => assert_eq!(current_sequence, 1),
+        other => panic!("a commit behind the log was not refused: {other:?}"),
+    }
+    let history = store.history(run).await.unwrap();
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0].event_id, first.events[0].event_id);
+
+    // The reducer refuses a sequence that is not last + 1.
+    let now = store.run(run).await.unwrap().projection;
+    for wrong in [now.sequence, now.sequence + 2] {
+        let err = apply(
+            &lifecycle(),
+            &now,
+            &Event::new(wrong, "complete", json!({})),
+        )
+        .expect_err("wrong sequence accepted");
+        assert_eq!(
+            err.reason,
+            RejectReason::OutOfOrder {
+                expected: now.sequence + 1
+            }
+        );
+    }
+    assert_replays(&store, run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_event_id_is_idempotent() {
+    let store = store("duplicate_event").await;
+    let run = enqueue(&store).await;
+    let c = claim_one(&store, "worker-a", 10_000).await;
+    let request = commit_of(&c, &c.state, &["start"]);
+    let CommitOutcome::Committed(first) = commit_one(&store, "worker-a", &request).await else {
+        panic!("first commit refused");
+    };
+    assert_eq!(first.sequence, 1);
+    assert_eq!(
+        commit_one(&store, "worker-a", &request).await,
+        CommitOutcome::AlreadyCommitted { sequence: 1 }
+    );
+    let history = store.history(run).await.unwrap();
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0].event_id, request.events[0].event_id);
+    assert_replays(&store, run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_commit_with_one_fenced_run_commits_the_others() {
+    let store = store("batch_fenced").await;
+    for _ in 0..3 {
+        enqueue(&store).await;
+    }
+    let claimed = store.claim("worker-a", 3, 10_000, &queues()).await.unwrap();
+    assert_eq!(claimed.len(), 3);
+    let victim = claimed[1].run_id;
+    expire_lease(&store, victim).await;
+    let mut sched = scheduler(&store, "sched-1");
+    assert_eq!(
+        sched.tick().await.unwrap(),
+        1,
+        "only the expired run recovers"
+    );
+    assert!(store.run(victim).await.unwrap().fencing_token > claimed[1].token);
+
+    let requests: Vec<CommitRequest> = claimed
+        .iter()
+        .map(|c| commit_of(c, &c.state, &["start"]))
+        .collect();
+    let outcomes = store.commit_batch("worker-a", &requests).await.unwrap();
+    assert_eq!(outcomes.len(), 3);
+    for (c, outcome) in claimed.iter().zip(&outcomes) {
+        if c.run_id == victim {
+            assert!(
+                matches!(outcome, CommitOutcome::Fenced { .. }),
+                "{outcome:?}"
+            );
+            assert_eq!(
+                event_types(&store, c.run_id).await,
+                vec![EngineEvent::LeaseExpired.as_str()]
+            );
+        } else {
+            assert!(
+                matches!(outcome, CommitOutcome::Committed(_)),
+                "{outcome:?}"
+            );
+            assert_eq!(event_types(&store, c.run_id).await, vec!["start"]);
+            assert_eq!(store.run(c.run_id).await.unwrap().state, "running");
+        }
+        assert_replays(&store, c.run_id).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_renewal_extends_only_live_leases() {
+    let store = store("renewal").await;
+    enqueue(&store).await;
+    enqueue(&store).await;
+    let claimed = store.claim("worker-a", 2, 10_000, &queues()).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    let (live, dead) = (&claimed[0], &claimed[1]);
+    expire_lease(&store, dead.run_id).await;
+    let live_before = store.run(live.run_id).await.unwrap().lease_until.unwrap();
+    let dead_before = store.run(dead.run_id).await.unwrap().lease_until.unwrap();
+
+    let renewed = store
+        .renew(
+            "worker-a",
+            &[(live.run_id, live.token), (dead.run_id, dead.token)],
+            60_000,
+        )
+        .await
+        .unwrap();
+    let ids: Vec<Uuid> = renewed.iter().map(|r| r.run_id).collect();
+    assert_eq!(ids, vec![live.run_id], "only the live lease is renewed");
+    let live_row = store.run(live.run_id).await.unwrap();
+    assert!(live_row.lease_live);
+    assert!(live_row.lease_until.unwrap() > live_before);
+    let dead_row = store.run(dead.run_id).await.unwrap();
+    assert!(!dead_row.lease_live, "an expired lease is not revived");
+    assert_eq!(dead_row.lease_until.unwrap(), dead_before);
+
+    // Neither another worker nor a wrong token renews a live lease.
+    assert!(
+        store
+            .renew("intruder", &[(live.run_id, live.token)], 60_000)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        store
+            .renew("worker-a", &[(live.run_id, live.token + 1)], 60_000)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    for c in &claimed {
+        assert_replays(&store, c.run_id).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_with_client_key_returns_the_same_run() {
+    let store = store("client_key").await;
+    let mut request = EnqueueRequest::new(lifecycle(), json!({}));
+    request.client_key = Some("order-42".to_owned());
+    let first = store.enqueue(request.clone()).await.unwrap();
+    let second = store.enqueue(request).await.unwrap();
+    assert!(first.created);
+    assert!(!second.created);
+    assert_eq!(first.run_id, second.run_id);
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM rein_runs")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    assert_replays(&store, first.run_id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_in_callers_transaction_rolls_back_with_it() {
+    let store = store("enqueue_tx").await;
+    let mut tx = store.pool().begin().await.unwrap();
+    let rolled_back = Store::enqueue_in(&mut tx, EnqueueRequest::new(lifecycle(), json!({})))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(matches!(
+        store.run(rolled_back.run_id).await,
+        Err(StoreError::RunNotFound(_))
+    ));
+
+    let mut tx = store.pool().begin().await.unwrap();
+    let kept = Store::enqueue_in(&mut tx, EnqueueRequest::new(lifecycle(), json!({})))
+        .await
+        .unwrap();
+    // Not visible to others before the caller commits.
+    assert!(matches!(
+        store.run(kept.run_id).await,
+        Err(StoreError::RunNotFound(_))
+    ));
+    tx.commit().await.unwrap();
+    assert_eq!(store.run(kept.run_id).await.unwrap().state, "planned");
+    assert_replays(&store, kept.run_id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_without_lease_applies_at_once() {
+    let store = store("send_applies").await;
+    let run = enqueue(&store).await;
+    let out = store
+        .send(run, "start", json!({}), "api", INBOX_TTL_MS_DEFAULT)
+        .await
+        .unwrap();
+    assert_eq!(out, SendOutcome::Applied { sequence: 1 });
+    let row = store.run(run).await.unwrap();
+    assert_eq!(row.state, "running");
+    assert_eq!(row.fencing_token, 1, "the sender took the token");
+    assert!(row.lease_owner.is_none());
+    assert!(store.inbox(run).await.unwrap().is_empty());
+    let history = store.history(run).await.unwrap();
+    assert_eq!((history[0].worker.as_str(), history[0].token), ("api", 1));
+    let grants: Vec<(i64, String)> =
+        sqlx::query_as("SELECT fencing_token, worker FROM rein_lease_grants WHERE run_id = $1")
+            .bind(run)
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(grants, vec![(1, "api".to_owned())]);
+    assert_replays(&store, run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_with_live_lease_goes_to_inbox() {
+    let store = store("send_inbox").await;
+    let run = enqueue(&store).await;
+    let c = claim_one(&store, "worker-a", 10_000).await;
+    let out = store
+        .send(
+            run,
+            "start",
+            json!({ "data": { "from": "api" } }),
+            "api",
+            60_000,
+        )
+        .await
+        .unwrap();
+    let SendOutcome::Queued { inbox_id } = out else {
+        panic!("sent under a live lease but applied: {out:?}");
+    };
+    let row = store.run(run).await.unwrap();
+    assert_eq!((row.state.as_str(), row.last_sequence), ("planned", 0));
+    assert_eq!(
+        row.fencing_token, c.token,
+        "the sender did not take the token"
+    );
+    let inbox = store.inbox(run).await.unwrap();
+    assert_eq!(inbox.len(), 1);
+    assert_eq!((inbox[0].id, inbox[0].kind.as_str()), (inbox_id, "start"));
+    assert!(!inbox[0].expired);
+    assert!(store.history(run).await.unwrap().is_empty());
+
+    // The holder applies it at its commit point and consumes the entry.
+    let entry = &inbox[0];
+    let request = plan_commit(
+        &lifecycle(),
+        run,
+        c.token,
+        &c.state,
+        vec![NewEvent {
+            event_id: entry.event_id,
+            kind: entry.kind.clone(),
+            payload: entry.payload.clone(),
+            node: None,
+        }],
+        vec![entry.id],
+        leased(false),
+    )
+    .unwrap();
+    assert!(matches!(
+        commit_one(&store, "worker-a", &request).await,
+        CommitOutcome::Committed(_)
+    ));
+    assert!(store.inbox(run).await.unwrap().is_empty());
+    assert_eq!(
+        store.history(run).await.unwrap()[0].event_id,
+        entry.event_id
+    );
+    assert_replays(&store, run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_of_event_no_state_could_accept_is_refused() {
+    let store = store("send_refused").await;
+    let run = enqueue(&store).await;
+    let refused = |r: Result<SendOutcome, StoreError>| match r {
+        Err(StoreError::InvalidTransition(e)) => e.reason,
+        other => panic!("not refused: {other:?}"),
+    };
+    assert_eq!(
+        refused(store.send(run, "bogus", json!({}), "api", 60_000).await),
+        RejectReason::UnknownEvent
+    );
+    store
+        .send(run, "start", json!({}), "api", 60_000)
+        .await
+        .unwrap();
+    // No state reachable from `running` accepts `start`.
+    assert_eq!(
+        refused(store.send(run, "start", json!({}), "api", 60_000).await),
+        RejectReason::NotInTable
+    );
+    store
+        .send(run, "complete", json!({}), "api", 60_000)
+        .await
+        .unwrap();
+    assert_eq!(store.run(run).await.unwrap().state, "done");
+    assert_eq!(
+        refused(store.send(run, "start", json!({}), "api", 60_000).await),
+        RejectReason::Terminal
+    );
+    assert!(matches!(
+        store.send(run, "CANCEL", json!({}), "api", 60_000).await,
+        Err(StoreError::InvalidTransition(_))
+    ));
+    assert!(
+        store.inbox(run).await.unwrap().is_empty(),
+        "refused events are not queued"
+    );
+    assert_eq!(event_types(&store, run).await, vec!["start", "complete"]);
+    assert_replays(&store, run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_from_checkpoint_plus_tail_equals_full_replay() {
+    let store = store("checkpoint_recovery").await;
+    let run = enqueue(&store).await;
+    let c = claim_one(&store, "worker-a", 60_000).await;
+    let mut state = c.state.clone();
+    for n in [40usize, 30, 5] {
+        let events = (0..n)
+            .map(|i| {
+                NewEvent::new(
+                    EngineEvent::DecisionRejected.as_str(),
+                    json!({ "i": i, "batch": n }),
+                )
+            })
+            .collect();
+        let request = plan_commit(
+            &lifecycle(),
+            run,
+            c.token,
+            &state,
+            events,
+            Vec::new(),
+            leased(false),
+        )
+        .unwrap();
+        assert!(matches!(
+            commit_one(&store, "worker-a", &request).await,
+            CommitOutcome::Committed(_)
+        ));
+        state = request.state;
+    }
+    assert_eq!(state.sequence, 75);
+    let checkpoint = store
+        .newest_checkpoint(run)
+        .await
+        .unwrap()
+        .expect("a checkpoint after crossing 64 events");
+    assert_eq!(
+        checkpoint.sequence, 70,
+        "written by the commit that crossed 64"
+    );
+
+    let recovered = store.recover_run(run).await.unwrap();
+    let def = lifecycle();
+    let events: Vec<Event> = store
+        .history(run)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.as_event())
+        .collect();
+    let replayed = rein_core::replay(
+        &def,
+        RunState::initial(&def, json!({ "k": 1 })),
+        events.iter(),
+    )
+    .unwrap();
+    let stored = store.run(run).await.unwrap().projection;
+    assert_eq!(recovered, replayed);
+    assert_eq!(recovered, stored);
+    assert_eq!(recovered.sequence, 75);
+    assert_replays(&store, run).await;
+}

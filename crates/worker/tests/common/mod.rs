@@ -1,0 +1,64 @@
+//! Shared fixtures: a fresh database per test and waiting on a condition with a deadline.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use rein_store::Store;
+use uuid::Uuid;
+
+/// A store on a fresh, migrated database of its own.
+pub async fn store(name: &str) -> Store {
+    let url = rein_devdb::test_database(name, env!("CARGO_TARGET_TMPDIR"))
+        .expect("a test database (set DATABASE_URL or install PostgreSQL)");
+    Store::connect(&url, 4).await.expect("connect and migrate")
+}
+
+/// Polls `condition` until it holds; panics naming `what` once `deadline` has passed.
+pub async fn wait_until<F, Fut>(what: &str, deadline: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let end = tokio::time::Instant::now() + deadline;
+    loop {
+        if condition().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timed out after {deadline:?} waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until the run's lease has expired by the database clock.
+pub async fn wait_lease_expired(store: &Store, run: Uuid) {
+    wait_until(
+        "the lease expired by the database clock",
+        Duration::from_secs(10),
+        || async { !store.run(run).await.expect("run").lease_live },
+    )
+    .await;
+}
+
+/// Asserts that the run's log replays to its stored projection (SPEC E3).
+pub async fn assert_replays(store: &Store, run: Uuid) {
+    assert_eq!(
+        store.verify_run(run).await.expect("verify_run"),
+        None,
+        "run {run}: log does not replay to the stored projection"
+    );
+}
+
+pub async fn event_types(store: &Store, run: Uuid) -> Vec<String> {
+    store
+        .history(run)
+        .await
+        .expect("history")
+        .into_iter()
+        .map(|e| e.kind)
+        .collect()
+}
