@@ -302,8 +302,9 @@ fn workload(
     } else {
         research.clone()
     };
-    let sim = match i % 10 {
-        0 | 1 => json!({ "work_ms": 20, "transient_failures": 1 + i % 2 }),
+    // Both definitions get every variant: the variant follows the pair index.
+    let sim = match (i / 2) % 10 {
+        0 | 1 => json!({ "work_ms": 20, "transient_failures": 1 + (i / 2) % 2 }),
         2 => json!({ "work_ms": 10, "transient_failures": 5 }),
         3 => json!({ "work_ms": 10, "approval": "grant", "amount": 150 }),
         4 => json!({ "work_ms": 10, "approval": "deny", "amount": 500 }),
