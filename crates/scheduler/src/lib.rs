@@ -204,40 +204,8 @@ impl Scheduler {
             return Ok(false);
         }
         let def = self.definition(&row.definition, row.version).await?;
-        let mut state = row.projection.clone();
-        let mut events = Vec::new();
-        let mut consumed = Vec::new();
-        for entry in self.store.inbox(row.run_id).await? {
-            let candidate = Event::new(
-                state.sequence + 1,
-                entry.kind.clone(),
-                entry.payload.clone(),
-            );
-            if let Ok(next) = apply(&def, &state, &candidate) {
-                state = next;
-                events.push(NewEvent {
-                    event_id: entry.event_id,
-                    kind: entry.kind,
-                    payload: entry.payload,
-                    node: None,
-                });
-                consumed.push(entry.id);
-            } else if entry.expired {
-                let record = Event::new(
-                    state.sequence + 1,
-                    EngineEvent::InboxExpired.as_str(),
-                    json!({}),
-                );
-                if let Ok(next) = apply(&def, &state, &record) {
-                    state = next;
-                    events.push(NewEvent::new(
-                        EngineEvent::InboxExpired.as_str(),
-                        json!({ "event": entry.kind, "sender": entry.sender, "reason": "expired before the run could accept it" }),
-                    ));
-                    consumed.push(entry.id);
-                }
-            }
-        }
+        let entries = self.store.inbox(row.run_id).await?;
+        let (events, consumed) = rein_store::plan_inbox(&def, &row.projection, entries);
         if events.is_empty() {
             return Ok(false);
         }

@@ -26,6 +26,7 @@ pub use error::{StoreError, is_unreachable};
 pub use reads::{RunRow, StoredEvent};
 pub use send::{
     EnqueueRequest, Enqueued, INBOX_TTL_MS_DEFAULT, InboxEntry, SendOutcome, jitter_from,
+    plan_inbox,
 };
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");

@@ -248,6 +248,57 @@ impl Store {
     }
 }
 
+/// Which inbox entries the run accepts now, in order, and which expired ones to record as
+/// INBOX_EXPIRED; entries neither accepted nor expired stay for a later state. Pure.
+pub fn plan_inbox(
+    def: &Definition,
+    state: &RunState,
+    entries: Vec<InboxEntry>,
+) -> (Vec<NewEvent>, Vec<i64>) {
+    let mut state = state.clone();
+    let mut events = Vec::new();
+    let mut consumed = Vec::new();
+    for entry in entries {
+        let candidate = Event::new(
+            state.sequence + 1,
+            entry.kind.clone(),
+            entry.payload.clone(),
+        );
+        let event = match apply(def, &state, &candidate) {
+            Ok(next) => {
+                state = next;
+                NewEvent {
+                    event_id: entry.event_id,
+                    kind: entry.kind,
+                    payload: entry.payload,
+                    node: None,
+                }
+            }
+            Err(_) if entry.expired => {
+                let record = NewEvent::new(
+                    EngineEvent::InboxExpired.as_str(),
+                    serde_json::json!({ "event": entry.kind, "sender": entry.sender,
+                                        "reason": "expired before the run could accept it" }),
+                );
+                let probe = Event::new(
+                    state.sequence + 1,
+                    record.kind.clone(),
+                    record.payload.clone(),
+                );
+                match apply(def, &state, &probe) {
+                    Ok(next) => state = next,
+                    Err(_) => continue,
+                }
+                record
+            }
+            Err(_) => continue,
+        };
+        events.push(event);
+        consumed.push(entry.id);
+    }
+    (events, consumed)
+}
+
 /// A deterministic jitter sample from an id (uuid v7 has random low bits).
 pub fn jitter_from(id: Uuid) -> f64 {
     let bytes = id.as_bytes();

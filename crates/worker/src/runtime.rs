@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use rein_core::{ActionStatus, Definition, EngineEvent, Event, RunState, RunStatus, apply};
+use rein_core::{ActionStatus, Definition, EngineEvent, RunState, RunStatus};
 use rein_store::{
     ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, NewEvent, Store, StoreError, Writer,
     counters, plan_commit,
@@ -645,48 +645,7 @@ impl Driver {
                 return Ok(());
             }
         };
-        let mut state = self.state.clone();
-        let mut events = Vec::new();
-        let mut consumed = Vec::new();
-        for entry in entries {
-            let candidate = Event::new(
-                state.sequence + 1,
-                entry.kind.clone(),
-                entry.payload.clone(),
-            );
-            match apply(&self.def, &state, &candidate) {
-                Ok(next) => {
-                    state = next;
-                    events.push(NewEvent {
-                        event_id: entry.event_id,
-                        kind: entry.kind,
-                        payload: entry.payload,
-                        node: None,
-                    });
-                    consumed.push(entry.id);
-                }
-                Err(_) if entry.expired => {
-                    let record = NewEvent::new(
-                        EngineEvent::InboxExpired.as_str(),
-                        json!({ "event": entry.kind, "sender": entry.sender, "reason": "expired before the run could accept it" }),
-                    );
-                    if let Ok(next) = apply(
-                        &self.def,
-                        &state,
-                        &Event::new(
-                            state.sequence + 1,
-                            record.kind.clone(),
-                            record.payload.clone(),
-                        ),
-                    ) {
-                        state = next;
-                        events.push(record);
-                        consumed.push(entry.id);
-                    }
-                }
-                Err(_) => {}
-            }
-        }
+        let (events, consumed) = rein_store::plan_inbox(&self.def, &self.state, entries);
         if events.is_empty() {
             return Ok(());
         }
