@@ -1,6 +1,8 @@
 //! The worker runtime and the scheduler against a real PostgreSQL (SPEC X1–X8, S1–S3, M9).
 //! Only external tools are faked (the handlers below); the database is real.
 
+// The fixtures are the store tests' own: one copy for both crates.
+#[path = "../../store/tests/common/mod.rs"]
 mod common;
 
 use std::sync::Arc;

@@ -15,40 +15,7 @@ pub const TMP: &str = env!("CARGO_TARGET_TMPDIR");
 
 /// A fresh, empty database; its URL.
 pub fn fresh_database(prefix: &str) -> String {
-    match rein_devdb::test_database(prefix, TMP) {
-        Ok(url) => url,
-        // rein-devdb sends DROP and CREATE DATABASE in one `psql -c`, which PostgreSQL runs
-        // as one transaction and refuses; until that is fixed, create the database here when
-        // DATABASE_URL names a server.
-        Err(e) => match std::env::var("DATABASE_URL") {
-            Ok(server) if !server.is_empty() => create_database(&server, prefix),
-            _ => panic!("a fresh test database: {e}"),
-        },
-    }
-}
-
-fn create_database(server: &str, prefix: &str) -> String {
-    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let name = format!(
-        "rein_t_{prefix}_{}_{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    );
-    let output = Command::new("psql")
-        .arg(server)
-        .args(["-v", "ON_ERROR_STOP=1", "-q"])
-        .arg("-c")
-        .arg(format!("DROP DATABASE IF EXISTS {name}"))
-        .arg("-c")
-        .arg(format!("CREATE DATABASE {name}"))
-        .output()
-        .expect("run psql");
-    assert!(
-        output.status.success(),
-        "CREATE DATABASE {name}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    rein_devdb::replace_database(server, &name)
+    rein_devdb::test_database(prefix, TMP).unwrap_or_else(|e| panic!("a fresh test database: {e}"))
 }
 
 /// A fresh database with Rein's schema, and a store on it.
