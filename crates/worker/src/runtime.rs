@@ -737,13 +737,14 @@ impl Driver {
                 }) => {
                     warn!(run_id = %self.run_id, token = self.token, current_token, owner = ?owner,
                           "fenced: another holder owns the run; stopping without writing");
+                    // Stop the action first; counting may wait on the database.
+                    self.held.lost.cancel();
                     self.inner.stats.fenced.fetch_add(1, Ordering::Relaxed);
                     let _ = self
                         .inner
                         .store
                         .add_counter(counters::FENCED_WRITES, 1)
                         .await;
-                    self.held.lost.cancel();
                     return Err(Stop::Lost);
                 }
                 Ok(CommitOutcome::RunNotFound) => {
