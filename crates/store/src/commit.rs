@@ -165,9 +165,11 @@ fn ledger_op(before: &RunState, after: &RunState, event: &Event) -> Option<Ledge
                 .get("result")
                 .cloned()
                 .or_else(|| Some(event.payload.clone()));
-            let mut o = op(slot, if failed { "FAILED" } else { "SUCCEEDED" }, result);
-            o.call_id = slot.call_id.clone();
-            Some(o)
+            Some(op(
+                slot,
+                if failed { "FAILED" } else { "SUCCEEDED" },
+                result,
+            ))
         }
         _ => None,
     }

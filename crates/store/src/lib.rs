@@ -212,6 +212,14 @@ impl Store {
         )
     }
 
+    pub async fn deregister(&self, worker_id: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM rein_workers WHERE worker_id = $1")
+            .bind(worker_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// Records that a worker or scheduler is alive.
     pub async fn heartbeat(
         &self,
@@ -228,16 +236,6 @@ impl Store {
         .bind(info)
         .execute(&self.pool)
         .await?;
-        Ok(())
-    }
-}
-
-impl Store {
-    pub async fn deregister(&self, worker_id: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM rein_workers WHERE worker_id = $1")
-            .bind(worker_id)
-            .execute(&self.pool)
-            .await?;
         Ok(())
     }
 }

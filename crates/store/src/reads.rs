@@ -217,10 +217,7 @@ impl Store {
         let def = self
             .load_definition(&row.definition, Some(row.version))
             .await?;
-        let input: Value = sqlx::query_scalar("SELECT input FROM rein_runs WHERE run_id = $1")
-            .bind(run_id)
-            .fetch_one(self.pool())
-            .await?;
+        let input = self.run_input(run_id).await?;
         let events = self.history(run_id).await?;
         for (i, e) in events.iter().enumerate() {
             if e.sequence != i as i64 + 1 {
@@ -262,10 +259,7 @@ impl Store {
             .load_definition(&row.definition, Some(row.version))
             .await?;
         let Some(checkpoint) = self.newest_checkpoint(run_id).await? else {
-            let input: Value = sqlx::query_scalar("SELECT input FROM rein_runs WHERE run_id = $1")
-                .bind(run_id)
-                .fetch_one(self.pool())
-                .await?;
+            let input = self.run_input(run_id).await?;
             let events: Vec<Event> = self
                 .history(run_id)
                 .await?
@@ -320,5 +314,15 @@ impl Store {
         .fetch_all(self.pool())
         .await?;
         rows.iter().map(RunRow::from_row).collect()
+    }
+
+    /// The input a run was enqueued with: its `X_0` business data.
+    async fn run_input(&self, run_id: Uuid) -> Result<Value, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT input FROM rein_runs WHERE run_id = $1")
+                .bind(run_id)
+                .fetch_one(self.pool())
+                .await?,
+        )
     }
 }
