@@ -143,23 +143,20 @@ impl Scheduler {
                 event.clone(),
                 json!({ "reason": "lease_expired", "error": { "class": "transient", "message": "worker lease expired" } }),
             );
-            let record = Event::new(
-                state.sequence + 1,
-                EngineEvent::LeaseExpired.as_str(),
-                json!({}),
-            );
-            if let Ok(after) = apply(&def, state, &record)
-                && apply(
-                    &def,
-                    &after,
-                    &Event::new(
-                        after.sequence + 1,
-                        candidate.kind.clone(),
-                        candidate.payload.clone(),
-                    ),
-                )
-                .is_ok()
-            {
+            // Only if the definition takes it right after the LEASE_EXPIRED record.
+            let probe = [
+                Event::new(
+                    state.sequence + 1,
+                    EngineEvent::LeaseExpired.as_str(),
+                    json!({}),
+                ),
+                Event::new(
+                    state.sequence + 2,
+                    candidate.kind.clone(),
+                    candidate.payload.clone(),
+                ),
+            ];
+            if rein_core::replay(&def, state.clone(), probe.iter()).is_ok() {
                 events.push(candidate);
             }
         }
