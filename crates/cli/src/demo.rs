@@ -93,7 +93,20 @@ pub async fn demo(args: DemoArgs) -> u8 {
         let _ = tokio::signal::ctrl_c().await;
     }
     if let Some(pg) = private {
-        let _ = tokio::task::spawn_blocking(move || drop(pg)).await;
+        // Keep the server's files (and log) only when something went wrong.
+        let log = pg.log_file().to_path_buf();
+        let ok = code == exit::OK;
+        let _ = tokio::task::spawn_blocking(move || {
+            if ok {
+                pg.discard().ok();
+            } else {
+                drop(pg)
+            }
+        })
+        .await;
+        if !ok {
+            eprintln!("the private PostgreSQL's log is kept at {}", log.display());
+        }
     }
     code
 }

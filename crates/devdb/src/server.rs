@@ -213,6 +213,18 @@ impl PrivatePostgres {
         self.start_server()
     }
 
+    /// Stops the server and deletes its directory (data, socket, log): for callers done
+    /// with it that have nothing left to inspect.
+    pub fn discard(mut self) -> Result<(), DevDbError> {
+        self.try_stop()?;
+        self.kept = true;
+        std::fs::remove_dir_all(&self.instance_dir).map_err(|source| DevDbError::Io {
+            action: "remove",
+            path: self.instance_dir.clone(),
+            source,
+        })
+    }
+
     /// Leaves the server running after this value is gone, e.g. for a dev
     /// server that outlives the command that started it. Returns its URL.
     pub fn keep(mut self) -> String {

@@ -168,3 +168,23 @@ fn root_reports_a_base_dir_the_postgres_user_cannot_reach() {
     );
     assert!(text.contains("chmod o+x"), "{text}");
 }
+
+#[test]
+fn discard_stops_the_server_and_removes_its_files() {
+    let base = scratch("discard");
+    let pg = PrivatePostgres::start(PrivatePostgresOptions {
+        base_dir: base.clone(),
+        name: "gone".to_owned(),
+        fast: true,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("start failed:\n{e}"));
+    let port = pg.port();
+    assert!(psql_select_1(port), "fresh server does not answer");
+    pg.discard().unwrap();
+    assert!(!pg_isready(port), "server still answers after discard");
+    assert!(
+        !base.join("gone").exists(),
+        "instance directory left behind"
+    );
+}
