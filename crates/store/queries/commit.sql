@@ -17,6 +17,15 @@ ev AS (
         AS e(run_id, sequence, event_id, type, payload, node)
 ),
 t AS (SELECT clock_timestamp() AS now),
+-- Row locks in run_id order: concurrent batches and renewals touching the same runs then
+-- queue behind each other instead of deadlocking. The update only reaches a row this has
+-- already locked.
+locked AS (
+    SELECT r.run_id FROM rein_runs r
+    WHERE r.run_id IN (SELECT run_id FROM req)
+    ORDER BY r.run_id
+    FOR UPDATE
+),
 upd AS (
     UPDATE rein_runs r SET
         projection = q.projection,
@@ -40,6 +49,7 @@ upd AS (
         updated_at = clock_timestamp()
     FROM req q, t
     WHERE r.run_id = q.run_id
+      AND r.run_id IN (SELECT run_id FROM locked)
       AND r.fencing_token = q.token
       AND r.last_sequence = q.base_seq
       AND CASE WHEN q.bump THEN (r.lease_owner IS NULL OR r.lease_until <= clock_timestamp())

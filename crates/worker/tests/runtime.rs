@@ -1012,3 +1012,44 @@ async fn initial_waiting_state_timeout_fires_at_deadline() {
     assert_eq!(store.run(run).await.unwrap().state, "timed_out");
     assert_replays(&store, run).await;
 }
+
+/// Renewals race with claims and commits. A renewal must judge only the leases it asked
+/// about (runs claimed or released while it was in flight were once taken for lost leases),
+/// and a renewal and a commit batch touching the same runs must not deadlock (they once
+/// locked rows in different orders; the commits that lost gave up and their runs stalled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_never_loses_leases_claimed_while_it_was_in_flight() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("warn")
+        .with_test_writer()
+        .try_init();
+    let store = store("renewal_race").await;
+    let chain = rein_core::builtin::load("chain4")
+        .expect("chain4 is built in")
+        .expect("chain4 is valid");
+    let requests: Vec<EnqueueRequest> = (0..6000)
+        .map(|_| EnqueueRequest::new(chain.clone(), json!({})))
+        .collect();
+    store.enqueue_batch(&requests).await.expect("enqueue");
+    // Renewals every second while claims of 8 runs happen every few ms; the lease is long
+    // enough that a busy machine does not let it lapse for real.
+    let mut c = config("renewal-race", 1_000);
+    c.claim_batch = 8;
+    c.concurrency = 64;
+    let worker = Running::start(&store, c, builtin_registry(store.clone()));
+    wait_until("every run is terminal", Duration::from_secs(60), || async {
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM rein_runs WHERE status <> 'terminal'")
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+        left == 0 || worker.worker.stats().leases_lost.load(Ordering::Relaxed) > 0
+    })
+    .await;
+    let lost = worker.worker.stats().leases_lost.load(Ordering::Relaxed);
+    worker.stop().await;
+    assert_eq!(
+        lost, 0,
+        "no fault was injected, yet leases were taken for lost"
+    );
+}
