@@ -3,7 +3,6 @@
 //! of both built-in definitions to the end and summarising what happened.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use rein_scheduler::{Scheduler, SchedulerConfig};
@@ -33,57 +32,19 @@ pub struct DemoArgs {
     timeout_s: u64,
 }
 
-/// Where the private PostgreSQL lives: `target/` when run from a checkout, else the temp dir
-/// (readable by the `postgres` user when we run as root).
-fn pg_base_dir() -> PathBuf {
-    let target = PathBuf::from("target");
-    if target.is_dir() {
-        std::fs::canonicalize(&target)
-            .unwrap_or(target)
-            .join("rein-pg")
-    } else {
-        std::env::temp_dir().join("rein-pg")
-    }
-}
-
 pub async fn demo(args: DemoArgs) -> u8 {
     crate::init_logging_at(false, "warn,sqlx=error");
     let mut private = None;
     let url = match args.db.database_url.clone() {
         Some(url) => url,
-        None => {
-            eprintln!(
-                "DATABASE_URL is unset: starting a private PostgreSQL from the installed binaries…"
-            );
-            let options = rein_devdb::PrivatePostgresOptions {
-                base_dir: pg_base_dir(),
-                name: format!("demo-{}", std::process::id()),
-                fast: true,
-                ..Default::default()
-            };
-            match tokio::task::spawn_blocking(move || rein_devdb::PrivatePostgres::start(options))
-                .await
-            {
-                Ok(Ok(pg)) => {
-                    let url = pg.url();
-                    eprintln!(
-                        "private PostgreSQL on port {} (data in {})",
-                        pg.port(),
-                        pg.data_dir().display()
-                    );
-                    private = Some(pg);
-                    url
-                }
-                Ok(Err(e)) => {
-                    eprintln!("error: {e}");
-                    return exit::DATABASE;
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return exit::DATABASE;
-                }
+        None => match crate::privdb::start("demo", true).await {
+            Ok(pg) => {
+                let url = pg.url();
+                private = Some(pg);
+                url
             }
-        }
+            Err(code) => return code,
+        },
     };
     let code = run_demo(&args, &url).await;
     if args.keep && code == exit::OK {
@@ -93,20 +54,7 @@ pub async fn demo(args: DemoArgs) -> u8 {
         let _ = tokio::signal::ctrl_c().await;
     }
     if let Some(pg) = private {
-        // Keep the server's files (and log) only when something went wrong.
-        let log = pg.log_file().to_path_buf();
-        let ok = code == exit::OK;
-        let _ = tokio::task::spawn_blocking(move || {
-            if ok {
-                pg.discard().ok();
-            } else {
-                drop(pg)
-            }
-        })
-        .await;
-        if !ok {
-            eprintln!("the private PostgreSQL's log is kept at {}", log.display());
-        }
+        crate::privdb::finish(pg, code == exit::OK).await;
     }
     code
 }
@@ -260,13 +208,7 @@ async fn run_demo(args: &DemoArgs, url: &str) -> u8 {
     let events = store.count_events_by_type().await.unwrap_or_default();
     let fenced = store.counter(counters::FENCED_WRITES).await.unwrap_or(0);
     let events_total: i64 = events.iter().map(|e| e.1).sum();
-    let count = |names: &[&str]| -> i64 {
-        events
-            .iter()
-            .filter(|e| names.contains(&e.0.as_str()))
-            .map(|e| e.1)
-            .sum()
-    };
+    let count = |names: &[&str]| crate::ops::events_of(&events, names);
     let mut by_final: BTreeMap<String, i64> = BTreeMap::new();
     for (d, s, _, n) in &counts {
         *by_final.entry(format!("{d}/{s}")).or_default() += n;

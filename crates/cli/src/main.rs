@@ -1,9 +1,13 @@
 //! `rein`: one binary, every role. `rein worker`, `rein scheduler`, `rein demo`, and the
 //! operator and offline commands.
 
+mod bench;
+mod chaos;
 mod demo;
 mod offline;
 mod ops;
+mod privdb;
+mod procs;
 
 use std::process::ExitCode;
 
@@ -65,6 +69,10 @@ enum Command {
     /// Start a private PostgreSQL, a scheduler pair and workers, drive real runs and show
     /// what happened.
     Demo(demo::DemoArgs),
+    /// Measure throughput and latency against the database's own insert rate.
+    Bench(bench::BenchArgs),
+    /// Run a real fleet under seeded faults and check every invariant afterwards.
+    Chaos(chaos::ChaosArgs),
 }
 
 fn main() -> ExitCode {
@@ -92,6 +100,8 @@ fn main() -> ExitCode {
                     Command::Send(args) => ops::send(args).await,
                     Command::Runs(cmd) => ops::runs(cmd).await,
                     Command::Demo(args) => demo::demo(args).await,
+                    Command::Bench(args) => bench::bench(args).await,
+                    Command::Chaos(args) => chaos::chaos(args).await,
                     Command::Definitions(_) | Command::Replay(_) => exit::INPUT,
                 }
             })

@@ -31,6 +31,9 @@ pub struct WorkerArgs {
     /// Commit one run per statement instead of grouping.
     #[arg(long)]
     no_commit_batching: bool,
+    /// Queues to claim from (repeat or comma-separate).
+    #[arg(long, value_delimiter = ',', default_value = "default")]
+    queue: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -140,6 +143,15 @@ pub async fn connect(db: &DbArgs, migrate: bool) -> Result<Store, u8> {
     }
 }
 
+/// How many of `events` (type, count) have one of `names` as their type.
+pub fn events_of(events: &[(String, i64)], names: &[&str]) -> i64 {
+    events
+        .iter()
+        .filter(|e| names.contains(&e.0.as_str()))
+        .map(|e| e.1)
+        .sum()
+}
+
 /// Prints an error and picks the exit code for it.
 pub fn report(e: &StoreError) -> u8 {
     eprintln!("error: {e}");
@@ -210,6 +222,7 @@ pub async fn worker(args: WorkerArgs) -> u8 {
     config.poll_interval_ms = args.poll_interval_ms;
     config.shutdown_grace_ms = args.shutdown_grace_ms;
     config.commit_batching = !args.no_commit_batching;
+    config.queues = args.queue;
     if let Err(e) = config.validate() {
         eprintln!("error: {e}");
         return exit::INPUT;

@@ -121,3 +121,95 @@ impl Store {
         Ok(report)
     }
 }
+
+/// Live leases per worker, for a harness choosing which worker to fault.
+const LIVE_LEASES_BY_OWNER: &str = "
+SELECT lease_owner, count(*)
+FROM rein_runs
+WHERE lease_owner IS NOT NULL AND lease_until > clock_timestamp() AND status <> 'terminal'
+GROUP BY lease_owner";
+
+/// Runs of a snapshot still held under the token of the snapshot (or an older one) and not
+/// terminal: nobody has taken them over yet.
+const NOT_TAKEN_OVER: &str = "
+SELECT count(*)
+FROM rein_runs r
+JOIN unnest($1::uuid[], $2::bigint[]) AS h(run_id, token) USING (run_id)
+WHERE r.fencing_token <= h.token AND r.status <> 'terminal'";
+
+impl Store {
+    /// Runs in the database and how many of them are terminal.
+    pub async fn run_totals(&self) -> Result<(i64, i64), StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE status = 'terminal') FROM rein_runs",
+        )
+        .fetch_one(self.pool())
+        .await?)
+    }
+
+    /// How many live leases each worker holds right now.
+    pub async fn live_leases_by_owner(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        Ok(sqlx::query_as(LIVE_LEASES_BY_OWNER)
+            .fetch_all(self.pool())
+            .await?)
+    }
+
+    /// The non-terminal runs `worker` holds a live lease on, with their fencing tokens: what a
+    /// fault on that worker leaves for others to take over.
+    pub async fn live_leases_of(&self, worker: &str) -> Result<Vec<(Uuid, i64)>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT run_id, fencing_token FROM rein_runs
+             WHERE lease_owner = $1 AND lease_until > clock_timestamp() AND status <> 'terminal'",
+        )
+        .bind(worker)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// How many of `held` (run, token) are neither terminal nor under a higher token yet.
+    pub async fn not_taken_over(&self, held: &[(Uuid, i64)]) -> Result<i64, StoreError> {
+        let ids: Vec<Uuid> = held.iter().map(|h| h.0).collect();
+        let tokens: Vec<i64> = held.iter().map(|h| h.1).collect();
+        Ok(sqlx::query_scalar(NOT_TAKEN_OVER)
+            .bind(&ids)
+            .bind(&tokens)
+            .fetch_one(self.pool())
+            .await?)
+    }
+
+    /// Creates an empty database on this store's server, for a run whose whole-database audit
+    /// must see only its own data. `name` must be a plain identifier.
+    pub async fn create_database(&self, name: &str) -> Result<(), StoreError> {
+        let name = plain_identifier(name)?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    /// Drops a database made by [`Store::create_database`], closing its sessions first.
+    pub async fn drop_database(&self, name: &str) -> Result<(), StoreError> {
+        let name = plain_identifier(name)?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+        )))
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+}
+
+fn plain_identifier(name: &str) -> Result<&str, StoreError> {
+    let plain = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if plain {
+        Ok(name)
+    } else {
+        Err(StoreError::Invalid(format!(
+            "`{name}` is not a plain database name (a-z, 0-9, _; at most 63 bytes)"
+        )))
+    }
+}

@@ -6,6 +6,7 @@
 //! Every lease and deadline comparison is made by the database clock (`clock_timestamp()`).
 
 mod audit;
+mod bench;
 mod commit;
 mod error;
 mod reads;
@@ -18,6 +19,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 
 pub use audit::*;
+pub use bench::{Percentiles, QueueStats};
 pub use commit::{
     ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, Committed, LedgerOp, NewEvent, Renewed,
     Writer, plan_commit,

@@ -7,6 +7,11 @@ pub mod sim;
 pub use handler::{ActionContext, BoxFuture, NodeHandler, Outcome, Reconciled, Registry};
 pub use runtime::{Worker, WorkerConfig, WorkerStats};
 
+/// Names of the actions [`builtin_registry`] handles.
+pub fn builtin_registry_actions() -> &'static [&'static str] {
+    &["sim", "noop"]
+}
+
 /// The handlers every `rein worker` has: `sim` and `noop`.
 pub fn builtin_registry(store: rein_store::Store) -> Registry {
     let mut registry = Registry::new();

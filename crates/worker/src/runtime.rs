@@ -64,6 +64,12 @@ impl WorkerConfig {
         if self.claim_batch == 0 || self.claim_batch > 1000 {
             return Err("claim batch must be 1..=1000".into());
         }
+        if self.queues.is_empty() || self.queues.len() > 64 {
+            return Err("give 1..=64 queues".into());
+        }
+        if let Some(q) = self.queues.iter().find(|q| q.is_empty() || q.len() > 128) {
+            return Err(format!("queue name `{q}` must be 1..=128 bytes"));
+        }
         Ok(())
     }
 }
@@ -78,6 +84,54 @@ pub struct WorkerStats {
     pub commit_statements: AtomicU64,
     pub fenced: AtomicU64,
     pub leases_lost: AtomicU64,
+    pub claim_queries: AtomicU64,
+    /// Round-trip time of each claim query in µs (the first [`CLAIM_SAMPLES_MAX`]).
+    claim_us: std::sync::Mutex<Vec<u32>>,
+}
+
+/// Claim timings a worker keeps for its summary: enough for a long benchmark, bounded memory.
+pub const CLAIM_SAMPLES_MAX: usize = 200_000;
+
+impl WorkerStats {
+    fn record_claim(&self, elapsed: Duration) {
+        self.claim_queries.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut samples) = self.claim_us.lock()
+            && samples.len() < CLAIM_SAMPLES_MAX
+        {
+            samples.push(u32::try_from(elapsed.as_micros()).unwrap_or(u32::MAX));
+        }
+    }
+
+    /// Claim query round trips in µs, as recorded so far.
+    pub fn claim_samples_us(&self) -> Vec<u32> {
+        self.claim_us.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Every counter and the claim latency percentiles, as one JSON object (logged when the
+    /// worker stops, read by `rein bench`).
+    pub fn summary(&self) -> Value {
+        let mut claims = self.claim_samples_us();
+        claims.sort_unstable();
+        let pct = |p: f64| -> f64 {
+            if claims.is_empty() {
+                return 0.0;
+            }
+            let i = ((claims.len() - 1) as f64 * p).round() as usize;
+            f64::from(claims[i]) / 1000.0
+        };
+        json!({
+            "claimed": self.claimed.load(Ordering::Relaxed),
+            "steps": self.steps.load(Ordering::Relaxed),
+            "events_committed": self.events_committed.load(Ordering::Relaxed),
+            "commits": self.commits.load(Ordering::Relaxed),
+            "commit_statements": self.commit_statements.load(Ordering::Relaxed),
+            "fenced": self.fenced.load(Ordering::Relaxed),
+            "leases_lost": self.leases_lost.load(Ordering::Relaxed),
+            "claim_queries": self.claim_queries.load(Ordering::Relaxed),
+            "claim_ms_p50": pct(0.50),
+            "claim_ms_p99": pct(0.99),
+        })
+    }
 }
 
 struct Held {
@@ -87,6 +141,9 @@ struct Held {
     /// Fires when a CANCEL waits in the inbox: stop the action, then apply the inbox.
     interrupt: CancellationToken,
     inbox_pending: AtomicBool,
+    /// A commit that releases the lease is under way: a renewal that no longer finds the
+    /// lease is seeing that release, not a loss.
+    releasing: AtomicBool,
 }
 
 struct CommitJob {
@@ -190,7 +247,8 @@ impl Worker {
             let mut claimed_any = false;
             if free > 0 {
                 let n = (free as u32).min(inner.config.claim_batch);
-                match inner
+                let asked = tokio::time::Instant::now();
+                let claimed = inner
                     .store
                     .claim(
                         &inner.config.worker_id,
@@ -198,8 +256,9 @@ impl Worker {
                         inner.config.lease_ttl_ms,
                         &inner.config.queues,
                     )
-                    .await
-                {
+                    .await;
+                inner.stats.record_claim(asked.elapsed());
+                match claimed {
                     Ok(runs) => {
                         claimed_any = !runs.is_empty();
                         for run in runs {
@@ -245,7 +304,7 @@ impl Worker {
         drop(tasks);
         committer.abort();
         let _ = inner.store.deregister(&inner.config.worker_id).await;
-        info!(worker = %inner.config.worker_id, "worker stopped");
+        info!(worker = %inner.config.worker_id, stats = %inner.stats.summary(), "worker stopped");
         Ok(())
     }
 }
@@ -297,16 +356,25 @@ async fn renewer(inner: Arc<Inner>) {
         if held.is_empty() {
             continue;
         }
+        let asked = held;
         match inner
             .store
-            .renew(&inner.config.worker_id, &held, inner.config.lease_ttl_ms)
+            .renew(&inner.config.worker_id, &asked, inner.config.lease_ttl_ms)
             .await
         {
             Ok(renewed) => {
                 let renewed: HashMap<Uuid, rein_store::Renewed> =
                     renewed.into_iter().map(|r| (r.run_id, r)).collect();
                 let Ok(map) = inner.held.lock() else { return };
-                for (run_id, held) in map.iter() {
+                // Only the leases this renewal asked for: a run claimed since the snapshot
+                // was not in it, and a run released since then is no longer held.
+                for (run_id, token) in &asked {
+                    let Some(held) = map
+                        .get(run_id)
+                        .filter(|h| h.token == *token && !h.releasing.load(Ordering::Acquire))
+                    else {
+                        continue;
+                    };
                     match renewed.get(run_id) {
                         Some(r) => {
                             if r.inbox_pending {
@@ -361,6 +429,7 @@ async fn drive(inner: Arc<Inner>, claimed: ClaimedRun) {
         lost: inner.hard_stop.child_token(),
         interrupt: CancellationToken::new(),
         inbox_pending: AtomicBool::new(claimed.inbox_pending),
+        releasing: AtomicBool::new(false),
     });
     if let Ok(mut map) = inner.held.lock()
         && let Some(superseded) = map.insert(run_id, held.clone())
@@ -695,6 +764,9 @@ impl Driver {
                 return Err(self.release_boxed().await);
             }
         };
+        if request.release {
+            self.held.releasing.store(true, Ordering::Release);
+        }
         let deadline =
             tokio::time::Instant::now() + Duration::from_millis(self.inner.config.lease_ttl_ms);
         let mut pause = Duration::from_millis(50);

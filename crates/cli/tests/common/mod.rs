@@ -167,3 +167,106 @@ pub async fn wait_for<F, Fut>(
         tokio::time::sleep(every).await;
     }
 }
+
+/// A database holding a few finished runs, each kept for one planted violation.
+pub struct Finished {
+    pub url: String,
+    pub store: rein_store::Store,
+    /// Lifecycle runs that completed with a side effect.
+    pub done: Vec<uuid::Uuid>,
+    /// A lifecycle run whose approval was denied.
+    pub denied: uuid::Uuid,
+}
+
+/// Drives a few runs to the end with an in-process worker and scheduler, denying the one
+/// approval, and checks the audit is clean.
+pub async fn finished_runs(prefix: &str) -> Finished {
+    let (url, store) = fresh_store(prefix).await;
+    let lifecycle = store.load_definition("lifecycle", None).await.expect("def");
+    let research = store
+        .load_definition("research-agent", None)
+        .await
+        .expect("def");
+    let mut requests: Vec<rein_store::EnqueueRequest> = (0..5)
+        .map(|_| {
+            rein_store::EnqueueRequest::new(
+                lifecycle.clone(),
+                serde_json::json!({ "sim": { "work_ms": 5 } }),
+            )
+        })
+        .collect();
+    requests.push(rein_store::EnqueueRequest::new(
+        lifecycle.clone(),
+        serde_json::json!({ "sim": { "work_ms": 5, "approval": "deny", "amount": 500 } }),
+    ));
+    requests.push(rein_store::EnqueueRequest::new(
+        research,
+        serde_json::json!({ "sim": { "work_ms": 5, "steps": 2, "transient_failures": 1 } }),
+    ));
+    let ids: Vec<uuid::Uuid> = store
+        .enqueue_batch(&requests)
+        .await
+        .expect("enqueue")
+        .iter()
+        .map(|e| e.run_id)
+        .collect();
+    let denied = ids[5];
+
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut wconfig = rein_worker::WorkerConfig::new(format!("{prefix}-w"));
+    wconfig.lease_ttl_ms = 2_000;
+    wconfig.poll_interval_ms = 20;
+    let worker = rein_worker::Worker::new(
+        store.clone(),
+        wconfig,
+        rein_worker::builtin_registry(store.clone()),
+    );
+    let mut sconfig = rein_scheduler::SchedulerConfig::new(format!("{prefix}-s"));
+    sconfig.tick_ms = 20;
+    let mut scheduler = rein_scheduler::Scheduler::new(store.clone(), sconfig);
+    let worker_task = tokio::spawn({
+        let stop = stop.clone();
+        async move { worker.run(stop).await }
+    });
+    let scheduler_task = tokio::spawn({
+        let stop = stop.clone();
+        async move { scheduler.run(stop).await }
+    });
+    wait_for(
+        "every fixture run terminal",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || {
+            let store = store.clone();
+            async move {
+                if store.run(denied).await.is_ok_and(|r| r.state == "paused") {
+                    let _ = store
+                        .send(
+                            denied,
+                            "approval_denied",
+                            serde_json::json!({ "reason": "no" }),
+                            "test",
+                            60_000,
+                        )
+                        .await;
+                }
+                store.run_totals().await.is_ok_and(|(n, t)| n == t)
+            }
+        },
+    )
+    .await;
+    stop.cancel();
+    worker_task.await.expect("worker task").expect("worker");
+    scheduler_task
+        .await
+        .expect("scheduler task")
+        .expect("scheduler");
+    let clean = store.audit().await.expect("audit");
+    assert_eq!(clean.violations(), 0, "the fixture audits clean: {clean:?}");
+    Finished {
+        url,
+        store,
+        done: ids[..5].to_vec(),
+        denied,
+    }
+}

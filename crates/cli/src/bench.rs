@@ -1,0 +1,953 @@
+//! `rein bench`: throughput and latency of a workload, against the database's own insert rate
+//! measured in the same run on the same server, with the same durability settings.
+//!
+//! Every point runs in its own queue, so runs a point left unfinished never leak into the
+//! next. Rates and latencies come from the database clock (event and grant timestamps);
+//! transactions from `pg_stat_database`, with the benchmark's own queries subtracted.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use rein_core::Definition;
+use rein_scheduler::{Scheduler, SchedulerConfig};
+use rein_store::{EnqueueRequest, Percentiles, QueueStats, Store, StoreError};
+use rein_worker::{Worker, WorkerConfig};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::ops::report;
+use crate::procs::Children;
+use crate::{DbArgs, exit};
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Definition to run: a built-in name or a TOML/JSON file. Its actions must be `noop`
+    /// or `sim`.
+    #[arg(long, default_value = "chain4")]
+    definition: String,
+    /// Input of every run, as JSON (e.g. `{"sim":{"work_ms":5}}` for sim actions).
+    #[arg(long, default_value = "{}")]
+    input: String,
+    /// Runs per point (a point also ends after --duration-s).
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    runs: u32,
+    /// In-process workers.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=16))]
+    workers: u32,
+    /// Real `rein worker` processes instead of in-process workers.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16))]
+    processes: Option<u32>,
+    /// Runs each worker drives at once.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    concurrency: u32,
+    /// Most runs taken per claim query.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    claim_batch: u32,
+    /// Commit one run per statement instead of grouping commits.
+    #[arg(long)]
+    no_commit_batching: bool,
+    /// Connections each worker may open.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=32))]
+    worker_pool: u32,
+    /// Longest a point may take.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    duration_s: u64,
+    /// Run 1, 2, 4 and 8 workers (or processes), then a point at half the peak rate.
+    #[arg(long)]
+    scale: bool,
+    /// Enqueue at this many runs per second while workers run (open loop) instead of
+    /// enqueueing every run first; latency at a chosen load.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Seconds each reference measurement lasts (after a 2 s warm-up).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
+    reference_s: u64,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+const REFERENCE_BATCH: usize = 10;
+const WARM_UP: Duration = Duration::from_secs(2);
+const ENQUEUE_CHUNK: usize = 1000;
+const POLL: Duration = Duration::from_millis(250);
+/// Connections beyond the workers': the benchmark's own, the scheduler's.
+const OVERHEAD_CONNECTIONS: u32 = 8;
+/// Leave room under Postgres' default 100 connections for everything else.
+const CONNECTIONS_MAX: u32 = 90;
+
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Reference {
+    connections: u32,
+    seconds: f64,
+    single_inserts_per_s: f64,
+    batched_inserts_per_s: f64,
+    batch_size: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Point {
+    workers: u32,
+    processes: bool,
+    /// Open-loop enqueue rate, when the point had one.
+    offered_runs_per_s: Option<f64>,
+    runs: i64,
+    runs_finished: i64,
+    events: i64,
+    steps: i64,
+    seconds: f64,
+    runs_per_s: f64,
+    steps_per_s: f64,
+    events_per_s: f64,
+    db_transactions: i64,
+    db_transactions_per_step: f64,
+    enqueue_to_start_ms: Percentiles,
+    step_ms: Percentiles,
+    claim_ms_p50: f64,
+    claim_ms_p99: f64,
+    claim_queries: u64,
+    commit_statements: u64,
+    /// Peak resident set per worker process (the benchmark's own when in-process).
+    peak_rss_mb: Vec<f64>,
+}
+
+struct Plan {
+    definition: Definition,
+    input: Value,
+    url: String,
+    args_runs: u32,
+    concurrency: u32,
+    claim_batch: u32,
+    commit_batching: bool,
+    worker_pool: u32,
+    duration: Duration,
+    processes: bool,
+    /// Where child logs go.
+    log_dir: std::path::PathBuf,
+    json: bool,
+}
+
+pub async fn bench(args: BenchArgs) -> u8 {
+    crate::init_logging_at(false, "error");
+    let input = match serde_json::from_str::<Value>(&args.input) {
+        Ok(v) if v.is_object() => v,
+        Ok(_) => {
+            eprintln!("error: --input must be a JSON object");
+            return exit::INPUT;
+        }
+        Err(e) => {
+            eprintln!("error: --input is not valid JSON: {e}");
+            return exit::INPUT;
+        }
+    };
+    let definition = match crate::offline::load_definition(&args.definition) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::INPUT;
+        }
+    };
+    let known = rein_worker::builtin_registry_actions();
+    if let Some(action) = definition
+        .states()
+        .filter_map(|s| s.action.as_deref())
+        .find(|a| !known.contains(a))
+    {
+        eprintln!(
+            "error: the benchmark runs built-in actions only ({}); `{}` uses `{action}`",
+            known.join(", "),
+            definition.name()
+        );
+        return exit::INPUT;
+    }
+    if let Some(rate) = args.rate
+        && !(rate.is_finite() && rate > 0.0 && rate <= 100_000.0)
+    {
+        eprintln!("error: --rate must be a number of runs per second in (0, 100000]");
+        return exit::INPUT;
+    }
+    let widest = if args.scale {
+        8
+    } else {
+        args.processes.unwrap_or(args.workers)
+    };
+    let connections = widest * args.worker_pool + OVERHEAD_CONNECTIONS;
+    if connections > CONNECTIONS_MAX {
+        eprintln!(
+            "error: {widest} workers × {} connections + {OVERHEAD_CONNECTIONS} would open {connections} connections; keep it under {CONNECTIONS_MAX} (lower --worker-pool)",
+            args.worker_pool
+        );
+        return exit::INPUT;
+    }
+
+    let mut private = None;
+    let url = match args.db.database_url.clone() {
+        Some(url) => url,
+        None => match crate::privdb::start("bench", false).await {
+            Ok(pg) => {
+                let url = pg.url();
+                private = Some(pg);
+                url
+            }
+            Err(code) => return code,
+        },
+    };
+    let plan = Plan {
+        definition,
+        input,
+        url,
+        args_runs: args.runs,
+        concurrency: args.concurrency,
+        claim_batch: args.claim_batch,
+        commit_batching: !args.no_commit_batching,
+        worker_pool: args.worker_pool,
+        duration: Duration::from_secs(args.duration_s),
+        processes: args.processes.is_some(),
+        log_dir: crate::privdb::base_dir()
+            .with_file_name(format!("rein-bench-{}", std::process::id())),
+        json: args.json,
+    };
+    let code = run(&args, &plan, private.is_some()).await;
+    if let Some(pg) = private {
+        crate::privdb::finish(pg, code == exit::OK).await;
+    }
+    if code == exit::OK {
+        let _ = std::fs::remove_dir_all(&plan.log_dir);
+    } else if plan.log_dir.exists() {
+        eprintln!("worker logs are kept in {}", plan.log_dir.display());
+    }
+    code
+}
+
+async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
+    let store = match Store::connect_without_migrating(&plan.url, 2).await {
+        Ok(s) => s,
+        Err(e) => return report(&e),
+    };
+    let checked = if private {
+        store.migrate().await
+    } else {
+        store.check_schema().await
+    };
+    if let Err(e) = checked {
+        return report(&e);
+    }
+    match store.register_definition(&plan.definition).await {
+        Ok(_) => {}
+        Err(StoreError::DefinitionConflict { name, version }) => {
+            eprintln!(
+                "error: the database already holds a different {name} v{version}; give the file a new version"
+            );
+            return exit::INPUT;
+        }
+        Err(e) => return report(&e),
+    }
+    let mut settings = BTreeMap::new();
+    for name in [
+        "server_version",
+        "synchronous_commit",
+        "fsync",
+        "max_connections",
+    ] {
+        match store.setting(name).await {
+            Ok(v) => {
+                settings.insert(name, v);
+            }
+            Err(e) => return report(&e),
+        }
+    }
+    let points: Vec<u32> = if args.scale {
+        vec![1, 2, 4, 8]
+    } else {
+        vec![args.processes.unwrap_or(args.workers)]
+    };
+    let widest = points.iter().copied().max().unwrap_or(1);
+    if !plan.json {
+        eprintln!(
+            "rein bench: {} v{}, {} {}, {} runs at once each, claim batch {}, commit batching {}",
+            plan.definition.name(),
+            plan.definition.version(),
+            points
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join("/"),
+            if plan.processes {
+                "worker processes"
+            } else {
+                "in-process workers"
+            },
+            plan.concurrency,
+            plan.claim_batch,
+            if plan.commit_batching { "on" } else { "off" },
+        );
+        eprintln!(
+            "database: PostgreSQL {}, synchronous_commit={}, fsync={}, max_connections={}",
+            settings["server_version"],
+            settings["synchronous_commit"],
+            settings["fsync"],
+            settings["max_connections"]
+        );
+    }
+
+    let reference_connections = widest * plan.worker_pool;
+    let reference = match measure_reference(
+        &plan.url,
+        reference_connections,
+        Duration::from_secs(args.reference_s),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => return report(&e),
+    };
+    if !plan.json {
+        eprintln!(
+            "reference ({} connections, {:.0} s each): {:.0} single-row insert transactions/s, {:.0} rows/s at {} rows per transaction",
+            reference.connections,
+            reference.seconds,
+            reference.single_inserts_per_s,
+            reference.batched_inserts_per_s,
+            reference.batch_size
+        );
+    }
+
+    let mut results = Vec::new();
+    for (i, &workers) in points.iter().enumerate() {
+        let point = match run_point(plan, &store, i, workers, args.rate).await {
+            Ok(p) => p,
+            Err(code) => return code,
+        };
+        if !plan.json {
+            eprintln!("{}", point_line(&point, &reference));
+        }
+        results.push(point);
+    }
+    let peak = results
+        .iter()
+        .max_by(|a, b| a.events_per_s.total_cmp(&b.events_per_s))
+        .cloned()
+        .expect("at least one point");
+    let half_peak = if args.scale && args.rate.is_none() && peak.runs_per_s > 0.0 {
+        let rate = peak.runs_per_s / 2.0;
+        match run_point(plan, &store, results.len(), peak.workers, Some(rate)).await {
+            Ok(p) => {
+                if !plan.json {
+                    eprintln!("{}", point_line(&p, &reference));
+                }
+                Some(p)
+            }
+            Err(code) => return code,
+        }
+    } else {
+        None
+    };
+
+    let mut own_rss = Vec::new();
+    if let Some(b) = crate::procs::own_peak_rss_bytes() {
+        own_rss.push(mb(b));
+    }
+    let params = json!({
+        "runs": plan.args_runs,
+        "workers": if plan.processes { Value::Null } else { json!(points) },
+        "processes": if plan.processes { json!(points) } else { Value::Null },
+        "concurrency": plan.concurrency,
+        "claim_batch": plan.claim_batch,
+        "commit_batching": plan.commit_batching,
+        "worker_pool": plan.worker_pool,
+        "duration_s": plan.duration.as_secs(),
+        "rate": args.rate,
+        "definition": format!("{} v{}", plan.definition.name(), plan.definition.version()),
+        "redis": false,
+        "database": settings,
+    });
+    // The headline figures: the single point, or the peak of the curve.
+    let headline = &peak;
+    let latency_from = half_peak.as_ref().unwrap_or(headline);
+    let summary = json!({
+        "runs_per_s": headline.runs_per_s,
+        "steps_per_s": headline.steps_per_s,
+        "events_per_s": headline.events_per_s,
+        "db_transactions_per_step": headline.db_transactions_per_step,
+        "latency_ms": {
+            "measured_at": if half_peak.is_some() { "half of peak throughput" } else { "the single point" },
+            "enqueue_to_start_p50": latency_from.enqueue_to_start_ms.p50,
+            "enqueue_to_start_p90": latency_from.enqueue_to_start_ms.p90,
+            "enqueue_to_start_p99": latency_from.enqueue_to_start_ms.p99,
+            "step_p50": latency_from.step_ms.p50,
+            "step_p90": latency_from.step_ms.p90,
+            "step_p99": latency_from.step_ms.p99,
+            "claim_p50": latency_from.claim_ms_p50,
+            "claim_p99": latency_from.claim_ms_p99,
+        },
+        "ratios": {
+            "events_per_s_to_batched_rows_per_s": ratio(headline.events_per_s, reference.batched_inserts_per_s),
+            "steps_per_s_to_single_inserts_per_s": ratio(headline.steps_per_s, reference.single_inserts_per_s),
+        },
+        "reference": reference,
+        "peak_rss_mb": { "bench_process": own_rss, "workers": headline.peak_rss_mb },
+        "points": results,
+        "half_peak": half_peak,
+        "params": params,
+    });
+    if plan.json {
+        println!("{summary}");
+    } else {
+        print_tables(&results, half_peak.as_ref(), &reference, &own_rss);
+    }
+    exit::OK
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 { a / b } else { 0.0 }
+}
+
+fn mb(bytes: u64) -> f64 {
+    (bytes as f64 / (1024.0 * 1024.0) * 10.0).round() / 10.0
+}
+
+fn bar(len: u64, template: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+/// Inserts into a scratch table from `connections` connections at once: first one row per
+/// transaction, then [`REFERENCE_BATCH`] rows per transaction; each after a warm-up.
+async fn measure_reference(
+    url: &str,
+    connections: u32,
+    measure: Duration,
+) -> Result<Reference, StoreError> {
+    let store = Store::connect_without_migrating(url, connections).await?;
+    let table = format!("rein_bench_scratch_{}", std::process::id());
+    store.scratch_create(&table).await?;
+    let mut rates = Vec::new();
+    for rows in [1, REFERENCE_BATCH] {
+        let stop = CancellationToken::new();
+        let done = Arc::new(AtomicU64::new(0));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..connections {
+            let (store, table, stop, done) =
+                (store.clone(), table.clone(), stop.clone(), done.clone());
+            tasks.spawn(async move {
+                while !stop.is_cancelled() {
+                    store.scratch_insert(&table, rows).await?;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<(), StoreError>(())
+            });
+        }
+        let total = (WARM_UP + measure).as_secs();
+        let progress = bar(
+            total,
+            &format!("reference, {rows} row(s)/transaction {{bar:30}} {{pos}}/{{len}} s  {{msg}}"),
+        );
+        let started = Instant::now();
+        let mut measured_from = None;
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let elapsed = started.elapsed();
+            progress.set_position(elapsed.as_secs().min(total));
+            if measured_from.is_none() && elapsed >= WARM_UP {
+                measured_from = Some((Instant::now(), done.load(Ordering::Relaxed)));
+            }
+            if let Some((at, from)) = measured_from {
+                let secs = at.elapsed().as_secs_f64();
+                if secs > 0.0 {
+                    let n = done.load(Ordering::Relaxed) - from;
+                    progress.set_message(format!("{:.0} rows/s", n as f64 * rows as f64 / secs));
+                }
+                if at.elapsed() >= measure {
+                    break;
+                }
+            }
+            if tasks.len() < connections as usize {
+                break; // a task failed; its error is collected below
+            }
+        }
+        let (at, from) = measured_from.unwrap_or((started, 0));
+        let n = done.load(Ordering::Relaxed) - from;
+        let secs = at.elapsed().as_secs_f64();
+        stop.cancel();
+        while let Some(joined) = tasks.join_next().await {
+            if let Ok(Err(e)) = joined {
+                progress.finish_and_clear();
+                let _ = store.scratch_drop(&table).await;
+                return Err(e);
+            }
+        }
+        progress.finish_and_clear();
+        rates.push((n as f64 * rows as f64 / secs, secs));
+    }
+    store.scratch_drop(&table).await?;
+    store.pool().close().await;
+    Ok(Reference {
+        connections,
+        seconds: rates[0].1.min(rates[1].1),
+        single_inserts_per_s: rates[0].0,
+        batched_inserts_per_s: rates[1].0,
+        batch_size: REFERENCE_BATCH,
+    })
+}
+
+/// What the workers said about themselves when they stopped.
+#[derive(Default)]
+struct WorkerFigures {
+    claim_samples_us: Vec<u32>,
+    claim_queries: u64,
+    commit_statements: u64,
+    peak_rss_mb: Vec<f64>,
+}
+
+/// The fleet of one point: in-process workers or child processes, and one scheduler.
+enum Fleet {
+    InProcess {
+        stop: CancellationToken,
+        tasks: tokio::task::JoinSet<()>,
+        workers: Vec<(Worker, Store)>,
+    },
+    Processes(Children),
+}
+
+async fn start_fleet(plan: &Plan, queue: &str, workers: u32) -> Result<Fleet, StoreError> {
+    if plan.processes {
+        let mut children = Children::new(&plan.log_dir).map_err(|e| {
+            StoreError::Invalid(format!("cannot create {}: {e}", plan.log_dir.display()))
+        })?;
+        for i in 0..workers {
+            let name = format!("{queue}-w{i}");
+            let mut a: Vec<String> = [
+                "worker",
+                "--database-url",
+                &plan.url,
+                "--id",
+                &name,
+                "--queue",
+                queue,
+                "--poll-interval-ms",
+                "20",
+                "--lease-ttl-ms",
+                "30000",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            a.extend([
+                "--concurrency".to_owned(),
+                plan.concurrency.to_string(),
+                "--claim-batch".to_owned(),
+                plan.claim_batch.to_string(),
+                "--db-pool-max".to_owned(),
+                plan.worker_pool.to_string(),
+            ]);
+            if !plan.commit_batching {
+                a.push("--no-commit-batching".to_owned());
+            }
+            children
+                .spawn(&name, &a, &[("REIN_LOG", "warn,rein_worker=info")])
+                .map_err(|e| StoreError::Invalid(format!("cannot start a worker process: {e}")))?;
+        }
+        Ok(Fleet::Processes(children))
+    } else {
+        let stop = CancellationToken::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut list = Vec::new();
+        for i in 0..workers {
+            let store = Store::connect_without_migrating(&plan.url, plan.worker_pool).await?;
+            let mut config = WorkerConfig::new(format!("{queue}-w{i}"));
+            config.concurrency = plan.concurrency as usize;
+            config.claim_batch = plan.claim_batch;
+            config.commit_batching = plan.commit_batching;
+            config.queues = vec![queue.to_owned()];
+            config.poll_interval_ms = 20;
+            config.lease_ttl_ms = 30_000;
+            let worker = Worker::new(
+                store.clone(),
+                config,
+                rein_worker::builtin_registry(store.clone()),
+            );
+            let (w, s) = (worker.clone(), stop.clone());
+            tasks.spawn(async move {
+                let _ = w.run(s).await;
+            });
+            list.push((worker, store));
+        }
+        Ok(Fleet::InProcess {
+            stop,
+            tasks,
+            workers: list,
+        })
+    }
+}
+
+/// Stops the fleet, closes its connections (which makes PostgreSQL flush their statistics)
+/// and collects what the workers measured.
+async fn stop_fleet(fleet: Fleet) -> WorkerFigures {
+    let mut figures = WorkerFigures::default();
+    match fleet {
+        Fleet::InProcess {
+            stop,
+            mut tasks,
+            workers,
+        } => {
+            stop.cancel();
+            while tasks.join_next().await.is_some() {}
+            for (worker, store) in workers {
+                let stats = worker.stats();
+                figures.claim_samples_us.extend(stats.claim_samples_us());
+                figures.claim_queries += stats.claim_queries.load(Ordering::Relaxed);
+                figures.commit_statements += stats.commit_statements.load(Ordering::Relaxed);
+                store.pool().close().await;
+            }
+            if let Some(b) = crate::procs::own_peak_rss_bytes() {
+                figures.peak_rss_mb.push(mb(b));
+            }
+        }
+        Fleet::Processes(mut children) => {
+            for p in &children.procs {
+                if let Some(b) = p.peak_rss_bytes() {
+                    figures.peak_rss_mb.push(mb(b));
+                }
+            }
+            let names: Vec<String> = children.procs.iter().map(|p| p.name.clone()).collect();
+            let log_dir = children.log_dir.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                children.shutdown(Duration::from_secs(15));
+            })
+            .await;
+            for name in names {
+                let Some(stats) = stopped_stats(&log_dir.join(format!("{name}.err"))) else {
+                    continue;
+                };
+                figures.claim_queries += stats["claim_queries"].as_u64().unwrap_or(0);
+                figures.commit_statements += stats["commit_statements"].as_u64().unwrap_or(0);
+                // A process reports percentiles, not samples: weigh each process alike by
+                // turning its p50/p99 into samples at those values.
+                for (key, n) in [("claim_ms_p50", 50), ("claim_ms_p99", 1)] {
+                    let us = (stats[key].as_f64().unwrap_or(0.0) * 1000.0) as u32;
+                    figures.claim_samples_us.extend(std::iter::repeat_n(us, n));
+                }
+            }
+        }
+    }
+    figures
+}
+
+/// The statistics a `rein worker` logs as it stops (its last `worker stopped` line).
+fn stopped_stats(log: &std::path::Path) -> Option<Value> {
+    let text = std::fs::read_to_string(log).ok()?;
+    text.lines().rev().find_map(|line| {
+        let v: Value = serde_json::from_str(line).ok()?;
+        if v["fields"]["message"] != "worker stopped" {
+            return None;
+        }
+        serde_json::from_str(v["fields"]["stats"].as_str()?).ok()
+    })
+}
+
+fn percentile_ms(sorted_us: &[u32], p: f64) -> f64 {
+    if sorted_us.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted_us.len() - 1) as f64 * p).round() as usize;
+    f64::from(sorted_us[i]) / 1000.0
+}
+
+async fn enqueue(store: &Store, plan: &Plan, queue: &str, n: usize) -> Result<(), StoreError> {
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(ENQUEUE_CHUNK);
+        let requests: Vec<EnqueueRequest> = (0..k)
+            .map(|_| {
+                let mut r = EnqueueRequest::new(plan.definition.clone(), plan.input.clone());
+                r.queue = queue.to_owned();
+                r
+            })
+            .collect();
+        store.enqueue_batch(&requests).await?;
+        left -= k;
+    }
+    Ok(())
+}
+
+/// One measured point: `workers` workers on a fresh queue, every run enqueued first (closed
+/// loop) or at `rate` runs/s while they work (open loop).
+async fn run_point(
+    plan: &Plan,
+    store: &Store,
+    index: usize,
+    workers: u32,
+    rate: Option<f64>,
+) -> Result<Point, u8> {
+    let queue = format!("bench-{}-{index}", std::process::id());
+    let runs_total = match rate {
+        Some(r) => ((r * plan.duration.as_secs_f64()).ceil() as u64).max(1),
+        None => u64::from(plan.args_runs),
+    };
+    // Short-lived pools: their statistics reach pg_stat_database when they close, before
+    // the transaction count is read.
+    let side = Store::connect_without_migrating(&plan.url, 2)
+        .await
+        .map_err(|e| report(&e))?;
+    if rate.is_none() {
+        let progress = bar(runs_total, "enqueueing {bar:30} {pos}/{len} runs");
+        let mut done = 0u64;
+        while done < runs_total {
+            let k = (runs_total - done).min(ENQUEUE_CHUNK as u64);
+            enqueue(&side, plan, &queue, k as usize)
+                .await
+                .map_err(|e| report(&e))?;
+            done += k;
+            progress.set_position(done);
+        }
+        progress.finish_and_clear();
+    }
+    side.pool().close().await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let txn_before = store.transactions_so_far().await.map_err(|e| report(&e))?;
+
+    let observer = Store::connect_without_migrating(&plan.url, 2)
+        .await
+        .map_err(|e| report(&e))?;
+    let own_queries = Arc::new(AtomicU64::new(0));
+    let scheduler_stop = CancellationToken::new();
+    let scheduler_store = Store::connect_without_migrating(&plan.url, 2)
+        .await
+        .map_err(|e| report(&e))?;
+    let scheduler = {
+        let mut config = SchedulerConfig::new(format!("{queue}-scheduler"));
+        config.tick_ms = 50;
+        let mut s = Scheduler::new(scheduler_store.clone(), config);
+        let stop = scheduler_stop.clone();
+        tokio::spawn(async move {
+            let _ = s.run(stop).await;
+        })
+    };
+    let fleet = match start_fleet(plan, &queue, workers).await {
+        Ok(f) => f,
+        Err(e) => return Err(report(&e)),
+    };
+    let started = Instant::now();
+    let feeder = rate.map(|r| {
+        let (plan_def, input, q, url) = (
+            plan.definition.clone(),
+            plan.input.clone(),
+            queue.clone(),
+            plan.url.clone(),
+        );
+        let own = own_queries.clone();
+        let duration = plan.duration;
+        tokio::spawn(async move {
+            let store = Store::connect_without_migrating(&url, 1).await?;
+            let tick = Duration::from_millis(100);
+            let mut owed = 0.0;
+            let mut sent = 0u64;
+            let began = Instant::now();
+            let mut next = tokio::time::Instant::now();
+            while began.elapsed() < duration && sent < runs_total {
+                owed += r * tick.as_secs_f64();
+                let k = (owed.floor() as u64).min(runs_total - sent);
+                if k > 0 {
+                    owed -= k as f64;
+                    let requests: Vec<EnqueueRequest> = (0..k)
+                        .map(|_| {
+                            let mut e = EnqueueRequest::new(plan_def.clone(), input.clone());
+                            e.queue = q.clone();
+                            e
+                        })
+                        .collect();
+                    store.enqueue_batch(&requests).await?;
+                    own.fetch_add(1, Ordering::Relaxed);
+                    sent += k;
+                }
+                next += tick;
+                tokio::time::sleep_until(next).await;
+            }
+            store.pool().close().await;
+            Ok::<u64, StoreError>(sent)
+        })
+    });
+
+    let label = match rate {
+        Some(r) => format!("{workers}w @ {r:.0} runs/s"),
+        None => format!("{workers} worker(s)"),
+    };
+    let progress = bar(
+        runs_total,
+        &format!("{label:>18} {{bar:30}} {{pos}}/{{len}} runs  {{elapsed}}  {{msg}}"),
+    );
+    // Open-loop points wait for the runs they enqueued to finish (bounded), so latency
+    // covers every run.
+    let limit = match rate {
+        Some(_) => plan.duration + Duration::from_secs(30),
+        None => plan.duration,
+    };
+    let mut last = (Instant::now(), 0i64);
+    loop {
+        tokio::time::sleep(POLL).await;
+        let (all, terminal) = observer
+            .queue_progress(&queue)
+            .await
+            .map_err(|e| report(&e))?;
+        own_queries.fetch_add(1, Ordering::Relaxed);
+        progress.set_position(terminal as u64);
+        let secs = last.0.elapsed().as_secs_f64();
+        if secs >= 1.0 {
+            progress.set_message(format!("{:.0} runs/s", (terminal - last.1) as f64 / secs));
+            last = (Instant::now(), terminal);
+        }
+        let feeding = feeder.as_ref().is_some_and(|f| !f.is_finished());
+        if (!feeding && all > 0 && terminal == all && all as u64 >= runs_total.min(1))
+            || started.elapsed() >= limit
+        {
+            break;
+        }
+    }
+    progress.finish_and_clear();
+    if let Some(f) = feeder {
+        match f.await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(report(&e)),
+            Err(e) => {
+                eprintln!("error: the enqueue task failed: {e}");
+                return Err(exit::INPUT);
+            }
+        }
+    }
+    let figures = stop_fleet(fleet).await;
+    scheduler_stop.cancel();
+    let _ = scheduler.await;
+    scheduler_store.pool().close().await;
+    observer.pool().close().await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let txn_after = store.transactions_so_far().await.map_err(|e| report(&e))?;
+    // The count read itself and the benchmark's polls are not Rein's work.
+    let db_transactions =
+        (txn_after - txn_before - own_queries.load(Ordering::Relaxed) as i64 - 1).max(0);
+
+    let stats: QueueStats = store.queue_stats(&queue).await.map_err(|e| report(&e))?;
+    let mut claims = figures.claim_samples_us;
+    claims.sort_unstable();
+    let secs = stats.span_s.max(1e-9);
+    Ok(Point {
+        workers,
+        processes: plan.processes,
+        offered_runs_per_s: rate,
+        runs: stats.runs,
+        runs_finished: stats.runs_terminal,
+        events: stats.events,
+        steps: stats.steps,
+        seconds: stats.span_s,
+        runs_per_s: stats.runs_terminal as f64 / secs,
+        steps_per_s: stats.steps as f64 / secs,
+        events_per_s: stats.events as f64 / secs,
+        db_transactions,
+        db_transactions_per_step: ratio(db_transactions as f64, stats.steps as f64),
+        enqueue_to_start_ms: stats.enqueue_to_start_ms,
+        step_ms: stats.step_ms,
+        claim_ms_p50: percentile_ms(&claims, 0.50),
+        claim_ms_p99: percentile_ms(&claims, 0.99),
+        claim_queries: figures.claim_queries,
+        commit_statements: figures.commit_statements,
+        peak_rss_mb: figures.peak_rss_mb,
+    })
+}
+
+fn point_line(p: &Point, r: &Reference) -> String {
+    format!(
+        "  {} {}: {}/{} runs in {:.1} s — {:.0} runs/s, {:.0} steps/s, {:.0} events/s ({:.2}× the batched-insert reference), step p99 {:.1} ms",
+        p.workers,
+        if p.processes {
+            "process(es)"
+        } else {
+            "worker(s)"
+        },
+        p.runs_finished,
+        p.runs,
+        p.seconds,
+        p.runs_per_s,
+        p.steps_per_s,
+        p.events_per_s,
+        ratio(p.events_per_s, r.batched_inserts_per_s),
+        p.step_ms.p99
+    )
+}
+
+fn print_tables(points: &[Point], half: Option<&Point>, r: &Reference, own_rss: &[f64]) {
+    println!();
+    println!(
+        "reference: {:.0} single-row insert transactions/s; {:.0} rows/s at {} rows per transaction ({} connections, {:.0} s each)",
+        r.single_inserts_per_s, r.batched_inserts_per_s, r.batch_size, r.connections, r.seconds
+    );
+    println!();
+    println!(
+        "{:>7} {:>9} {:>8} {:>9} {:>9} {:>9} {:>8} {:>19} {:>23} {:>15} {:>10}",
+        "workers",
+        "runs/s",
+        "steps/s",
+        "events/s",
+        "ev/ref10",
+        "st/ref1",
+        "txn/step",
+        "start p50/p90/p99",
+        "step p50/p90/p99 ms",
+        "claim p50/p99",
+        "rss MB"
+    );
+    let rows = points
+        .iter()
+        .map(|p| (p, ""))
+        .chain(half.map(|p| (p, " ½")));
+    for (p, mark) in rows {
+        let rss = p.peak_rss_mb.iter().copied().fold(0.0f64, f64::max);
+        println!(
+            "{:>5}{:<2} {:>9.0} {:>8.0} {:>9.0} {:>9.2} {:>9.2} {:>8.2} {:>19} {:>23} {:>15} {:>10.1}",
+            p.workers,
+            mark,
+            p.runs_per_s,
+            p.steps_per_s,
+            p.events_per_s,
+            ratio(p.events_per_s, r.batched_inserts_per_s),
+            ratio(p.steps_per_s, r.single_inserts_per_s),
+            p.db_transactions_per_step,
+            format!(
+                "{:.0}/{:.0}/{:.0}",
+                p.enqueue_to_start_ms.p50, p.enqueue_to_start_ms.p90, p.enqueue_to_start_ms.p99
+            ),
+            format!(
+                "{:.1}/{:.1}/{:.1}",
+                p.step_ms.p50, p.step_ms.p90, p.step_ms.p99
+            ),
+            format!("{:.1}/{:.1}", p.claim_ms_p50, p.claim_ms_p99),
+            rss
+        );
+    }
+    if let Some(h) = half {
+        println!(
+            "½ = open loop at {:.0} runs/s, half the peak: latency at a load the fleet can carry",
+            h.offered_runs_per_s.unwrap_or(0.0)
+        );
+    }
+    println!(
+        "ev/ref10: committed events/s ÷ rows/s at 10 rows per transaction; st/ref1: steps/s ÷ single-row transactions/s"
+    );
+    println!(
+        "start: enqueue → first claim (ms; at saturation this is time spent waiting in the backlog)"
+    );
+    if !own_rss.is_empty() {
+        println!("benchmark process peak RSS: {:.1} MB", own_rss[0]);
+    }
+}

@@ -1,0 +1,1540 @@
+//! `rein chaos`: a real fleet of `rein` processes (workers and two schedulers) drives sim runs
+//! of the built-in definitions while a seeded schedule kills and freezes workers, kills
+//! schedulers and (on a private server only) crash-restarts PostgreSQL; then the fleet heals,
+//! finishes every run, and the whole-database audit must find every invariant intact
+//! (SPEC X1–X8, S1–S3, C1–C12). `--check-only` runs just the audit on an existing database.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::rngs::StdRng;
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand::{Rng, SeedableRng};
+use rein_core::Definition;
+use rein_devdb::{DevDbError, PrivatePostgres};
+use rein_store::{AuditReport, EnqueueRequest, Store, counters};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::ops::report;
+use crate::procs::Children;
+use crate::{DbArgs, exit};
+
+const RUNS_MAX: u64 = 100_000;
+const WORKERS_MAX: u64 = 16;
+const DURATION_S_MAX: u64 = 3_600;
+const LEASE_TTL_MS_MIN: u64 = 300;
+const LEASE_TTL_MS_MAX: u64 = 60_000;
+const SCHEDULER_TICK_MS_MIN: u64 = 10;
+const SCHEDULER_TICK_MS_MAX: u64 = 10_000;
+const TIMEOUT_S_MAX: u64 = 86_400;
+const SCHEDULERS: usize = 2;
+const WORKER_CONCURRENCY: u32 = 16;
+/// Connections the whole fleet may open on a shared server (default max_connections is 100).
+const FLEET_CONNECTIONS_MAX: u64 = 80;
+/// How often the harness looks at the fleet and the database.
+const TICK: Duration = Duration::from_millis(50);
+/// New runs arrive in waves spread over the fault window, so faults always hit work in flight.
+const WAVES_PER_S: u64 = 4;
+/// How long a harness query may take before the tick moves on (the server may be down).
+const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
+/// Approval expiry of the copies of the built-ins that `expire` runs use: short enough that
+/// the scheduler fires the expiry (and research-agent's reminder) within a short chaos run.
+const APPROVAL_EXPIRES_AFTER_MS: u64 = 2_500;
+const APPROVAL_REMIND_BEFORE_MS: u64 = 1_200;
+/// Version offset of those copies, registered only in chaos's own database.
+const EXPIRING_VERSION_OFFSET: u32 = 100;
+/// Processes that may exit on their own (and be replaced) before chaos gives up on the fleet.
+const EXITS_MAX: usize = 20;
+/// How long past the window faults go on while some kind has not had its turn.
+const FIRST_ROUND_GRACE: Duration = Duration::from_secs(60);
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+const CHILD_LOG_FILTER: &str = "info,sqlx=warn";
+
+#[derive(clap::Args)]
+pub struct ChaosArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Runs to enqueue (1..=100000).
+    #[arg(long, default_value_t = 500)]
+    runs: u64,
+    /// Worker processes (1..=16); two schedulers run beside them.
+    #[arg(long, default_value_t = 3)]
+    workers: u64,
+    /// How long faults are injected, in seconds (1..=3600).
+    #[arg(long, default_value_t = 30)]
+    duration_s: u64,
+    /// Seed of the fault schedule (default: from the clock, printed so the run can be repeated).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Workers' lease TTL in ms (300..=60000).
+    #[arg(long, default_value_t = 1_500)]
+    lease_ttl_ms: u64,
+    /// Schedulers' tick in ms (10..=10000).
+    #[arg(long, default_value_t = 100)]
+    scheduler_tick_ms: u64,
+    /// After the faults, how long the healed fleet may take to finish every run (seconds).
+    #[arg(long, default_value_t = 300)]
+    timeout_s: u64,
+    /// Also crash-restart PostgreSQL. Always on a private server started for the purpose
+    /// (DATABASE_URL is ignored: a shared server is never restarted).
+    #[arg(long)]
+    allow_db_restart: bool,
+    /// No fleet and no faults: audit the database given by DATABASE_URL or --database-url
+    /// and print the same report.
+    #[arg(long)]
+    check_only: bool,
+    /// Print the report as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Keep the fleet's logs even when every check holds.
+    #[arg(long)]
+    keep_logs: bool,
+}
+
+fn validate(args: &ChaosArgs) -> Result<(), String> {
+    let within = |name: &str, value: u64, lo: u64, hi: u64| {
+        if (lo..=hi).contains(&value) {
+            Ok(())
+        } else {
+            Err(format!("--{name} must be {lo}..={hi}, not {value}"))
+        }
+    };
+    if args.check_only && args.allow_db_restart {
+        return Err("--check-only audits an existing database; it cannot be combined with --allow-db-restart".into());
+    }
+    within("runs", args.runs, 1, RUNS_MAX)?;
+    within("workers", args.workers, 1, WORKERS_MAX)?;
+    within("duration-s", args.duration_s, 1, DURATION_S_MAX)?;
+    within(
+        "lease-ttl-ms",
+        args.lease_ttl_ms,
+        LEASE_TTL_MS_MIN,
+        LEASE_TTL_MS_MAX,
+    )?;
+    within(
+        "scheduler-tick-ms",
+        args.scheduler_tick_ms,
+        SCHEDULER_TICK_MS_MIN,
+        SCHEDULER_TICK_MS_MAX,
+    )?;
+    within("timeout-s", args.timeout_s, 1, TIMEOUT_S_MAX)
+}
+
+pub async fn chaos(args: ChaosArgs) -> u8 {
+    crate::init_logging_at(false, "warn,sqlx=error");
+    if let Err(problem) = validate(&args) {
+        eprintln!("error: {problem}");
+        return exit::INPUT;
+    }
+    if args.check_only {
+        return check_only(&args).await;
+    }
+    let seed = args.seed.unwrap_or_else(seed_from_clock);
+    eprintln!("chaos: seed {seed} (repeat this schedule with --seed {seed})");
+    let mut db = match Database::open(&args).await {
+        Ok(db) => db,
+        Err(code) => return code,
+    };
+    let log_dir = log_dir();
+    let (code, summary) = match Harness::start(&args, seed, &db, &log_dir).await {
+        Ok(mut harness) => {
+            let outcome = harness.drive(&mut db).await;
+            harness.finish(outcome, &mut db).await
+        }
+        Err(code) => (code, None),
+    };
+    let ok = code == exit::OK;
+    if let Some(summary) = &summary {
+        if args.json {
+            println!("{summary}");
+        } else {
+            print_table(summary);
+        }
+    }
+    if ok && !args.keep_logs {
+        let _ = std::fs::remove_dir_all(&log_dir);
+    } else if log_dir.exists() {
+        eprintln!("chaos: the fleet's logs are in {}", log_dir.display());
+    }
+    db.close(ok).await;
+    code
+}
+
+fn seed_from_clock() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    // Fold in the pid so two runs started in the same instant differ; keep it printable.
+    ((nanos as u64) ^ (u64::from(std::process::id()) << 32)) % 1_000_000_000
+}
+
+/// Where child logs go: beside the private servers' directory (`target/` from a checkout).
+fn log_dir() -> PathBuf {
+    let base = crate::privdb::base_dir();
+    base.parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(std::env::temp_dir)
+        .join(format!("rein-chaos-{}", std::process::id()))
+}
+
+/// The database the fleet runs against: a private server (restartable) or a fresh database
+/// made for this run on the server DATABASE_URL names.
+struct Database {
+    url: String,
+    /// `None` while a restart holds it.
+    private: Option<PrivatePostgres>,
+    /// The server's maintenance store and the scratch database's name.
+    scratch: Option<(Store, String)>,
+    describe: String,
+}
+
+impl Database {
+    async fn open(args: &ChaosArgs) -> Result<Database, u8> {
+        let shared = args.db.database_url.clone().filter(|u| !u.is_empty());
+        if args.allow_db_restart || shared.is_none() {
+            let why = if args.allow_db_restart && shared.is_some() {
+                "--allow-db-restart: DATABASE_URL is ignored, a shared server is never restarted"
+            } else if args.allow_db_restart {
+                "--allow-db-restart"
+            } else {
+                "DATABASE_URL is unset"
+            };
+            let pg = crate::privdb::start_because("chaos", false, why).await?;
+            return Ok(Database {
+                url: pg.url(),
+                describe: format!("private PostgreSQL on port {} (fsync on)", pg.port()),
+                private: Some(pg),
+                scratch: None,
+            });
+        }
+        let server_url = shared.unwrap_or_default();
+        let server = Store::connect_without_migrating(&server_url, 2)
+            .await
+            .map_err(|e| report(&e))?;
+        let millis = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() % 1_000_000_000)
+            .unwrap_or_default();
+        let name = format!("rein_chaos_{}_{millis}", std::process::id());
+        if let Err(e) = server.create_database(&name).await {
+            let code = report(&e);
+            eprintln!(
+                "hint: chaos makes a fresh database on the DATABASE_URL server for each run, so its user needs CREATEDB; or unset DATABASE_URL to use a private server"
+            );
+            return Err(code);
+        }
+        eprintln!("chaos: fresh database {name} on the DATABASE_URL server");
+        Ok(Database {
+            url: rein_devdb::replace_database(&server_url, &name),
+            describe: format!("fresh database {name} on the DATABASE_URL server"),
+            private: None,
+            scratch: Some((server, name)),
+        })
+    }
+
+    /// Stops or drops what `open` made: removed when the run succeeded, kept otherwise.
+    async fn close(self, ok: bool) {
+        if let Some(pg) = self.private {
+            crate::privdb::finish(pg, ok).await;
+        }
+        if let Some((server, name)) = self.scratch {
+            if ok {
+                if let Err(e) = server.drop_database(&name).await {
+                    eprintln!("warning: could not drop the chaos database {name}: {e}");
+                }
+            } else {
+                eprintln!("chaos: the database {name} is kept for a look at what went wrong");
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Fault {
+    WorkerKill,
+    WorkerStop,
+    SchedulerKill,
+    DbRestart,
+}
+
+impl Fault {
+    const ALL: [Fault; 4] = [
+        Fault::WorkerKill,
+        Fault::WorkerStop,
+        Fault::SchedulerKill,
+        Fault::DbRestart,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Fault::WorkerKill => "worker_kill",
+            Fault::WorkerStop => "worker_stop",
+            Fault::SchedulerKill => "scheduler_kill",
+            Fault::DbRestart => "db_restart",
+        }
+    }
+
+    /// Relative frequency after every kind has had its turn.
+    fn weight(self) -> u32 {
+        match self {
+            Fault::WorkerKill => 3,
+            Fault::WorkerStop | Fault::SchedulerKill => 2,
+            Fault::DbRestart => 1,
+        }
+    }
+}
+
+/// The seeded fault schedule: first every enabled kind once in a seeded order, close
+/// together so a short run sees them all; then weighted random kinds at random gaps.
+struct Schedule {
+    rng: StdRng,
+    enabled: Vec<Fault>,
+    first: VecDeque<Fault>,
+    /// Gap scale while `first` lasts.
+    slot: Duration,
+    next: Option<Fault>,
+    /// Whether `next` is one of the first round.
+    next_is_first: bool,
+    next_at: Instant,
+}
+
+impl Schedule {
+    fn new(seed: u64, enabled: Vec<Fault>, window: Duration, start: Instant) -> Schedule {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut first = enabled.clone();
+        first.shuffle(&mut rng);
+        let slot = (window / (enabled.len() as u32 + 1)).min(Duration::from_secs(3));
+        let lead = slot
+            .mul_f64(rng.random_range(0.5..1.0))
+            .max(Duration::from_millis(800));
+        Schedule {
+            rng,
+            enabled,
+            first: first.into(),
+            slot,
+            next: None,
+            next_is_first: false,
+            next_at: start + lead,
+        }
+    }
+
+    /// The kind due next (kept until it is injected).
+    fn peek(&mut self) -> Fault {
+        if let Some(f) = self.next {
+            return f;
+        }
+        self.next_is_first = !self.first.is_empty();
+        let f = self.first.pop_front().unwrap_or_else(|| {
+            let total: u32 = self.enabled.iter().map(|f| f.weight()).sum();
+            let mut pick = self.rng.random_range(0..total);
+            let mut chosen = self.enabled[0];
+            for f in &self.enabled {
+                if pick < f.weight() {
+                    chosen = *f;
+                    break;
+                }
+                pick -= f.weight();
+            }
+            chosen
+        });
+        self.next = Some(f);
+        f
+    }
+
+    fn injected(&mut self, now: Instant) {
+        self.next = None;
+        let gap = if self.first.is_empty() {
+            Duration::from_millis(self.rng.random_range(1_000..3_000))
+        } else {
+            self.slot.mul_f64(self.rng.random_range(0.5..1.0))
+        };
+        self.next_at = now + gap;
+    }
+
+    /// Whether every enabled kind has been injected at least once.
+    fn all_kinds_done(&self) -> bool {
+        self.first.is_empty() && !(self.next.is_some() && self.next_is_first)
+    }
+}
+
+/// Runs a faulted worker held when the fault hit; recovered once each has a higher fencing
+/// token or is terminal.
+struct Recovery {
+    victim: String,
+    at: Instant,
+    held: Vec<(Uuid, i64)>,
+    /// Index of the fault in the fault log.
+    fault: usize,
+}
+
+/// One injected fault, for the report.
+struct FaultRecord {
+    at: Instant,
+    kind: Fault,
+    victim: Option<String>,
+    /// Live leases the victim held; `None` when not a worker or they could not be read.
+    held: Option<usize>,
+    recovery_ms: Option<u64>,
+}
+
+struct Progress {
+    bar: Option<ProgressBar>,
+    started: Instant,
+    last: Instant,
+}
+
+impl Progress {
+    fn new(runs: u64, started: Instant) -> Progress {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::new(runs);
+            if let Ok(style) =
+                ProgressStyle::with_template("{elapsed:>4} [{bar:20}] {pos}/{len} terminal, {msg}")
+            {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            bar
+        });
+        Progress {
+            bar,
+            started,
+            last: Instant::now()
+                .checked_sub(Duration::from_secs(1))
+                .unwrap_or_else(Instant::now),
+        }
+    }
+
+    fn note(&self, line: &str) {
+        let line = format!("[{:>6.1}s] {line}", self.started.elapsed().as_secs_f64());
+        match &self.bar {
+            Some(bar) => bar.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
+
+    fn update(&mut self, terminal: i64, total: u64, message: String) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(terminal.max(0) as u64);
+            bar.set_message(message);
+            return;
+        }
+        if self.last.elapsed() >= Duration::from_secs(1) {
+            self.last = Instant::now();
+            self.note(&format!("{terminal}/{total} terminal, {message}"));
+        }
+    }
+
+    fn done(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// How the drive ended.
+enum Outcome {
+    Finished,
+    TimedOut,
+    /// Something outside the system under test failed (a process would not start, the
+    /// server would not come back, an interrupt).
+    Aborted(String),
+}
+
+struct Harness<'a> {
+    args: &'a ChaosArgs,
+    seed: u64,
+    store: Store,
+    url: String,
+    children: Children,
+    workers: Vec<String>,
+    schedulers: Vec<String>,
+    spawned_workers: u32,
+    spawned_schedulers: u32,
+    /// Stopped workers and when they are continued.
+    stopped: Vec<(String, Instant)>,
+    schedule: Schedule,
+    /// Picks victims; apart from the schedule's so that which process is hit (which depends
+    /// on who holds leases at the time) never shifts the seeded kinds and gaps.
+    victims: StdRng,
+    faults: BTreeMap<Fault, u64>,
+    recoveries: Vec<Recovery>,
+    recovery_ms: Vec<u64>,
+    fault_log: Vec<FaultRecord>,
+    exited: Vec<String>,
+    restarting: Option<tokio::task::JoinHandle<(PrivatePostgres, Result<(), DevDbError>)>>,
+    requests: Vec<EnqueueRequest>,
+    enqueued: u64,
+    decided: HashSet<Uuid>,
+    approvals: BTreeMap<&'static str, u64>,
+    totals: (i64, i64),
+    needs_operator: i64,
+    progress: Progress,
+    started: Instant,
+    window_end: Instant,
+    healing_since: Option<Instant>,
+}
+
+impl<'a> Harness<'a> {
+    async fn start(
+        args: &'a ChaosArgs,
+        seed: u64,
+        db: &Database,
+        log_dir: &Path,
+    ) -> Result<Harness<'a>, u8> {
+        let store = Store::connect(&db.url, 4).await.map_err(|e| report(&e))?;
+        let requests = match workload(&store, args.runs).await {
+            Ok(r) => r,
+            Err(e) => return Err(report(&e)),
+        };
+        let children = Children::new(log_dir).map_err(|e| {
+            eprintln!(
+                "error: cannot create the log directory {}: {e}",
+                log_dir.display()
+            );
+            exit::INPUT
+        })?;
+        let mut enabled = vec![Fault::WorkerKill];
+        if args.workers >= 2 {
+            enabled.push(Fault::WorkerStop);
+        } else {
+            eprintln!(
+                "chaos: one worker only, so no worker is stopped (the fleet would have none running)"
+            );
+        }
+        enabled.push(Fault::SchedulerKill);
+        if db.private.is_some() && args.allow_db_restart {
+            enabled.push(Fault::DbRestart);
+        }
+        let started = Instant::now();
+        let window = Duration::from_secs(args.duration_s);
+        eprintln!(
+            "chaos: {} runs, {} workers + {SCHEDULERS} schedulers, faults for {} s ({}), lease TTL {} ms, scheduler tick {} ms; {}",
+            args.runs,
+            args.workers,
+            args.duration_s,
+            enabled
+                .iter()
+                .map(|f| f.name())
+                .collect::<Vec<_>>()
+                .join(", "),
+            args.lease_ttl_ms,
+            args.scheduler_tick_ms,
+            db.describe
+        );
+        let mut harness = Harness {
+            args,
+            seed,
+            store,
+            url: db.url.clone(),
+            children,
+            workers: Vec::new(),
+            schedulers: Vec::new(),
+            spawned_workers: 0,
+            spawned_schedulers: 0,
+            stopped: Vec::new(),
+            schedule: Schedule::new(seed, enabled.clone(), window, started),
+            victims: StdRng::seed_from_u64(seed.rotate_left(32) ^ 0x5eed),
+            faults: enabled.iter().map(|f| (*f, 0)).collect(),
+            recoveries: Vec::new(),
+            recovery_ms: Vec::new(),
+            fault_log: Vec::new(),
+            exited: Vec::new(),
+            restarting: None,
+            requests,
+            enqueued: 0,
+            decided: HashSet::new(),
+            approvals: BTreeMap::new(),
+            totals: (0, 0),
+            needs_operator: 0,
+            progress: Progress::new(args.runs, started),
+            started,
+            window_end: started + window,
+            healing_since: None,
+        };
+        harness.enqueue_due().await;
+        for _ in 0..args.workers {
+            harness.spawn_worker()?;
+        }
+        for _ in 0..SCHEDULERS {
+            harness.spawn_scheduler()?;
+        }
+        Ok(harness)
+    }
+
+    fn child_pool_max(&self) -> u64 {
+        (FLEET_CONNECTIONS_MAX / (self.args.workers + SCHEDULERS as u64)).clamp(3, 8)
+    }
+
+    fn spawn_worker(&mut self) -> Result<String, u8> {
+        self.spawned_workers += 1;
+        let id = format!("chaos-w{}", self.spawned_workers);
+        let args: Vec<String> = [
+            "worker",
+            "--database-url",
+            &self.url,
+            "--id",
+            &id,
+            "--concurrency",
+            &WORKER_CONCURRENCY.to_string(),
+            "--lease-ttl-ms",
+            &self.args.lease_ttl_ms.to_string(),
+            "--poll-interval-ms",
+            "50",
+            "--shutdown-grace-ms",
+            "2000",
+            "--db-pool-max",
+            &self.child_pool_max().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        self.spawn(&id, &args)?;
+        self.workers.push(id.clone());
+        Ok(id)
+    }
+
+    fn spawn_scheduler(&mut self) -> Result<String, u8> {
+        self.spawned_schedulers += 1;
+        let id = format!("chaos-s{}", self.spawned_schedulers);
+        let args: Vec<String> = [
+            "scheduler",
+            "--database-url",
+            &self.url,
+            "--id",
+            &id,
+            "--tick-ms",
+            &self.args.scheduler_tick_ms.to_string(),
+            "--db-pool-max",
+            &self.child_pool_max().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        self.spawn(&id, &args)?;
+        self.schedulers.push(id.clone());
+        Ok(id)
+    }
+
+    fn spawn(&mut self, id: &str, args: &[String]) -> Result<(), u8> {
+        self.children
+            .spawn(id, args, &[("REIN_LOG", CHILD_LOG_FILTER)])
+            .map_err(|e| {
+                eprintln!("error: cannot start {id}: {e}");
+                exit::INPUT
+            })
+    }
+
+    fn db_up(&self) -> bool {
+        self.restarting.is_none()
+    }
+
+    /// Drives the workload through the fault window and the healing until every run is
+    /// terminal, the timeout passes, or something outside the system under test fails.
+    async fn drive(&mut self, db: &mut Database) -> Outcome {
+        let interrupted = crate::ops::shutdown_signal();
+        loop {
+            if interrupted.is_cancelled() {
+                return Outcome::Aborted("interrupted".into());
+            }
+            let now = Instant::now();
+            if let Err(why) = self.settle_restart(db).await {
+                return Outcome::Aborted(why);
+            }
+            self.continue_stopped(now);
+            if let Err(why) = self.replace_exited() {
+                return Outcome::Aborted(why);
+            }
+            if self.db_up() {
+                self.enqueue_due().await;
+                self.approve().await;
+                self.check_recoveries().await;
+                self.refresh_totals().await;
+            }
+            let faulting = now < self.window_end
+                || (!self.schedule.all_kinds_done() && now < self.window_end + FIRST_ROUND_GRACE);
+            if faulting {
+                if now >= self.schedule.next_at
+                    && let Err(why) = self.inject(db).await
+                {
+                    return Outcome::Aborted(why);
+                }
+            } else if self.healing_since.is_none() {
+                self.healing_since = Some(now);
+                self.progress.note(&format!(
+                    "faults over ({} injected); the fleet heals and must finish within {} s",
+                    self.faults.values().sum::<u64>(),
+                    self.args.timeout_s
+                ));
+            }
+            self.show_progress();
+            if self.healing_since.is_some() && self.finished() {
+                self.progress.done();
+                eprintln!(
+                    "chaos: all {} runs terminal after {:.1} s",
+                    self.args.runs,
+                    self.started.elapsed().as_secs_f64()
+                );
+                return Outcome::Finished;
+            }
+            if let Some(since) = self.healing_since
+                && since.elapsed() > Duration::from_secs(self.args.timeout_s)
+            {
+                self.progress.done();
+                return Outcome::TimedOut;
+            }
+            tokio::time::sleep(TICK).await;
+        }
+    }
+
+    fn finished(&self) -> bool {
+        let runs = self.args.runs as i64;
+        self.enqueued == self.args.runs
+            && self.totals == (runs, runs)
+            && self.stopped.is_empty()
+            && self.db_up()
+    }
+
+    /// Takes the server back once a restart finished.
+    async fn settle_restart(&mut self, db: &mut Database) -> Result<(), String> {
+        if !self.restarting.as_ref().is_some_and(|h| h.is_finished()) {
+            return Ok(());
+        }
+        let Some(handle) = self.restarting.take() else {
+            return Ok(());
+        };
+        match handle.await {
+            Ok((pg, Ok(()))) => {
+                db.private = Some(pg);
+                self.progress.note("PostgreSQL is back");
+                let soon = Instant::now() + Duration::from_millis(500);
+                self.schedule.next_at = self.schedule.next_at.max(soon);
+                Ok(())
+            }
+            Ok((pg, Err(e))) => {
+                db.private = Some(pg);
+                Err(format!(
+                    "PostgreSQL did not come back after the restart: {e}"
+                ))
+            }
+            Err(e) => Err(format!("the PostgreSQL restart task failed: {e}")),
+        }
+    }
+
+    fn continue_stopped(&mut self, now: Instant) {
+        let (due, waiting): (Vec<_>, Vec<_>) =
+            self.stopped.drain(..).partition(|(_, at)| *at <= now);
+        self.stopped = waiting;
+        for (name, _) in due {
+            if let Some(p) = self.children.get(&name) {
+                let _ = p.signal(libc::SIGCONT);
+            }
+            self.progress.note(&format!("continued {name} (SIGCONT)"));
+        }
+    }
+
+    /// A process that exited on its own is reaped, reported and replaced (once the server is
+    /// up, since a process that cannot connect at start exits).
+    fn replace_exited(&mut self) -> Result<(), String> {
+        for name in self.children.exited() {
+            let _ = self.children.kill(&name);
+            self.workers.retain(|w| *w != name);
+            self.schedulers.retain(|s| *s != name);
+            self.progress.note(&format!(
+                "{name} exited on its own; see {}",
+                self.children.log_dir.join(format!("{name}.err")).display()
+            ));
+            self.exited.push(name);
+        }
+        if self.exited.len() > EXITS_MAX {
+            return Err(format!(
+                "{} processes exited on their own; see the logs",
+                self.exited.len()
+            ));
+        }
+        if !self.db_up() {
+            return Ok(());
+        }
+        while self.workers.len() < self.args.workers as usize {
+            let id = self.spawn_worker().map_err(|_| "cannot start a worker")?;
+            self.progress
+                .note(&format!("started {id} to keep the fleet whole"));
+        }
+        while self.schedulers.len() < SCHEDULERS {
+            let id = self
+                .spawn_scheduler()
+                .map_err(|_| "cannot start a scheduler")?;
+            self.progress
+                .note(&format!("started {id} to keep the fleet whole"));
+        }
+        Ok(())
+    }
+
+    /// Enqueues the runs due by now: they arrive evenly over the fault window. Client keys
+    /// make a retry after an in-doubt enqueue (server restarting) return the same runs.
+    async fn enqueue_due(&mut self) {
+        let waves = (self.args.duration_s * WAVES_PER_S).max(1);
+        let wave_len = Duration::from_secs(self.args.duration_s) / waves as u32;
+        let waves_due = (self.started.elapsed().as_nanos() / wave_len.as_nanos().max(1)) as u64 + 1;
+        let due = (self.args.runs * waves_due.min(waves)).div_ceil(waves);
+        while self.enqueued < due {
+            let from = self.enqueued as usize;
+            let to = (due as usize).min(from + 1_000);
+            let batch = &self.requests[from..to];
+            match tokio::time::timeout(QUERY_TIMEOUT, self.store.enqueue_batch(batch)).await {
+                Ok(Ok(done)) if done.len() == batch.len() => self.enqueued = to as u64,
+                _ => return,
+            }
+        }
+    }
+
+    /// The simulated approver: grants or denies parked approvals as each run's input says,
+    /// and leaves `expire` ones to the scheduler's expiry timer.
+    async fn approve(&mut self) {
+        let Ok(Ok(waiting)) = tokio::time::timeout(
+            QUERY_TIMEOUT,
+            self.store
+                .runs_in_states(&["paused", "WAITING_APPROVAL"], 200),
+        )
+        .await
+        else {
+            return;
+        };
+        for row in waiting {
+            if self.decided.contains(&row.run_id) {
+                continue;
+            }
+            let wish = row.projection.data["sim"]["approval"]
+                .as_str()
+                .unwrap_or("grant");
+            let deny = match wish {
+                "expire" => continue,
+                "deny" => true,
+                _ => false,
+            };
+            let event = match (row.definition.as_str(), deny) {
+                ("lifecycle", true) => "approval_denied",
+                ("lifecycle", false) => "approval_granted",
+                (_, true) => "REJECTED",
+                (_, false) => "APPROVED",
+            };
+            let payload = json!({ "approver": "chaos", "reason": if deny { "denied by the chaos approver" } else { "granted" } });
+            let sent = tokio::time::timeout(
+                QUERY_TIMEOUT,
+                self.store
+                    .send(row.run_id, event, payload, "chaos-approver", 60_000),
+            )
+            .await;
+            if matches!(sent, Ok(Ok(_))) {
+                self.decided.insert(row.run_id);
+                *self
+                    .approvals
+                    .entry(if deny { "denied" } else { "granted" })
+                    .or_default() += 1;
+            }
+        }
+    }
+
+    async fn check_recoveries(&mut self) {
+        let mut open = Vec::new();
+        for r in std::mem::take(&mut self.recoveries) {
+            match tokio::time::timeout(QUERY_TIMEOUT, self.store.not_taken_over(&r.held)).await {
+                Ok(Ok(0)) => {
+                    let ms = r.at.elapsed().as_millis() as u64;
+                    self.progress.note(&format!(
+                        "the {} run(s) {} held are taken over or finished, {ms} ms after the fault",
+                        r.held.len(),
+                        r.victim
+                    ));
+                    self.recovery_ms.push(ms);
+                    if let Some(record) = self.fault_log.get_mut(r.fault) {
+                        record.recovery_ms = Some(ms);
+                    }
+                }
+                _ => open.push(r),
+            }
+        }
+        self.recoveries = open;
+    }
+
+    async fn refresh_totals(&mut self) {
+        if let Ok(Ok(totals)) = tokio::time::timeout(QUERY_TIMEOUT, self.store.run_totals()).await {
+            self.totals = totals;
+        }
+        if let Ok(Ok(counts)) =
+            tokio::time::timeout(QUERY_TIMEOUT, self.store.count_by_state()).await
+        {
+            self.needs_operator = counts
+                .iter()
+                .filter(|c| c.2 == "needs_operator")
+                .map(|c| c.3)
+                .sum();
+        }
+    }
+
+    fn show_progress(&mut self) {
+        let mut message = format!(
+            "enqueued {}/{}, faults {}",
+            self.enqueued,
+            self.args.runs,
+            self.faults.values().sum::<u64>()
+        );
+        if !self.stopped.is_empty() {
+            let names: Vec<&str> = self.stopped.iter().map(|s| s.0.as_str()).collect();
+            message.push_str(&format!(", stopped {}", names.join(" ")));
+        }
+        if !self.db_up() {
+            message.push_str(", PostgreSQL restarting");
+        }
+        if self.needs_operator > 0 {
+            message.push_str(&format!(", needs operator {}", self.needs_operator));
+        }
+        if self.healing_since.is_some() {
+            message.push_str(", healing");
+        }
+        self.progress.update(self.totals.1, self.args.runs, message);
+    }
+
+    /// Injects the fault due now, if the fleet allows it; otherwise tries again next tick.
+    async fn inject(&mut self, db: &mut Database) -> Result<(), String> {
+        if !self.db_up() {
+            return Ok(());
+        }
+        let fault = self.schedule.peek();
+        let injected = match fault {
+            Fault::WorkerKill => self.kill_worker().await?,
+            Fault::WorkerStop => self.stop_worker().await,
+            Fault::SchedulerKill => self.kill_scheduler()?,
+            Fault::DbRestart => self.restart_db(db),
+        };
+        if injected {
+            *self.faults.entry(fault).or_default() += 1;
+            self.schedule.injected(Instant::now());
+        }
+        Ok(())
+    }
+
+    /// A victim among `candidates`, preferring workers that hold leases right now.
+    async fn pick_worker(&mut self, candidates: Vec<String>) -> Option<String> {
+        let holding: Vec<String> =
+            match tokio::time::timeout(QUERY_TIMEOUT, self.store.live_leases_by_owner()).await {
+                Ok(Ok(rows)) => candidates
+                    .iter()
+                    .filter(|c| rows.iter().any(|(owner, n)| owner == *c && *n > 0))
+                    .cloned()
+                    .collect(),
+                _ => Vec::new(),
+            };
+        let pool = if holding.is_empty() {
+            candidates
+        } else {
+            holding
+        };
+        pool.choose(&mut self.victims).cloned()
+    }
+
+    fn running_workers(&self) -> Vec<String> {
+        self.workers
+            .iter()
+            .filter(|w| !self.stopped.iter().any(|(s, _)| s == *w))
+            .cloned()
+            .collect()
+    }
+
+    /// The live leases `victim` holds, read right after the fault (a killed or stopped
+    /// process writes nothing more).
+    async fn held_by(&self, victim: &str) -> Option<Vec<(Uuid, i64)>> {
+        for _ in 0..3 {
+            if let Ok(Ok(held)) =
+                tokio::time::timeout(QUERY_TIMEOUT, self.store.live_leases_of(victim)).await
+            {
+                return Some(held);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        None
+    }
+
+    /// Logs a fault on `victim` and, when it held leases, waits for their takeover.
+    fn track(
+        &mut self,
+        kind: Fault,
+        victim: &str,
+        at: Instant,
+        held: Option<Vec<(Uuid, i64)>>,
+    ) -> String {
+        self.fault_log.push(FaultRecord {
+            at,
+            kind,
+            victim: Some(victim.to_owned()),
+            held: held.as_ref().map(Vec::len),
+            recovery_ms: None,
+        });
+        match held {
+            Some(held) if !held.is_empty() => {
+                let n = held.len();
+                self.recoveries.push(Recovery {
+                    victim: victim.to_owned(),
+                    at,
+                    held,
+                    fault: self.fault_log.len() - 1,
+                });
+                format!("holding {n} lease(s)")
+            }
+            Some(_) => "holding no lease".into(),
+            None => "(its leases could not be read)".into(),
+        }
+    }
+
+    /// SIGKILL a running worker; its replacement (a new id) starts first, so a worker is
+    /// always alive.
+    async fn kill_worker(&mut self) -> Result<bool, String> {
+        let Some(victim) = self.pick_worker(self.running_workers()).await else {
+            return Ok(false);
+        };
+        let replacement = self.spawn_worker().map_err(|_| "cannot start a worker")?;
+        let _ = self.children.kill(&victim);
+        let at = Instant::now();
+        self.workers.retain(|w| *w != victim);
+        let held = self.held_by(&victim).await;
+        let what = self.track(Fault::WorkerKill, &victim, at, held);
+        self.progress.note(&format!(
+            "fault: kill -9 {victim} {what}; {replacement} replaces it"
+        ));
+        Ok(true)
+    }
+
+    /// SIGSTOP a worker past its lease TTL (2 × TTL + a scheduler tick), then SIGCONT: by
+    /// then its runs are someone else's and its next write must be fenced. Another worker
+    /// keeps running meanwhile.
+    async fn stop_worker(&mut self) -> bool {
+        let running = self.running_workers();
+        if running.len() < 2 {
+            return false;
+        }
+        let Some(victim) = self.pick_worker(running).await else {
+            return false;
+        };
+        let Some(p) = self.children.get(&victim) else {
+            return false;
+        };
+        if p.signal(libc::SIGSTOP).is_err() {
+            return false;
+        }
+        let at = Instant::now();
+        let stop_for =
+            Duration::from_millis(2 * self.args.lease_ttl_ms + self.args.scheduler_tick_ms);
+        self.stopped.push((victim.clone(), at + stop_for));
+        let held = self.held_by(&victim).await;
+        let what = self.track(Fault::WorkerStop, &victim, at, held);
+        self.progress.note(&format!(
+            "fault: SIGSTOP {victim} {what}, for {} ms",
+            stop_for.as_millis()
+        ));
+        true
+    }
+
+    /// SIGKILL a scheduler; a new one (new id) starts first, so one is always alive.
+    fn kill_scheduler(&mut self) -> Result<bool, String> {
+        let Some(victim) = self.schedulers.choose(&mut self.victims).cloned() else {
+            return Ok(false);
+        };
+        let replacement = self
+            .spawn_scheduler()
+            .map_err(|_| "cannot start a scheduler")?;
+        let _ = self.children.kill(&victim);
+        self.schedulers.retain(|s| *s != victim);
+        self.fault_log.push(FaultRecord {
+            at: Instant::now(),
+            kind: Fault::SchedulerKill,
+            victim: Some(victim.clone()),
+            held: None,
+            recovery_ms: None,
+        });
+        self.progress.note(&format!(
+            "fault: kill -9 {victim}; {replacement} replaces it"
+        ));
+        Ok(true)
+    }
+
+    /// Crash-stop and start the private server on the same port, off the async threads.
+    fn restart_db(&mut self, db: &mut Database) -> bool {
+        let Some(mut pg) = db.private.take() else {
+            return false;
+        };
+        self.progress
+            .note("fault: PostgreSQL crash-restart (immediate stop, then start)");
+        self.fault_log.push(FaultRecord {
+            at: Instant::now(),
+            kind: Fault::DbRestart,
+            victim: None,
+            held: None,
+            recovery_ms: None,
+        });
+        self.restarting = Some(tokio::task::spawn_blocking(move || {
+            let result = pg.restart_immediate();
+            (pg, result)
+        }));
+        true
+    }
+
+    /// Stops the fleet, audits the database and builds the report.
+    async fn finish(&mut self, outcome: Outcome, db: &mut Database) -> (u8, Option<Value>) {
+        let children = &mut self.children;
+        tokio::task::block_in_place(|| {
+            for (name, _) in &self.stopped {
+                if let Some(p) = children.get(name) {
+                    let _ = p.signal(libc::SIGCONT);
+                }
+            }
+            children.shutdown(SHUTDOWN_GRACE)
+        });
+        self.stopped.clear();
+        if let Some(handle) = self.restarting.take()
+            && let Ok((pg, _)) = handle.await
+        {
+            db.private = Some(pg);
+        }
+        match &outcome {
+            Outcome::Finished => {}
+            Outcome::Aborted(why) => {
+                eprintln!("error: chaos aborted: {why}");
+                return (exit::DATABASE, None);
+            }
+            Outcome::TimedOut => eprintln!(
+                "error: the fleet did not finish: {} of {} runs terminal ({} enqueued, {} needing an operator) {} s after the faults ended",
+                self.totals.1,
+                self.args.runs,
+                self.enqueued,
+                self.needs_operator,
+                self.args.timeout_s
+            ),
+        }
+        eprintln!("chaos: auditing every run (replaying each log)…");
+        let audit = match self.store.audit().await {
+            Ok(a) => a,
+            Err(e) => return (report(&e), None),
+        };
+        let extra = self.extra_evidence().await;
+        let mut summary = summarize(
+            &audit,
+            self.enqueued as i64,
+            &self.faults,
+            &self.recovery_ms,
+        );
+        let bound = self.args.lease_ttl_ms + self.args.scheduler_tick_ms;
+        summary["recovery_ms"]["bound"] = json!(bound);
+        summary["recovery_ms"]["unresolved"] = json!(self.recoveries.len());
+        summary["seed"] = json!(self.seed);
+        summary["finished"] = json!(matches!(outcome, Outcome::Finished));
+        summary["elapsed_s"] = json!((self.started.elapsed().as_secs_f64() * 10.0).round() / 10.0);
+        summary["params"] = json!({
+            "runs": self.args.runs,
+            "workers": self.args.workers,
+            "schedulers": SCHEDULERS,
+            "worker_concurrency": WORKER_CONCURRENCY,
+            "duration_s": self.args.duration_s,
+            "lease_ttl_ms": self.args.lease_ttl_ms,
+            "scheduler_tick_ms": self.args.scheduler_tick_ms,
+            "timeout_s": self.args.timeout_s,
+            "allow_db_restart": self.args.allow_db_restart,
+            "database": db.describe,
+        });
+        summary["log_dir"] = json!(self.children.log_dir.display().to_string());
+        summary["approvals"] = json!({
+            "granted": self.approvals.get("granted").copied().unwrap_or(0),
+            "denied": self.approvals.get("denied").copied().unwrap_or(0),
+        });
+        summary["exited_on_their_own"] = json!(self.exited);
+        summary["fault_log"] = self
+            .fault_log
+            .iter()
+            .map(|f| {
+                json!({
+                    "at_ms": f.at.duration_since(self.started).as_millis() as u64,
+                    "kind": f.kind.name(),
+                    "victim": f.victim,
+                    "leases_held": f.held,
+                    "recovery_ms": f.recovery_ms,
+                })
+            })
+            .collect();
+        for (k, v) in extra {
+            summary[k] = v;
+        }
+        let violations = summary["violations"].as_i64().unwrap_or(1);
+        let code = if violations == 0 && matches!(outcome, Outcome::Finished) {
+            exit::OK
+        } else {
+            exit::DATABASE
+        };
+        (code, Some(summary))
+    }
+
+    /// Evidence beyond the audit: what the workload went through.
+    async fn extra_evidence(&self) -> Vec<(&'static str, Value)> {
+        let events = self.store.count_events_by_type().await.unwrap_or_default();
+        let count = |names: &[&str]| crate::ops::events_of(&events, names);
+        let recovered = self
+            .store
+            .counter(counters::LEASES_RECOVERED)
+            .await
+            .unwrap_or(0);
+        let by_final: BTreeMap<String, i64> = self
+            .store
+            .count_by_state()
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .fold(BTreeMap::new(), |mut m, (d, s, _, n)| {
+                *m.entry(format!("{d}/{s}")).or_default() += n;
+                m
+            });
+        vec![
+            ("leases_recovered", json!(recovered)),
+            ("events", json!(events.iter().map(|e| e.1).sum::<i64>())),
+            ("retries", json!(count(&["retry", "RETRY_DUE"]))),
+            (
+                "approval_timers_fired",
+                json!(count(&["timeout", "APPROVAL_TIMEOUT"])),
+            ),
+            (
+                "in_doubt_reconciled",
+                json!(count(&["ACTION_RESULT_IN_DOUBT"])),
+            ),
+            ("runs_by_final_state", json!(by_final)),
+        ]
+    }
+}
+
+/// The workload: alternating lifecycle and research-agent runs whose sim input covers
+/// retries (and exhausted retries), approvals granted, denied and left to expire, fatal
+/// failures, multi-step agents, and side effects on most runs.
+async fn workload(store: &Store, runs: u64) -> Result<Vec<EnqueueRequest>, rein_store::StoreError> {
+    let lifecycle = store
+        .load_definition("lifecycle", Some(rein_core::builtin::lifecycle().version()))
+        .await?;
+    let research = store
+        .load_definition(
+            "research-agent",
+            Some(rein_core::builtin::research_agent().version()),
+        )
+        .await?;
+    let lifecycle_expiring = expiring_copy(&lifecycle)?;
+    let research_expiring = expiring_copy(&research)?;
+    store.register_definition(&lifecycle_expiring).await?;
+    store.register_definition(&research_expiring).await?;
+    Ok((0..runs)
+        .map(|i| {
+            let lifecycle_run = i.is_multiple_of(2);
+            let variant = (i / 2) % 20;
+            let mut sim = json!({ "work_ms": 40 + (i * 37) % 161 });
+            let mut expiring = false;
+            match variant {
+                0..=3 => sim["transient_failures"] = json!(1 + (i / 2) % 2),
+                4 => sim["transient_failures"] = json!(5),
+                5 | 6 => {
+                    sim["approval"] = json!("grant");
+                    sim["amount"] = json!(150);
+                }
+                7 => {
+                    sim["approval"] = json!("deny");
+                    sim["amount"] = json!(500);
+                }
+                8 => {
+                    sim["approval"] = json!("expire");
+                    sim["amount"] = json!(300);
+                    expiring = true;
+                }
+                9 => sim["fatal_at_step"] = json!(1),
+                10 | 11 => sim["steps"] = json!(3),
+                12 => {
+                    sim["steps"] = json!(2);
+                    sim["approval"] = json!("grant");
+                    sim["amount"] = json!(150);
+                }
+                // A research-agent tool step without a side effect never counts as
+                // completed, so only lifecycle runs go without one.
+                13 if lifecycle_run => sim["side_effect"] = json!(false),
+                _ => {}
+            }
+            let def = match (lifecycle_run, expiring) {
+                (true, false) => &lifecycle,
+                (true, true) => &lifecycle_expiring,
+                (false, false) => &research,
+                (false, true) => &research_expiring,
+            };
+            let mut request = EnqueueRequest::new(def.clone(), json!({ "sim": sim }));
+            request.client_key = Some(format!("chaos-{i}"));
+            request
+        })
+        .collect())
+}
+
+/// The built-in with every approval expiring after [`APPROVAL_EXPIRES_AFTER_MS`], as a new
+/// version of the same name.
+fn expiring_copy(def: &Definition) -> Result<Definition, rein_store::StoreError> {
+    let mut spec = def.spec().clone();
+    spec.version += EXPIRING_VERSION_OFFSET;
+    spec.description = format!("{} (chaos: approvals expire fast)", spec.description);
+    for state in &mut spec.states {
+        if let Some(approval) = &mut state.approval {
+            approval.expires_after_ms = APPROVAL_EXPIRES_AFTER_MS;
+            if approval.remind_before_ms.is_some() {
+                approval.remind_before_ms = Some(APPROVAL_REMIND_BEFORE_MS);
+            }
+        }
+    }
+    Definition::from_spec(spec, &rein_core::GuardRegistry::new()).map_err(|e| {
+        rein_store::StoreError::Invalid(format!("expiring copy of {}: {e}", def.name()))
+    })
+}
+
+/// The report's core: the audit's counts, the faults and the recovery times. `violations`
+/// sums every count that must be zero, runs enqueued but not terminal included.
+fn summarize(
+    audit: &AuditReport,
+    runs_enqueued: i64,
+    faults: &BTreeMap<Fault, u64>,
+    recovery_ms: &[u64],
+) -> Value {
+    let violations = audit.sequence_gaps
+        + audit.stale_token_events
+        + audit.duplicate_effects
+        + audit.replay_mismatches
+        + audit.terminal_without_reason
+        + audit.denied_but_applied
+        + (runs_enqueued - audit.runs_terminal).abs()
+        + (audit.runs - runs_enqueued).abs();
+    let mut sorted = recovery_ms.to_vec();
+    sorted.sort_unstable();
+    let p50 = (!sorted.is_empty()).then(|| sorted[(sorted.len() - 1) / 2]);
+    let faults: BTreeMap<&str, u64> = Fault::ALL
+        .iter()
+        .map(|f| (f.name(), faults.get(f).copied().unwrap_or(0)))
+        .collect();
+    json!({
+        "runs_enqueued": runs_enqueued,
+        "runs_in_database": audit.runs,
+        "runs_terminal": audit.runs_terminal,
+        "sequence_gaps": audit.sequence_gaps,
+        "stale_token_events": audit.stale_token_events,
+        "fenced_writes_rejected": audit.fenced_writes_rejected,
+        "duplicate_effects": audit.duplicate_effects,
+        "replay_mismatches": audit.replay_mismatches,
+        "denied_but_applied": audit.denied_but_applied,
+        "terminal_without_reason": audit.terminal_without_reason,
+        "faults": faults,
+        "recovery_ms": { "p50": p50, "max": sorted.last(), "count": sorted.len() },
+        "violations": violations,
+    })
+}
+
+async fn check_only(args: &ChaosArgs) -> u8 {
+    let store = match crate::ops::connect(&args.db, false).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    eprintln!("chaos: auditing the database (no fleet, no faults)…");
+    let audit = match store.audit().await {
+        Ok(a) => a,
+        Err(e) => return report(&e),
+    };
+    let mut summary = summarize(&audit, audit.runs, &BTreeMap::new(), &[]);
+    summary["seed"] = Value::Null;
+    summary["params"] = json!({ "check_only": true });
+    summary["log_dir"] = Value::Null;
+    if args.json {
+        println!("{summary}");
+    } else {
+        print_table(&summary);
+    }
+    if summary["violations"].as_i64() == Some(0) {
+        exit::OK
+    } else {
+        exit::DATABASE
+    }
+}
+
+fn print_table(s: &Value) {
+    let verdict = |ok: bool| if ok { "ok" } else { "VIOLATED" };
+    let zero = |key: &str| s[key].as_i64() == Some(0);
+    let title = match s["seed"].as_u64() {
+        Some(seed) => format!("Rein chaos (seed {seed})"),
+        None => "Rein chaos --check-only".to_owned(),
+    };
+    println!("\n== {title} ==");
+    println!("{:<48} {:>8}  must be", "check", "count");
+    let row = |label: &str, value: &Value, must: &str, status: &str| {
+        println!("{label:<48} {:>8}  {must:<10} {status}", value.to_string());
+    };
+    row("runs enqueued", &s["runs_enqueued"], "", "");
+    let all_done =
+        s["runs_terminal"] == s["runs_enqueued"] && s["runs_in_database"] == s["runs_enqueued"];
+    row(
+        "runs terminal",
+        &s["runs_terminal"],
+        "= enqueued",
+        verdict(all_done),
+    );
+    for (key, label) in [
+        ("sequence_gaps", "runs with sequence gaps"),
+        ("stale_token_events", "events under a stale fencing token"),
+        (
+            "duplicate_effects",
+            "side effects applied twice (run, step)",
+        ),
+        (
+            "replay_mismatches",
+            "logs that do not replay to the projection",
+        ),
+        ("denied_but_applied", "denied approvals applied anyway"),
+        ("terminal_without_reason", "terminal runs without a reason"),
+    ] {
+        row(label, &s[key], "0", verdict(zero(key)));
+    }
+    row(
+        "writes rejected as fenced (evidence)",
+        &s["fenced_writes_rejected"],
+        "",
+        "",
+    );
+    if let Some(faults) = s["faults"].as_object()
+        && s["params"]["check_only"] != json!(true)
+    {
+        println!("faults injected");
+        for (kind, n) in faults {
+            let note = if kind == Fault::DbRestart.name()
+                && s["params"]["allow_db_restart"] != json!(true)
+            {
+                "  (needs --allow-db-restart)"
+            } else {
+                ""
+            };
+            println!("  {kind:<46} {:>8}{note}", n.to_string());
+        }
+        let r = &s["recovery_ms"];
+        match (r["p50"].as_u64(), r["max"].as_u64()) {
+            (Some(p50), Some(max)) => println!(
+                "recovery after a worker kill/stop: p50 {p50} ms, max {max} ms over {} fault(s); bound lease TTL + scheduler tick = {} ms",
+                r["count"], r["bound"]
+            ),
+            _ if r["unresolved"].as_u64() > Some(0) => {}
+            _ => {
+                println!("recovery after a worker kill/stop: no fault hit a worker holding leases")
+            }
+        }
+        println!(
+            "leases recovered {}, retries {}, approvals granted {} / denied {}, approval timers fired {}",
+            s["leases_recovered"],
+            s["retries"],
+            s["approvals"]["granted"],
+            s["approvals"]["denied"],
+            s["approval_timers_fired"]
+        );
+        if r["unresolved"].as_u64() > Some(0) {
+            println!(
+                "worker faults whose runs were not yet taken over when chaos ended: {}",
+                r["unresolved"]
+            );
+        }
+        if let Some(exited) = s["exited_on_their_own"].as_array()
+            && !exited.is_empty()
+        {
+            println!(
+                "processes that exited on their own (restarted): {}",
+                exited
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    if s["finished"] == json!(false) {
+        println!("the fleet did not finish every run within --timeout-s after the faults");
+    }
+    println!(
+        "{:<48} {:>8}  {:<10} {}",
+        "violations",
+        s["violations"].to_string(),
+        "0",
+        verdict(zero("violations"))
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kinds and gaps the schedule yields, as if each fault were injected when due.
+    fn draw(seed: u64, enabled: &[Fault], n: usize) -> Vec<(Fault, Duration)> {
+        let start = Instant::now();
+        let mut schedule = Schedule::new(seed, enabled.to_vec(), Duration::from_secs(12), start);
+        let mut at = schedule.next_at;
+        (0..n)
+            .map(|_| {
+                let kind = schedule.peek();
+                // Peeking again before injecting keeps the same kind.
+                assert_eq!(schedule.peek(), kind);
+                schedule.injected(at);
+                let gap = schedule.next_at - at;
+                at = schedule.next_at;
+                (kind, gap)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn first_round_is_every_enabled_kind_once_then_a_seeded_mix() {
+        let all = Fault::ALL.to_vec();
+        for seed in 0..50 {
+            let drawn = draw(seed, &all, 12);
+            let mut first: Vec<Fault> = drawn[..all.len()].iter().map(|d| d.0).collect();
+            first.sort();
+            assert_eq!(first, all, "seed {seed}");
+            // A 12 s window fits the first round: the gaps between its faults stay under
+            // window / (kinds + 1).
+            assert!(
+                drawn[..all.len() - 1]
+                    .iter()
+                    .all(|d| d.1 <= Duration::from_millis(2_400)),
+                "seed {seed}: {drawn:?}"
+            );
+            assert!(drawn[all.len()..].iter().all(|d| all.contains(&d.0)));
+        }
+        let without_restart = [Fault::WorkerKill, Fault::SchedulerKill];
+        assert!(
+            draw(3, &without_restart, 20)
+                .iter()
+                .all(|d| without_restart.contains(&d.0))
+        );
+    }
+
+    #[test]
+    fn same_seed_same_schedule() {
+        assert_eq!(draw(7, &Fault::ALL, 20), draw(7, &Fault::ALL, 20));
+        assert_ne!(draw(7, &Fault::ALL, 20), draw(8, &Fault::ALL, 20));
+    }
+
+    #[test]
+    fn all_kinds_done_only_after_the_first_round_is_injected() {
+        let mut schedule = Schedule::new(
+            1,
+            vec![Fault::WorkerKill, Fault::WorkerStop],
+            Duration::from_secs(5),
+            Instant::now(),
+        );
+        assert!(!schedule.all_kinds_done());
+        schedule.peek();
+        schedule.injected(Instant::now());
+        schedule.peek();
+        // The last kind of the first round is due but not injected yet.
+        assert!(!schedule.all_kinds_done());
+        schedule.injected(Instant::now());
+        assert!(schedule.all_kinds_done());
+    }
+}
