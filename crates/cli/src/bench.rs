@@ -114,6 +114,8 @@ struct Point {
     claim_ms_p99: f64,
     claim_queries: u64,
     commit_statements: u64,
+    /// Database connections the workers had open at the end of the point.
+    connections: u32,
     /// Peak resident set per worker process (the benchmark's own when in-process).
     peak_rss_mb: Vec<f64>,
 }
@@ -268,7 +270,6 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
     } else {
         vec![args.processes.unwrap_or(args.workers)]
     };
-    let widest = points.iter().copied().max().unwrap_or(1);
     if !plan.json {
         eprintln!(
             "rein bench: {} v{}, {} {}, {} runs at once each, claim batch {}, commit batching {}",
@@ -297,7 +298,39 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
         );
     }
 
-    let reference_connections = widest * plan.worker_pool;
+    let mut results = Vec::new();
+    for (i, &workers) in points.iter().enumerate() {
+        let point = match run_point(plan, &store, i, workers, args.rate).await {
+            Ok(p) => p,
+            Err(code) => return code,
+        };
+        if !plan.json {
+            eprintln!("{}", point_line(&point));
+        }
+        results.push(point);
+    }
+    let peak = results
+        .iter()
+        .max_by(|a, b| a.events_per_s.total_cmp(&b.events_per_s))
+        .cloned()
+        .expect("at least one point");
+    let half_peak = if args.scale && args.rate.is_none() && peak.runs_per_s > 0.0 {
+        let rate = peak.runs_per_s / 2.0;
+        match run_point(plan, &store, results.len(), peak.workers, Some(rate)).await {
+            Ok(p) => {
+                if !plan.json {
+                    eprintln!("{}", point_line(&p));
+                }
+                Some(p)
+            }
+            Err(code) => return code,
+        }
+    } else {
+        None
+    };
+
+    // As many connections as the workers of the headline point had open.
+    let reference_connections = peak.connections;
     let reference = match measure_reference(
         &plan.url,
         reference_connections,
@@ -318,37 +351,6 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
             reference.batch_size
         );
     }
-
-    let mut results = Vec::new();
-    for (i, &workers) in points.iter().enumerate() {
-        let point = match run_point(plan, &store, i, workers, args.rate).await {
-            Ok(p) => p,
-            Err(code) => return code,
-        };
-        if !plan.json {
-            eprintln!("{}", point_line(&point, &reference));
-        }
-        results.push(point);
-    }
-    let peak = results
-        .iter()
-        .max_by(|a, b| a.events_per_s.total_cmp(&b.events_per_s))
-        .cloned()
-        .expect("at least one point");
-    let half_peak = if args.scale && args.rate.is_none() && peak.runs_per_s > 0.0 {
-        let rate = peak.runs_per_s / 2.0;
-        match run_point(plan, &store, results.len(), peak.workers, Some(rate)).await {
-            Ok(p) => {
-                if !plan.json {
-                    eprintln!("{}", point_line(&p, &reference));
-                }
-                Some(p)
-            }
-            Err(code) => return code,
-        }
-    } else {
-        None
-    };
 
     let mut own_rss = Vec::new();
     if let Some(b) = crate::procs::own_peak_rss_bytes() {
@@ -506,6 +508,7 @@ async fn measure_reference(
 /// What the workers said about themselves when they stopped.
 #[derive(Default)]
 struct WorkerFigures {
+    connections: u32,
     claim_samples_us: Vec<u32>,
     claim_queries: u64,
     commit_statements: u64,
@@ -593,9 +596,24 @@ async fn start_fleet(plan: &Plan, queue: &str, workers: u32) -> Result<Fleet, St
     }
 }
 
+impl Fleet {
+    /// Runs the in-process workers committed into a terminal state (None for processes).
+    fn finished(&self) -> Option<u64> {
+        match self {
+            Fleet::InProcess { workers, .. } => Some(
+                workers
+                    .iter()
+                    .map(|(w, _)| w.stats().runs_finished.load(Ordering::Relaxed))
+                    .sum(),
+            ),
+            Fleet::Processes(_) => None,
+        }
+    }
+}
+
 /// Stops the fleet, closes its connections (which makes PostgreSQL flush their statistics)
 /// and collects what the workers measured.
-async fn stop_fleet(fleet: Fleet) -> WorkerFigures {
+async fn stop_fleet(fleet: Fleet, store: &Store) -> WorkerFigures {
     let mut figures = WorkerFigures::default();
     match fleet {
         Fleet::InProcess {
@@ -610,6 +628,7 @@ async fn stop_fleet(fleet: Fleet) -> WorkerFigures {
                 figures.claim_samples_us.extend(stats.claim_samples_us());
                 figures.claim_queries += stats.claim_queries.load(Ordering::Relaxed);
                 figures.commit_statements += stats.commit_statements.load(Ordering::Relaxed);
+                figures.connections += store.pool().size();
                 store.pool().close().await;
             }
             if let Some(b) = crate::procs::own_peak_rss_bytes() {
@@ -617,6 +636,11 @@ async fn stop_fleet(fleet: Fleet) -> WorkerFigures {
             }
         }
         Fleet::Processes(mut children) => {
+            let pids: Vec<u32> = children.procs.iter().map(|p| p.child.id()).collect();
+            figures.connections = store
+                .connections_of(&pids)
+                .await
+                .map_or(0, |n| u32::try_from(n).unwrap_or(0));
             for p in &children.procs {
                 if let Some(b) = p.peak_rss_bytes() {
                     figures.peak_rss_mb.push(mb(b));
@@ -795,24 +819,40 @@ async fn run_point(
         Some(_) => plan.duration + Duration::from_secs(30),
         None => plan.duration,
     };
-    let mut last = (Instant::now(), 0i64);
+    // In-process workers count the runs they finish, so the database is asked only now and
+    // then (its answer includes runs the scheduler finished); child processes are polled.
+    let db_every = if plan.processes {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(3)
+    };
+    let mut last = (Instant::now(), 0u64);
+    let mut asked = Instant::now();
+    let (mut all, mut terminal) = (0i64, 0i64);
     loop {
         tokio::time::sleep(POLL).await;
-        let (all, terminal) = observer
-            .queue_progress(&queue)
-            .await
-            .map_err(|e| report(&e))?;
-        own_queries.fetch_add(1, Ordering::Relaxed);
-        progress.set_position(terminal as u64);
+        let local = fleet.finished();
+        let feeding = feeder.as_ref().is_some_and(|f| !f.is_finished());
+        let maybe_done = !feeding && local.is_some_and(|n| n >= runs_total);
+        if maybe_done || asked.elapsed() >= db_every {
+            (all, terminal) = observer
+                .queue_progress(&queue)
+                .await
+                .map_err(|e| report(&e))?;
+            own_queries.fetch_add(1, Ordering::Relaxed);
+            asked = Instant::now();
+        }
+        let done = local.unwrap_or(0).max(terminal as u64);
+        progress.set_position(done);
         let secs = last.0.elapsed().as_secs_f64();
         if secs >= 1.0 {
-            progress.set_message(format!("{:.0} runs/s", (terminal - last.1) as f64 / secs));
-            last = (Instant::now(), terminal);
+            progress.set_message(format!(
+                "{:.0} runs/s",
+                done.saturating_sub(last.1) as f64 / secs
+            ));
+            last = (Instant::now(), done);
         }
-        let feeding = feeder.as_ref().is_some_and(|f| !f.is_finished());
-        if (!feeding && all > 0 && terminal == all && all as u64 >= runs_total.min(1))
-            || started.elapsed() >= limit
-        {
+        if (!feeding && all > 0 && terminal == all) || started.elapsed() >= limit {
             break;
         }
     }
@@ -827,7 +867,8 @@ async fn run_point(
             }
         }
     }
-    let figures = stop_fleet(fleet).await;
+    let figures = stop_fleet(fleet, &observer).await;
+    own_queries.fetch_add(u64::from(plan.processes), Ordering::Relaxed);
     scheduler_stop.cancel();
     let _ = scheduler.await;
     scheduler_store.pool().close().await;
@@ -862,26 +903,30 @@ async fn run_point(
         claim_ms_p99: percentile_ms(&claims, 0.99),
         claim_queries: figures.claim_queries,
         commit_statements: figures.commit_statements,
+        connections: figures.connections.max(1),
         peak_rss_mb: figures.peak_rss_mb,
     })
 }
 
-fn point_line(p: &Point, r: &Reference) -> String {
+fn point_line(p: &Point) -> String {
     format!(
-        "  {} {}: {}/{} runs in {:.1} s — {:.0} runs/s, {:.0} steps/s, {:.0} events/s ({:.2}× the batched-insert reference), step p99 {:.1} ms",
+        "  {} {}{}: {}/{} runs in {:.1} s — {:.0} runs/s, {:.0} steps/s, {:.0} events/s, {} connections, step p99 {:.1} ms",
         p.workers,
         if p.processes {
             "process(es)"
         } else {
             "worker(s)"
         },
+        p.offered_runs_per_s
+            .map(|r| format!(" at {r:.0} runs/s offered"))
+            .unwrap_or_default(),
         p.runs_finished,
         p.runs,
         p.seconds,
         p.runs_per_s,
         p.steps_per_s,
         p.events_per_s,
-        ratio(p.events_per_s, r.batched_inserts_per_s),
+        p.connections,
         p.step_ms.p99
     )
 }
@@ -894,8 +939,9 @@ fn print_tables(points: &[Point], half: Option<&Point>, r: &Reference, own_rss: 
     );
     println!();
     println!(
-        "{:>7} {:>9} {:>8} {:>9} {:>9} {:>9} {:>8} {:>19} {:>23} {:>15} {:>10}",
+        "{:>7} {:>5} {:>9} {:>8} {:>9} {:>9} {:>9} {:>8} {:>19} {:>23} {:>15} {:>10}",
         "workers",
+        "conns",
         "runs/s",
         "steps/s",
         "events/s",
@@ -914,9 +960,10 @@ fn print_tables(points: &[Point], half: Option<&Point>, r: &Reference, own_rss: 
     for (p, mark) in rows {
         let rss = p.peak_rss_mb.iter().copied().fold(0.0f64, f64::max);
         println!(
-            "{:>5}{:<2} {:>9.0} {:>8.0} {:>9.0} {:>9.2} {:>9.2} {:>8.2} {:>19} {:>23} {:>15} {:>10.1}",
+            "{:>5}{:<2} {:>5} {:>9.0} {:>8.0} {:>9.0} {:>9.2} {:>9.2} {:>8.2} {:>19} {:>23} {:>15} {:>10.1}",
             p.workers,
             mark,
+            p.connections,
             p.runs_per_s,
             p.steps_per_s,
             p.events_per_s,

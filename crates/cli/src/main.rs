@@ -76,7 +76,14 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Usage errors exit 1 like every other input error (clap's own code, 2, means "refused").
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { exit::INPUT } else { exit::OK });
+        }
+    };
     let code = match cli.command {
         Command::Definitions(cmd) => offline::definitions(cmd),
         Command::Replay(args) => offline::replay(args),

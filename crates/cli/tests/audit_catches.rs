@@ -3,7 +3,6 @@
 
 mod common;
 
-
 use rein_store::{AuditReport, EnqueueRequest, Store};
 use serde_json::json;
 use uuid::Uuid;

@@ -32,14 +32,22 @@ pub struct QueueStats {
     pub step_ms: Percentiles,
 }
 
+/// Every lookup of events and grants goes through their run_id indexes (LATERAL; OFFSET 0
+/// keeps the planner from flattening it into a scan of every event), so the
+/// cost follows the queue's size, not the database's, whatever the planner believes about a
+/// queue it has no statistics for yet.
 const QUEUE_STATS: &str = "
-WITH runs AS (
+WITH runs AS MATERIALIZED (
     SELECT run_id, created_at, status FROM rein_runs WHERE queue = $1
-), ev AS (
-    SELECT e.run_id, e.type, e.occurred_at FROM rein_events e JOIN runs USING (run_id)
-), first_claim AS (
-    SELECT g.run_id, min(g.granted_at) AS at FROM rein_lease_grants g JOIN runs USING (run_id)
-    GROUP BY g.run_id
+), ev AS MATERIALIZED (
+    SELECT e.run_id, e.type, e.occurred_at
+    FROM runs, LATERAL (SELECT x.run_id, x.type, x.occurred_at FROM rein_events x
+                        WHERE x.run_id = runs.run_id OFFSET 0) e
+), first_claim AS MATERIALIZED (
+    SELECT runs.run_id, g.at
+    FROM runs, LATERAL (SELECT min(x.granted_at) AS at FROM rein_lease_grants x
+                        WHERE x.run_id = runs.run_id) g
+    WHERE g.at IS NOT NULL
 ), marks AS (
     SELECT run_id, occurred_at AS at FROM ev WHERE type <> ALL($2::text[])
     UNION ALL
@@ -149,6 +157,18 @@ impl Store {
              WHERE datname = current_database()",
         )
         .fetch_one(&mut *conn)
+        .await?)
+    }
+
+    /// Connections open right now from processes with these ids (they name themselves
+    /// `rein-PID`).
+    pub async fn connections_of(&self, pids: &[u32]) -> Result<i64, StoreError> {
+        let names: Vec<String> = pids.iter().map(|p| format!("rein-{p}")).collect();
+        Ok(sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY($1)",
+        )
+        .bind(&names)
+        .fetch_one(self.pool())
         .await?)
     }
 

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use crate::{Store, StoreError};
 
 /// A checkpoint is written whenever a commit crosses a multiple of this many sequences, and
-/// on every terminal commit.
+/// when a run at least this long ends.
 pub const CHECKPOINT_EVERY: u64 = 64;
 /// Most runs one commit statement carries.
 pub const COMMIT_BATCH_MAX: usize = 512;
@@ -117,9 +117,10 @@ pub fn plan_commit(
     let status = state.status(def);
     let timer_ms =
         rein_core::timer::next_timer(def, &state, plan.jitter_sample).map(|t| t.after_ms);
-    let checkpoint = status == RunStatus::Terminal
-        || (events.len() as u64 > 0
-            && state.sequence / CHECKPOINT_EVERY > base.sequence / CHECKPOINT_EVERY);
+    let crossed = state.sequence / CHECKPOINT_EVERY > base.sequence / CHECKPOINT_EVERY;
+    // A short log replays in no time: its final state needs no snapshot of its own.
+    let long_log_ends = status == RunStatus::Terminal && state.sequence >= CHECKPOINT_EVERY;
+    let checkpoint = long_log_ends || (!events.is_empty() && crossed);
     Ok(CommitRequest {
         run_id,
         token,

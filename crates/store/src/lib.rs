@@ -58,6 +58,9 @@ impl Store {
             .map_err(|e: sqlx::Error| StoreError::BadUrl(e.to_string()))?;
         let options = options
             .application_name(&format!("rein-{}", std::process::id()))
+            // Rein's statements are few, fixed and index-driven: plan each once per
+            // connection instead of re-planning the claim on every call.
+            .options([("plan_cache_mode", "force_generic_plan")])
             .log_statements(tracing::log::LevelFilter::Trace)
             .log_slow_statements(tracing::log::LevelFilter::Debug, Duration::from_secs(1));
         let pool = PgPoolOptions::new()

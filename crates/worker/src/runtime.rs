@@ -85,6 +85,8 @@ pub struct WorkerStats {
     pub fenced: AtomicU64,
     pub leases_lost: AtomicU64,
     pub claim_queries: AtomicU64,
+    /// Runs this worker committed into a terminal state.
+    pub runs_finished: AtomicU64,
     /// Round-trip time of each claim query in µs (the first [`CLAIM_SAMPLES_MAX`]).
     claim_us: std::sync::Mutex<Vec<u32>>,
 }
@@ -128,6 +130,7 @@ impl WorkerStats {
             "fenced": self.fenced.load(Ordering::Relaxed),
             "leases_lost": self.leases_lost.load(Ordering::Relaxed),
             "claim_queries": self.claim_queries.load(Ordering::Relaxed),
+            "runs_finished": self.runs_finished.load(Ordering::Relaxed),
             "claim_ms_p50": pct(0.50),
             "claim_ms_p99": pct(0.99),
         })
@@ -846,6 +849,12 @@ impl Driver {
                   sequence = request.state.sequence, token = self.token, "transition");
         }
         self.state = request.state.clone();
+        if request.status == RunStatus::Terminal {
+            self.inner
+                .stats
+                .runs_finished
+                .fetch_add(1, Ordering::Relaxed);
+        }
         self.inner.stats.commits.fetch_add(1, Ordering::Relaxed);
         self.inner
             .stats

@@ -1,0 +1,244 @@
+//! `rein bench` as a user runs it: small workloads against a real database, checking that the
+//! report is complete and consistent with what the database holds — never how fast it was.
+
+mod common;
+
+use common::{REIN, rein, stderr, stdout};
+use serde_json::Value;
+use std::process::Command;
+
+fn bench(url: &str, extra: &[&str]) -> (Option<i32>, Value, String) {
+    let mut args = vec![
+        "bench",
+        "--database-url",
+        url,
+        "--runs",
+        "200",
+        "--reference-s",
+        "1",
+        "--duration-s",
+        "60",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = rein(&args);
+    let err = stderr(&out);
+    let report = serde_json::from_str(&stdout(&out)).unwrap_or(Value::Null);
+    (out.status.code(), report, err)
+}
+
+fn migrated(prefix: &str) -> String {
+    let url = common::fresh_database(prefix);
+    let out = rein(&["migrate", "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    url
+}
+
+fn assert_complete(report: &Value, runs: i64, events_per_run: i64) {
+    for key in [
+        "runs_per_s",
+        "steps_per_s",
+        "events_per_s",
+        "db_transactions_per_step",
+    ] {
+        assert!(
+            report[key].as_f64().is_some_and(|v| v > 0.0),
+            "{key} in {report}"
+        );
+    }
+    for key in [
+        "enqueue_to_start_p50",
+        "enqueue_to_start_p99",
+        "step_p50",
+        "step_p99",
+    ] {
+        assert!(
+            report["latency_ms"][key].as_f64().is_some(),
+            "latency_ms.{key} in {report}"
+        );
+    }
+    for key in ["single_inserts_per_s", "batched_inserts_per_s"] {
+        assert!(
+            report["reference"][key].as_f64().is_some_and(|v| v > 0.0),
+            "reference.{key} in {report}"
+        );
+    }
+    assert_eq!(report["reference"]["batch_size"], 10);
+    for key in [
+        "runs",
+        "workers",
+        "processes",
+        "claim_batch",
+        "commit_batching",
+        "definition",
+        "redis",
+    ] {
+        assert!(
+            report["params"].get(key).is_some(),
+            "params.{key} in {report}"
+        );
+    }
+    let point = &report["points"][0];
+    assert_eq!(point["runs"], runs, "{point}");
+    assert_eq!(point["runs_finished"], runs, "{point}");
+    assert_eq!(point["events"], runs * events_per_run, "{point}");
+    assert_eq!(point["steps"], runs * events_per_run, "{point}");
+    assert_eq!(point["enqueue_to_start_ms"]["samples"], runs, "{point}");
+    assert!(point["connections"].as_u64().is_some_and(|c| c >= 1));
+    assert!(
+        point["peak_rss_mb"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty() && a.iter().all(|m| m.as_f64() > Some(0.0))),
+        "{point}"
+    );
+}
+
+#[test]
+fn bench_reports_every_figure_for_in_process_workers_and_groups_commits() {
+    let url = migrated("bench_inproc");
+    let (code, report, err) = bench(&url, &["--workers", "2"]);
+    assert_eq!(code, Some(0), "{err}");
+    // chain4: four steps, one event each.
+    assert_complete(&report, 200, 4);
+    let point = &report["points"][0];
+    assert!(
+        point["commit_statements"].as_u64() < Some(800),
+        "800 commits in fewer statements with batching: {point}"
+    );
+    assert!(point["claim_queries"].as_u64() > Some(0), "{point}");
+
+    // Without batching, every commit is its own statement.
+    let (code, report, err) = bench(&url, &["--workers", "1", "--no-commit-batching"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_complete(&report, 200, 4);
+    assert!(
+        report["points"][0]["commit_statements"].as_u64() >= Some(800),
+        "{report}"
+    );
+    assert_eq!(report["params"]["commit_batching"], false);
+}
+
+#[test]
+fn bench_drives_real_worker_processes_and_reads_their_figures() {
+    let url = migrated("bench_procs");
+    let (code, report, err) = bench(&url, &["--processes", "2"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_complete(&report, 200, 4);
+    let point = &report["points"][0];
+    assert_eq!(point["processes"], true);
+    assert_eq!(
+        point["peak_rss_mb"].as_array().map(Vec::len),
+        Some(2),
+        "one peak RSS per worker process: {point}"
+    );
+    // The figures come from the processes' own logs as they stopped.
+    assert!(point["claim_queries"].as_u64() > Some(0), "{point}");
+    assert_eq!(report["params"]["processes"], serde_json::json!([2]));
+}
+
+#[test]
+fn bench_runs_any_definition_file_with_sim_actions() {
+    let url = migrated("bench_file");
+    let dir = common::tmp_dir("bench_file");
+    let file = dir.join("three-steps.toml");
+    std::fs::write(
+        &file,
+        r#"
+name = "three-steps"
+version = 1
+cancel_state = "cancelled"
+events = ["TASK_ACCEPTED", "next", "OUTPUT_COMMITTED"]
+call_results = []
+
+[[states]]
+name = "INTAKE"
+kind = "active"
+initial = true
+action = "sim"
+
+[[states]]
+name = "work"
+kind = "active"
+action = "noop"
+
+[[states]]
+name = "FINALIZING"
+kind = "active"
+action = "sim"
+
+[[states]]
+name = "done"
+kind = "terminal"
+
+[[states]]
+name = "cancelled"
+kind = "terminal"
+
+[[transitions]]
+from = "INTAKE"
+event = "TASK_ACCEPTED"
+to = "work"
+
+[[transitions]]
+from = "work"
+event = "next"
+to = "FINALIZING"
+
+[[transitions]]
+from = "FINALIZING"
+event = "OUTPUT_COMMITTED"
+to = "done"
+"#,
+    )
+    .expect("write the definition");
+    let path = file.to_string_lossy().into_owned();
+    let (code, report, err) = bench(
+        &url,
+        &["--definition", &path, "--input", r#"{"sim":{"work_ms":2}}"#],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert_complete(&report, 200, 3);
+    assert_eq!(report["params"]["definition"], "three-steps v1", "{report}");
+}
+
+#[test]
+fn bench_says_what_is_wrong_before_it_starts() {
+    // An unreachable database: exit 3, and the reason.
+    let out = rein(&[
+        "bench",
+        "--database-url",
+        "postgres://nobody@127.0.0.1:1/none",
+        "--runs",
+        "10",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("error"), "{}", stderr(&out));
+
+    // A database without Rein's schema: exit 3, and what to run.
+    let url = common::fresh_database("bench_noschema");
+    let out = rein(&["bench", "--database-url", &url, "--runs", "10"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("rein migrate"), "{}", stderr(&out));
+
+    // Bad input: exit 1 with the reason, before touching any database.
+    for (args, says) in [
+        (vec!["--input", "[1]"], "JSON object"),
+        (vec!["--input", "{"], "not valid JSON"),
+        (vec!["--definition", "/nonexistent.toml"], "cannot open"),
+        (vec!["--rate", "0"], "--rate"),
+        (vec!["--runs", "0"], "--runs"),
+        (
+            vec!["--workers", "16", "--worker-pool", "32"],
+            "connections",
+        ),
+    ] {
+        let out = Command::new(REIN)
+            .arg("bench")
+            .args(&args)
+            .env_remove("DATABASE_URL")
+            .output()
+            .expect("run rein");
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+    }
+}
