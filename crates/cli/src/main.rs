@@ -81,7 +81,11 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { exit::INPUT } else { exit::OK });
+            return ExitCode::from(if e.use_stderr() {
+                exit::INPUT
+            } else {
+                exit::OK
+            });
         }
     };
     let code = match cli.command {
