@@ -1,6 +1,7 @@
 //! `rein`: one binary, every role. `rein worker`, `rein scheduler`, `rein demo`, and the
 //! operator and offline commands.
 
+mod approvals;
 mod bench;
 mod chaos;
 mod demo;
@@ -66,6 +67,13 @@ enum Command {
     /// Inspect runs.
     #[command(subcommand)]
     Runs(ops::RunsCommand),
+    /// List approval requests waiting for a person.
+    #[command(subcommand)]
+    Approvals(approvals::ApprovalsCommand),
+    /// Grant an approval request; the run gets its granted event.
+    Approve(approvals::DecideArgs),
+    /// Deny an approval request; the run gets its denied event.
+    Deny(approvals::DecideArgs),
     /// Start a private PostgreSQL, a scheduler pair and workers, drive real runs and show
     /// what happened.
     Demo(demo::DemoArgs),
@@ -110,6 +118,9 @@ fn main() -> ExitCode {
                     Command::Enqueue(args) => ops::enqueue(args).await,
                     Command::Send(args) => ops::send(args).await,
                     Command::Runs(cmd) => ops::runs(cmd).await,
+                    Command::Approvals(cmd) => approvals::approvals(cmd).await,
+                    Command::Approve(args) => approvals::decide(args, true).await,
+                    Command::Deny(args) => approvals::decide(args, false).await,
                     Command::Demo(args) => demo::demo(args).await,
                     Command::Bench(args) => bench::bench(args).await,
                     Command::Chaos(args) => chaos::chaos(args).await,

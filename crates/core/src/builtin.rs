@@ -6,12 +6,14 @@ use crate::guard::GuardRegistry;
 pub const LIFECYCLE: &str = include_str!("../../../definitions/lifecycle.toml");
 pub const RESEARCH_AGENT: &str = include_str!("../../../definitions/research-agent.toml");
 pub const CHAIN4: &str = include_str!("../../../definitions/chain4.toml");
+pub const REFUND_AGENT: &str = include_str!("../../../definitions/refund-agent.toml");
 
 /// Name and source of every built-in definition.
-pub const ALL: [(&str, &str); 3] = [
+pub const ALL: [(&str, &str); 4] = [
     ("lifecycle", LIFECYCLE),
     ("research-agent", RESEARCH_AGENT),
     ("chain4", CHAIN4),
+    ("refund-agent", REFUND_AGENT),
 ];
 
 pub fn source(name: &str) -> Option<&'static str> {
@@ -33,4 +35,10 @@ pub fn research_agent() -> Definition {
     load("research-agent")
         .and_then(Result::ok)
         .expect("the shipped research-agent definition is validated by tests")
+}
+
+pub fn refund_agent() -> Definition {
+    load("refund-agent")
+        .and_then(Result::ok)
+        .expect("the shipped refund-agent definition is validated by tests")
 }

@@ -83,6 +83,41 @@ pub struct StateSpec {
     /// with no action pending (SPEC S2), e.g. the state's transient-failure event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_lease_expired: Option<String>,
+    /// The decisions a model may make here (SPEC D1): events it may name. Empty: any event
+    /// this state has a transition for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decisions: Vec<String>,
+    /// Where an `http` action posts the run context (SPEC I2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpSpec>,
+    /// Committed after DECISION_REJECTED when a model's decision here fails validation;
+    /// without it the run waits for an operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_rejected_decision: Option<String>,
+}
+
+/// An `http` node: Rein POSTs the run context to `url` and commits what the reply says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSpec {
+    pub url: String,
+    /// How long a call may take; past it, a sent call is in doubt.
+    #[serde(default = "HttpSpec::default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Committed on a transient failure (connect error, 429, 5xx), with the error and any
+    /// Retry-After in its payload.
+    pub transient_event: String,
+    /// Committed on a fatal failure (400, 403, 404, 422 and other 4xx).
+    pub fatal_event: String,
+    /// Asked, with the idempotency key, whether an in-doubt call was applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconcile_url: Option<String>,
+}
+
+impl HttpSpec {
+    fn default_timeout_ms() -> u64 {
+        10_000
+    }
 }
 
 fn is_false(value: &bool) -> bool {
@@ -124,6 +159,25 @@ pub struct ToolSpec {
     /// expression over the call's arguments such as `args.amount > 100`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<String>,
+    /// The event that takes the run to its approval wait (default `APPROVAL_REQUIRED`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_event: Option<String>,
+    /// A permission the run's caller must hold (listed in the run input's `permissions`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permission: Option<String>,
+}
+
+impl ToolSpec {
+    pub fn approval_event(&self) -> &str {
+        self.approval_event
+            .as_deref()
+            .unwrap_or("APPROVAL_REQUIRED")
+    }
+
+    /// Whether some call of this tool can need an approval.
+    pub fn may_need_approval(&self) -> bool {
+        self.approval.as_deref().is_some_and(|a| a != "never")
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -140,6 +194,22 @@ pub struct ApprovalPolicy {
     pub expiry_event: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_version: Option<String>,
+    /// Event a grant delivers (default `APPROVED`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub granted_event: Option<String>,
+    /// Event a denial delivers (default `REJECTED`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub denied_event: Option<String>,
+}
+
+impl ApprovalPolicy {
+    pub fn granted_event(&self) -> &str {
+        self.granted_event.as_deref().unwrap_or("APPROVED")
+    }
+
+    pub fn denied_event(&self) -> &str {
+        self.denied_event.as_deref().unwrap_or("REJECTED")
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -274,6 +344,8 @@ struct Inner {
     initial: String,
     cancel_state: String,
     hash: String,
+    /// Compiled argument schemas by (state, tool), built once.
+    schemas: HashMap<(String, String), Arc<jsonschema::Validator>>,
 }
 
 impl fmt::Debug for Definition {
@@ -399,6 +471,12 @@ impl Definition {
                     p(
                         format!("{tool_item}.schema"),
                         "a JSON Schema must be an object or a boolean".into(),
+                    );
+                }
+                if tool.side_effect && tool.retryable && !tool.requires_idempotency_key {
+                    p(
+                        tool_item.clone(),
+                        "a side-effect tool is retried only with an idempotency key: set `requires_idempotency_key = true` or `retryable = false` (SPEC X6)".into(),
                     );
                 }
             }
@@ -590,6 +668,7 @@ impl Definition {
             }
         };
 
+        let mut schemas: HashMap<(String, String), Arc<jsonschema::Validator>> = HashMap::new();
         // Per-state timeouts and approval events must leave the state.
         let leaves = |state: &str, event: &str| {
             table
@@ -693,6 +772,102 @@ impl Definition {
                     "a terminal state has no timeout".into(),
                 );
             }
+            if let Some(event) = &state.on_rejected_decision
+                && !accepts(&state.name, event)
+            {
+                p(
+                    format!("{item}.on_rejected_decision"),
+                    format!("event `{event}` is not accepted in state `{}`", state.name),
+                );
+            }
+            for (d, decision) in state.decisions.iter().enumerate() {
+                if decision == crate::decision::CALL_TOOL {
+                    if state.tools.is_empty() {
+                        p(
+                            format!("{item}.decisions[{d}] ({decision})"),
+                            format!("state `{}` declares no tools to call", state.name),
+                        );
+                    }
+                } else if !accepts(&state.name, decision) {
+                    p(
+                        format!("{item}.decisions[{d}] ({decision})"),
+                        format!("state `{}` has no transition on `{decision}`", state.name),
+                    );
+                }
+            }
+            for (t, tool) in state.tools.iter().enumerate() {
+                let tool_item = format!("{item}.tools[{t}] ({})", tool.name);
+                if tool.may_need_approval() && !leaves(&state.name, tool.approval_event()) {
+                    p(
+                        format!("{tool_item}.approval_event"),
+                        format!(
+                            "event `{}` does not leave state `{}`; a call needing approval cannot wait for it",
+                            tool.approval_event(),
+                            state.name
+                        ),
+                    );
+                }
+                if let Some(schema) = &tool.schema {
+                    match jsonschema::validator_for(schema) {
+                        Ok(v) => {
+                            schemas.insert((state.name.clone(), tool.name.clone()), Arc::new(v));
+                        }
+                        Err(e) => p(
+                            format!("{tool_item}.schema"),
+                            format!("not a valid JSON Schema: {e}"),
+                        ),
+                    }
+                }
+            }
+            match (&state.http, state.action.as_deref()) {
+                (Some(http), Some("http")) => {
+                    let item = format!("{item}.http");
+                    for (what, url) in
+                        std::iter::once(("url", &http.url)).chain(http.reconcile_url.iter().map(|u| ("reconcile_url", u)))
+                    {
+                        if !(url.starts_with("http://") || url.starts_with("https://"))
+                            || url.len() > limits::URL_LEN_MAX
+                        {
+                            p(
+                                format!("{item}.{what}"),
+                                format!(
+                                    "`{url}` must be an http:// or https:// URL of at most {} bytes",
+                                    limits::URL_LEN_MAX
+                                ),
+                            );
+                        }
+                    }
+                    if http.timeout_ms == 0 || http.timeout_ms > 600_000 {
+                        p(
+                            format!("{item}.timeout_ms"),
+                            "must be 1 ..= 600000".into(),
+                        );
+                    }
+                    for (what, event) in [
+                        ("transient_event", &http.transient_event),
+                        ("fatal_event", &http.fatal_event),
+                    ] {
+                        if !leaves(&state.name, event) {
+                            p(
+                                format!("{item}.{what}"),
+                                format!(
+                                    "event `{event}` does not leave state `{}`",
+                                    state.name
+                                ),
+                            );
+                        }
+                    }
+                }
+                (Some(_), _) => p(
+                    format!("{item}.http"),
+                    "only a state whose action is `http` takes an `http` table".into(),
+                ),
+                (None, Some("http")) => p(
+                    format!("{item}.action"),
+                    "an `http` action needs an `http` table with `url`, `transient_event` and `fatal_event`".into(),
+                ),
+                (None, _) => {}
+            }
         }
 
         // Reachability from the initial state. CANCEL reaches the cancel state.
@@ -744,12 +919,21 @@ impl Definition {
                 priority,
                 hash,
                 spec,
+                schemas,
             }),
         })
     }
 
     pub fn name(&self) -> &str {
         &self.inner.spec.name
+    }
+
+    /// The compiled argument schema of `tool` in `state`, if it declares one.
+    pub fn tool_schema(&self, state: &str, tool: &str) -> Option<&jsonschema::Validator> {
+        self.inner
+            .schemas
+            .get(&(state.to_owned(), tool.to_owned()))
+            .map(|v| v.as_ref())
     }
     pub fn version(&self) -> u32 {
         self.inner.spec.version

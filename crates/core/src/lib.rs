@@ -10,6 +10,7 @@
 
 pub mod builtin;
 pub mod checkpoint;
+pub mod decision;
 pub mod definition;
 pub mod event;
 pub mod guard;

@@ -17,3 +17,7 @@ pub const GUARD_EXPR_DEPTH_MAX: usize = 32;
 pub const EVENT_PAYLOAD_BYTES_MAX: usize = 256 * 1024;
 /// Most results a run keeps in its projection (older ones are still in the event log).
 pub const RESULTS_KEPT_MAX: usize = 1000;
+/// Longest URL an `http` node may call.
+pub const URL_LEN_MAX: usize = 2048;
+/// Largest model decision (JSON) the engine parses.
+pub const DECISION_BYTES_MAX: usize = 256 * 1024;

@@ -8,8 +8,9 @@
 WITH req AS (
     SELECT *
     FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::jsonb[], $5::text[], $6::text[],
-                $7::bool[], $8::bool[], $9::bigint[], $10::text[])
-        AS r(run_id, token, base_seq, projection, state, status, bump, release, timer_ms, terminal_reason)
+                $7::bool[], $8::bool[], $9::bigint[], $10::text[], $35::uuid[])
+        AS r(run_id, token, base_seq, projection, state, status, bump, release, timer_ms, terminal_reason,
+             approval_id)
 ),
 ev AS (
     SELECT *
@@ -57,6 +58,11 @@ upd AS (
       AND NOT EXISTS (
           SELECT 1 FROM rein_events x JOIN ev ON ev.run_id = x.run_id AND ev.event_id = x.event_id
           WHERE x.run_id = q.run_id)
+      -- A commit that uses an approval lands only while the grant is granted and unused.
+      AND (q.approval_id IS NULL OR EXISTS (
+          SELECT 1 FROM rein_approvals a
+          WHERE a.approval_id = q.approval_id AND a.run_id = q.run_id
+            AND a.status = 'granted' AND a.consumed_at IS NULL))
     RETURNING r.run_id, r.fencing_token, r.last_sequence, q.bump, q.base_seq
 ),
 ins AS (
@@ -83,6 +89,11 @@ ledger AS (
     ON CONFLICT (run_id, action_id) DO UPDATE SET
         call_id = EXCLUDED.call_id, status = EXCLUDED.status, result = EXCLUDED.result,
         result_hash = EXCLUDED.result_hash, finished_at = EXCLUDED.finished_at
+),
+approvals_used AS (
+    UPDATE rein_approvals a SET consumed_at = clock_timestamp()
+    FROM req q JOIN upd ON upd.run_id = q.run_id
+    WHERE a.approval_id = q.approval_id
 ),
 checkpoints AS (
     INSERT INTO rein_checkpoints (run_id, sequence, definition, version, state)

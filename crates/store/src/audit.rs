@@ -77,7 +77,7 @@ WHERE status = 'terminal' AND (terminal_reason IS NULL OR terminal_reason = '')"
 const DENIED_BUT_APPLIED: &str = "
 SELECT count(*)
 FROM rein_runs r
-WHERE r.state IN ('failed', 'CANCELLED')
+WHERE r.status = 'terminal'
   AND EXISTS (
       SELECT 1
       FROM rein_events d

@@ -80,6 +80,9 @@ pub struct CommitRequest {
     pub inbox_consumed: Vec<i64>,
     pub ledger: Vec<LedgerOp>,
     pub checkpoint: bool,
+    /// A granted approval this commit consumes (SPEC H2): the commit lands only if the grant
+    /// is still granted and unused, and uses it up in the same statement.
+    pub approval: Option<Uuid>,
 }
 
 /// Options of [`plan_commit`].
@@ -134,6 +137,7 @@ pub fn plan_commit(
         ledger,
         checkpoint,
         state,
+        approval: None,
     })
 }
 
@@ -354,6 +358,7 @@ pub(crate) async fn commit_on(
         q.statuses.push(r.status.as_str().to_owned());
         q.bumps.push(r.writer == Writer::TakeToken);
         q.releases.push(r.release);
+        q.approvals.push(r.approval);
         q.timers.push(r.timer_ms.map(|t| t as i64));
         q.reasons.push(if r.status == RunStatus::Terminal {
             r.state.terminal_reason.clone()
@@ -431,6 +436,7 @@ pub(crate) async fn commit_on(
         .bind(&q.ck_def)
         .bind(&q.ck_ver)
         .bind(&q.ck_state)
+        .bind(&q.approvals)
         .fetch_all(&mut *conn)
         .await?;
 
@@ -501,6 +507,7 @@ struct Columns {
     releases: Vec<bool>,
     timers: Vec<Option<i64>>,
     reasons: Vec<Option<String>>,
+    approvals: Vec<Option<Uuid>>,
     ev_run: Vec<Uuid>,
     ev_seq: Vec<i64>,
     ev_id: Vec<Uuid>,

@@ -5,6 +5,7 @@
 //!
 //! Every lease and deadline comparison is made by the database clock (`clock_timestamp()`).
 
+mod approvals;
 mod audit;
 mod bench;
 mod commit;
@@ -18,6 +19,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 
+pub use approvals::{Approval, ApprovalAsk, COMMENT_BYTES_MAX};
 pub use audit::*;
 pub use bench::{Percentiles, QueueStats};
 pub use commit::{

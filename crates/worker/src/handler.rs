@@ -28,6 +28,8 @@ pub struct ActionContext {
     pub idempotency_key: String,
     /// The call id of this attempt (a retry gets a new one).
     pub call_id: String,
+    /// Arguments of a tool call (`tool:NAME` handlers); `{}` for a node action.
+    pub args: Value,
     pub fencing_token: i64,
     pub worker_id: String,
     /// Fires when the lease is lost, the run is cancelled, or the worker shuts down hard.
@@ -42,6 +44,10 @@ pub enum Outcome {
     Events(Vec<(String, Value)>),
     /// The request may have been applied but no answer came back (SPEC X7).
     InDoubt(String),
+    /// A model's decision (SPEC D1): `{"decision": EVENT, "tool": NAME?, "args": {..}?,
+    /// "payload": {..}?}`. The engine validates it before anything moves; a failed step
+    /// commits DECISION_REJECTED.
+    Decision(Value),
 }
 
 impl Outcome {

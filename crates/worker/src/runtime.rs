@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use rein_core::decision::{ToolCall, Valid};
 use rein_core::{ActionStatus, Definition, EngineEvent, RunState, RunStatus};
 use rein_store::{
     ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, NewEvent, Store, StoreError, Writer,
@@ -90,6 +91,9 @@ pub struct WorkerStats {
     /// Round-trip time of each claim query in µs (the first [`CLAIM_SAMPLES_MAX`]).
     claim_us: std::sync::Mutex<Vec<u32>>,
 }
+
+/// How long a worker waits after a failed reconcile before handing the run back.
+const RECONCILE_PAUSE: Duration = Duration::from_secs(1);
 
 /// Claim timings a worker keeps for its summary: enough for a long benchmark, bounded memory.
 pub const CLAIM_SAMPLES_MAX: usize = 200_000;
@@ -533,6 +537,20 @@ impl Driver {
                 .await?;
             }
             let ctx = self.context(&slot.node, slot.step, &slot.action_id, &call_id);
+            // A tool call dispatched on a model's decision is reconciled by that tool.
+            let handler = match slot.tool.as_deref() {
+                Some(tool) => match self.inner.registry.get(&format!("tool:{tool}")) {
+                    Some(h) => h,
+                    None => {
+                        return self
+                            .operator_required(&format!(
+                                "in-doubt call of tool `{tool}`, which has no handler on this worker"
+                            ))
+                            .await;
+                    }
+                },
+                None => handler,
+            };
             let Some(hook) = handler.reconcile(ctx) else {
                 return self
                     .operator_required("in-doubt action and its tool has no reconcile hook")
@@ -551,7 +569,13 @@ impl Driver {
                     .await
                 }
                 Err(e) => {
-                    warn!(run_id = %self.run_id, error = %e, "reconcile failed; handing the run back");
+                    // Pause before handing the run back, so an endpoint that keeps failing
+                    // is not asked again at once by whoever claims it next.
+                    warn!(run_id = %self.run_id, error = %e, "reconcile failed; handing the run back after a pause");
+                    tokio::select! {
+                        _ = self.held.lost.cancelled() => return Err(Stop::Lost),
+                        _ = tokio::time::sleep(RECONCILE_PAUSE) => {}
+                    }
                     Err(self.release().await)
                 }
             };
@@ -608,17 +632,7 @@ impl Driver {
         };
         self.inner.stats.steps.fetch_add(1, Ordering::Relaxed);
         let Some(outcome) = outcome else {
-            // Interrupted by a CANCEL: the inbox applies it; the call's fate is recorded as
-            // in doubt if it was dispatched.
-            self.held.inbox_pending.store(true, Ordering::Release);
-            if side_effect {
-                self.commit(vec![NewEvent::new(
-                    EngineEvent::ActionResultInDoubt.as_str(),
-                    json!({ "call_id": call_id, "reason": "cancelled while running" }),
-                )])
-                .await?;
-            }
-            return Ok(());
+            return self.interrupted(side_effect, &call_id).await;
         };
         match outcome {
             Outcome::Events(candidates) => {
@@ -628,6 +642,10 @@ impl Driver {
                     candidates
                 };
                 self.commit_decision(candidates, Some(&node)).await
+            }
+            Outcome::Decision(decision) => {
+                self.commit_model_decision(decision, &node, step, &action_id)
+                    .await
             }
             Outcome::InDoubt(reason) => {
                 if !side_effect {
@@ -656,6 +674,7 @@ impl Driver {
                 action_id,
             ),
             call_id: call_id.to_owned(),
+            args: json!({}),
             fencing_token: self.token,
             worker_id: self.inner.config.worker_id.clone(),
             cancel: self.held.lost.child_token(),
@@ -698,6 +717,219 @@ impl Driver {
         }
     }
 
+    /// An action stopped by a CANCEL waiting in the inbox: the inbox applies it; a call that
+    /// was dispatched is recorded as in doubt, since it may have been applied.
+    async fn interrupted(&mut self, dispatched: bool, call_id: &str) -> Result<(), Stop> {
+        self.held.inbox_pending.store(true, Ordering::Release);
+        if dispatched {
+            self.commit(vec![NewEvent::new(
+                EngineEvent::ActionResultInDoubt.as_str(),
+                json!({ "call_id": call_id, "reason": "cancelled while running" }),
+            )])
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Validates a model's decision (SPEC D1) and commits what it leads to: a rejection
+    /// (DECISION_REJECTED, then the state's `on_rejected_decision` or an operator), a proposed
+    /// event the reducer still judges, an approval request, or a tool call.
+    async fn commit_model_decision(
+        &mut self,
+        decision: Value,
+        node: &str,
+        step: u32,
+        action_id: &str,
+    ) -> Result<(), Stop> {
+        let call = match rein_core::decision::validate(&self.def, &self.state, &decision) {
+            Err(rejection) => {
+                warn!(run_id = %self.run_id, step = rejection.step.as_str(), reason = %rejection.reason, "decision rejected");
+                let next = self
+                    .def
+                    .state(&self.state.state)
+                    .and_then(|s| s.on_rejected_decision.clone());
+                let reason = format!(
+                    "the model's decision failed at `{}`: {}",
+                    rejection.step.as_str(),
+                    rejection.reason
+                );
+                let follow = match next {
+                    Some(event) => NewEvent::new(
+                        event,
+                        json!({ "reason": reason, "error": { "class": "decision", "step": rejection.step.as_str() } }),
+                    ),
+                    None => NewEvent::new(
+                        EngineEvent::OperatorRequired.as_str(),
+                        json!({ "reason": reason }),
+                    ),
+                };
+                return self
+                    .commit(vec![
+                        NewEvent::new(
+                            EngineEvent::DecisionRejected.as_str(),
+                            rejection.payload(&decision),
+                        )
+                        .at_node(Some(node)),
+                        follow.at_node(Some(node)),
+                    ])
+                    .await;
+            }
+            Ok(Valid::Event { kind, payload }) => {
+                return self
+                    .commit_decision(vec![(kind, payload)], Some(node))
+                    .await;
+            }
+            Ok(Valid::Call(call)) => call,
+        };
+        let mut approval = None;
+        if call.needs_approval {
+            match self
+                .inner
+                .store
+                .granted_approval(self.run_id, &call.action_hash)
+                .await
+            {
+                Ok(Some(grant)) => approval = Some(grant.approval_id),
+                Ok(None) => return self.ask_for_approval(&call, node).await,
+                Err(e) => {
+                    warn!(run_id = %self.run_id, error = %e, "cannot read approvals; handing the run back");
+                    return Err(self.release().await);
+                }
+            }
+        }
+        self.call_tool(call, node, step, action_id, approval).await
+    }
+
+    /// Opens (or reuses) a request for exactly this call and takes the run to its approval
+    /// wait; any request for a different action of the run becomes void (SPEC H2).
+    async fn ask_for_approval(&mut self, call: &ToolCall, node: &str) -> Result<(), Stop> {
+        let ask = rein_store::ApprovalAsk {
+            run_id: self.run_id,
+            node,
+            tool: &call.tool,
+            args: &call.args,
+            action_hash: &call.action_hash,
+            risk: if call.side_effect { "high" } else { "normal" },
+            expires_after_ms: call.approval_expires_after_ms.unwrap_or(3_600_000),
+        };
+        let request = match self.inner.store.request_approval(ask).await {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(run_id = %self.run_id, error = %e, "cannot open an approval request; handing the run back");
+                return Err(self.release().await);
+            }
+        };
+        info!(run_id = %self.run_id, approval_id = %request.approval_id, tool = %call.tool, "approval requested");
+        self.commit(vec![
+            NewEvent::new(
+                EngineEvent::ApprovalRequested.as_str(),
+                json!({
+                    "approval_id": request.approval_id,
+                    "action_hash": call.action_hash,
+                    "tool": call.tool,
+                    "args": call.args,
+                    "expires_at": request.expires_at,
+                }),
+            )
+            .at_node(Some(node)),
+            NewEvent::new(
+                call.approval_event.clone(),
+                json!({ "tool": call.tool, "args": call.args, "approval_id": request.approval_id }),
+            )
+            .at_node(Some(node)),
+        ])
+        .await
+    }
+
+    /// Runs a validated tool call: recorded as dispatched first when it has side effects or
+    /// uses a grant (the grant is used up by that same commit), then executed outside any
+    /// transaction, then its result events committed.
+    async fn call_tool(
+        &mut self,
+        call: ToolCall,
+        node: &str,
+        step: u32,
+        action_id: &str,
+        approval: Option<Uuid>,
+    ) -> Result<(), Stop> {
+        let Some(handler) = self.inner.registry.get(&format!("tool:{}", call.tool)) else {
+            return self
+                .operator_required(&format!(
+                    "no handler for tool `{}` on this worker",
+                    call.tool
+                ))
+                .await;
+        };
+        let call_id = Uuid::now_v7().to_string();
+        let mut ctx = self.context(node, step, action_id, &call_id);
+        ctx.args = call.args.clone();
+        let dispatched = call.side_effect || approval.is_some();
+        if dispatched {
+            self.commit_with(
+                vec![
+                    NewEvent::new(
+                        EngineEvent::ActionDispatched.as_str(),
+                        json!({
+                            "action_id": action_id,
+                            "call_id": call_id,
+                            "node": node,
+                            "step": step,
+                            "idempotency_key": ctx.idempotency_key,
+                            "tool": call.tool,
+                            "action_hash": call.action_hash,
+                            "approval_id": approval,
+                        }),
+                    )
+                    .at_node(Some(node)),
+                ],
+                Vec::new(),
+                false,
+                approval,
+            )
+            .await?;
+        }
+        let timeout = Duration::from_millis(call.timeout_ms.unwrap_or(3_600_000));
+        let cancel = ctx.cancel.clone();
+        let outcome = tokio::select! {
+            outcome = handler.run(ctx) => outcome,
+            _ = self.held.lost.cancelled() => { cancel.cancel(); return Err(Stop::Lost) }
+            _ = self.held.interrupt.cancelled() => {
+                cancel.cancel();
+                return self.interrupted(dispatched, &call_id).await;
+            }
+            _ = tokio::time::sleep(timeout) => {
+                cancel.cancel();
+                Outcome::InDoubt(format!("tool `{}` timed out after {} ms", call.tool, timeout.as_millis()))
+            }
+        };
+        self.inner.stats.steps.fetch_add(1, Ordering::Relaxed);
+        match outcome {
+            Outcome::Events(candidates) => {
+                let candidates = if dispatched {
+                    with_call_id(candidates, &call_id)
+                } else {
+                    candidates
+                };
+                self.commit_decision(candidates, Some(node)).await
+            }
+            Outcome::InDoubt(reason) if dispatched => {
+                self.commit(vec![NewEvent::new(
+                    EngineEvent::ActionResultInDoubt.as_str(),
+                    json!({ "call_id": call_id, "reason": reason }),
+                )])
+                .await
+            }
+            Outcome::InDoubt(reason) => self.operator_required(&reason).await,
+            Outcome::Decision(_) => {
+                self.operator_required(&format!(
+                    "tool `{}` answered with a decision; tools answer with events",
+                    call.tool
+                ))
+                .await
+            }
+        }
+    }
+
     async fn operator_required(&mut self, reason: &str) -> Result<(), Stop> {
         error!(run_id = %self.run_id, state = %self.state.state, reason, "run needs an operator");
         self.commit(vec![NewEvent::new(
@@ -721,21 +953,21 @@ impl Driver {
         if events.is_empty() {
             return Ok(());
         }
-        self.commit_with(events, consumed, false).await
+        self.commit_with(events, consumed, false, None).await
     }
 
     async fn release(&mut self) -> Stop {
         if self.held.lost.is_cancelled() {
             return Stop::Lost;
         }
-        match self.commit_with(Vec::new(), Vec::new(), true).await {
+        match self.commit_with(Vec::new(), Vec::new(), true, None).await {
             Ok(()) => Stop::Released,
             Err(stop) => stop,
         }
     }
 
     async fn commit(&mut self, events: Vec<NewEvent>) -> Result<(), Stop> {
-        self.commit_with(events, Vec::new(), false).await
+        self.commit_with(events, Vec::new(), false, None).await
     }
 
     /// Commits under this worker's token, retrying transient database errors until the lease
@@ -745,6 +977,7 @@ impl Driver {
         events: Vec<NewEvent>,
         consumed: Vec<i64>,
         release: bool,
+        approval: Option<Uuid>,
     ) -> Result<(), Stop> {
         let plan = CommitPlan {
             writer: Writer::Leased,
@@ -761,7 +994,10 @@ impl Driver {
             consumed,
             plan,
         ) {
-            Ok(r) => r,
+            Ok(mut r) => {
+                r.approval = approval;
+                r
+            }
             Err(e) => {
                 warn!(run_id = %self.run_id, state = %e.state, event = %e.event, reason = %e.reason, "rejected transition");
                 return Err(self.release_boxed().await);

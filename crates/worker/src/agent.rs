@@ -1,0 +1,131 @@
+//! Stand-ins for the external parties of an agent run, for demos and tests: a scripted
+//! "model" that answers with decisions, and tools backed by the sim ledger (an external
+//! system that, like a payment API, applies each idempotency key at most once).
+//!
+//! The run input says what they do:
+//!
+//! ```json
+//! {"agent": {
+//!    "script": [
+//!      {"decision": "call_tool", "tool": "refund", "args": {"order_id": "A1", "amount": 150},
+//!       "after_approval": {"decision": "call_tool", "tool": "refund",
+//!                          "args": {"order_id": "A1", "amount": 10000}}},
+//!      {"decision": "FINISH"}],
+//!    "timeout_after_apply": false,
+//!    "no_reconcile": false}}
+//! ```
+//!
+//! The model answers step N (completed tool calls so far) with `script[N]` (the last entry
+//! once the script runs out), or with its `after_approval` variant once a person has granted
+//! an approval — which is how a test plays a model that changes its mind after the grant.
+
+use std::time::Duration;
+
+use rein_store::Store;
+use serde_json::{Value, json};
+
+use crate::handler::{ActionContext, BoxFuture, NodeHandler, Outcome, Reconciled};
+
+/// How long `timeout_after_apply` keeps a tool call hanging after applying it: past any
+/// tool timeout a definition would set for a test.
+const HANG: Duration = Duration::from_secs(30);
+
+fn agent_input(ctx: &ActionContext) -> &Value {
+    ctx.run.data.get("agent").unwrap_or(&Value::Null)
+}
+
+/// The scripted model: registered as the `agent` action.
+pub struct ScriptedModel;
+
+impl NodeHandler for ScriptedModel {
+    fn side_effect(&self, _ctx: &ActionContext) -> bool {
+        false
+    }
+
+    fn run(&self, ctx: ActionContext) -> BoxFuture<Outcome> {
+        Box::pin(async move {
+            let Some(script) = agent_input(&ctx).get("script").and_then(Value::as_array) else {
+                return Outcome::Decision(json!({ "decision": "" }));
+            };
+            let Some(entry) = script
+                .get(ctx.run.steps_completed as usize)
+                .or_else(|| script.last())
+            else {
+                return Outcome::Decision(json!({ "decision": "" }));
+            };
+            let granted = ctx.run.data["last_approval"]["granted"] == json!(true);
+            let mut decision = match entry.get("after_approval") {
+                Some(changed) if granted => changed.clone(),
+                _ => entry.clone(),
+            };
+            if let Some(map) = decision.as_object_mut() {
+                map.remove("after_approval");
+            }
+            Outcome::Decision(decision)
+        })
+    }
+}
+
+/// A tool backed by the sim ledger: registered as `tool:NAME`. `refund` applies its
+/// arguments under the call's idempotency key; `lookup_order` only reads.
+pub struct SimTool {
+    pub store: Store,
+    pub name: &'static str,
+    pub side_effect: bool,
+}
+
+impl NodeHandler for SimTool {
+    fn side_effect(&self, _ctx: &ActionContext) -> bool {
+        self.side_effect
+    }
+
+    fn run(&self, ctx: ActionContext) -> BoxFuture<Outcome> {
+        let store = self.store.clone();
+        let (name, side_effect) = (self.name, self.side_effect);
+        Box::pin(async move {
+            let result = json!({ "tool": name, "args": ctx.args, "step": ctx.step });
+            if !side_effect {
+                return Outcome::event(
+                    "TOOL_SUCCEEDED",
+                    json!({ "result": { "tool": name, "order": ctx.args, "found": true } }),
+                );
+            }
+            let applied = match store
+                .sim_apply(
+                    ctx.run_id,
+                    &ctx.node,
+                    ctx.step as i32,
+                    &ctx.idempotency_key,
+                    &ctx.worker_id,
+                    &result,
+                )
+                .await
+            {
+                Ok((first, _)) => first,
+                Err(e) => return Outcome::InDoubt(format!("{name}: ledger unreachable: {e}")),
+            };
+            if agent_input(&ctx)["timeout_after_apply"] == json!(true) && ctx.run.attempt == 0 {
+                // Applied, but the answer never comes back: the call is in doubt.
+                tokio::time::sleep(HANG).await;
+            }
+            Outcome::event("TOOL_SUCCEEDED", json!({ "result": applied }))
+        })
+    }
+
+    fn reconcile(&self, ctx: ActionContext) -> Option<BoxFuture<Result<Reconciled, String>>> {
+        if agent_input(&ctx)["no_reconcile"] == json!(true) {
+            return None;
+        }
+        let store = self.store.clone();
+        Some(Box::pin(async move {
+            match store.sim_lookup(&ctx.idempotency_key).await {
+                Ok(Some(result)) => Ok(Reconciled::Applied(vec![(
+                    "TOOL_SUCCEEDED".to_owned(),
+                    json!({ "result": result, "reconciled": true }),
+                )])),
+                Ok(None) => Ok(Reconciled::NotApplied),
+                Err(e) => Err(e.to_string()),
+            }
+        }))
+    }
+}

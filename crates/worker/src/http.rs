@@ -1,0 +1,680 @@
+//! The `http` node action (SPEC I2): the node is an HTTP endpoint, in any language. Rein
+//! POSTs the run context to the state's `http.url` with the step's idempotency key and the
+//! fencing token, and commits what the JSON reply says.
+//!
+//! Reply `2xx` with `{"events": [{"type": T, "payload": {..}?}, ..]}` (several are
+//! candidates; the definition's priority picks one) or `{"decision": {..}}` (a model
+//! decision the engine validates). Failures go through [`rein_core::retry::ErrorClass`]:
+//! connect errors, 408, 429 and 5xx commit `http.transient_event`; other 4xx, 3xx and
+//! malformed replies commit `http.fatal_event`; a timeout or a lost connection after the
+//! request was sent is in doubt, and `http.reconcile_url` is asked about it by
+//! idempotency key before anything is sent again (SPEC X7).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use rein_core::EngineEvent;
+use rein_core::definition::HttpSpec;
+use rein_core::retry::ErrorClass;
+use serde_json::{Map, Value, json};
+use uuid::Uuid;
+
+use crate::handler::{ActionContext, BoxFuture, NodeHandler, Outcome, Reconciled};
+
+/// Largest request body an http node sends.
+pub const REQUEST_BYTES_MAX: usize = 1024 * 1024;
+/// Largest reply body an http node reads.
+pub const REPLY_BYTES_MAX: usize = 1024 * 1024;
+/// Most candidate events one reply may carry.
+pub const REPLY_EVENTS_MAX: usize = 32;
+/// Longest event type a reply may name.
+const EVENT_TYPE_LEN_MAX: usize = 128;
+/// Results repeated in the request's `resume` brief.
+const RESUME_RESULTS: usize = 3;
+/// Results kept when the full list would make the request too large.
+const RESULTS_WHEN_TRIMMED: usize = 8;
+/// How much of an error reply's body is quoted in the error event.
+const ERROR_SNIPPET_BYTES: usize = 512;
+/// Time allowed to open a connection. A connect error means nothing was sent (transient);
+/// a call whose whole `timeout_ms` passes first is in doubt, which is never unsafe.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The `http` node action. One client per handler: connections are pooled across calls.
+#[derive(Clone)]
+pub struct Http {
+    client: Result<reqwest::Client, String>,
+}
+
+impl Default for Http {
+    fn default() -> Self {
+        Http::new()
+    }
+}
+
+impl Http {
+    pub fn new() -> Http {
+        let client = reqwest::Client::builder()
+            // A POST is never re-sent somewhere else: a 3xx is the node's answer.
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(CONNECT_TIMEOUT)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .user_agent(concat!("rein/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"));
+        Http { client }
+    }
+}
+
+fn spec_of(ctx: &ActionContext) -> Option<HttpSpec> {
+    ctx.definition.state(&ctx.node)?.http.clone()
+}
+
+impl NodeHandler for Http {
+    /// An HTTP node may have effects anywhere: every call is dispatched first, with its
+    /// idempotency key, so a lost answer is reconciled rather than blindly repeated.
+    fn side_effect(&self, _ctx: &ActionContext) -> bool {
+        true
+    }
+
+    fn run(&self, ctx: ActionContext) -> BoxFuture<Outcome> {
+        let client = self.client.clone();
+        Box::pin(async move {
+            let Some(spec) = spec_of(&ctx) else {
+                return Outcome::InDoubt(format!(
+                    "state {} has no `http` table; nothing was sent",
+                    ctx.node
+                ));
+            };
+            let client = match client {
+                Ok(client) => client,
+                Err(e) => return Outcome::InDoubt(format!("{e}; nothing was sent")),
+            };
+            let body = match request_body(&ctx) {
+                Ok(body) => body,
+                Err(message) => {
+                    return fatal(&spec, None, &message, "http_request_too_large");
+                }
+            };
+            let request = with_headers(client.post(&spec.url), &ctx).body(body);
+            let exchange = exchange(request, spec.timeout_ms, &ctx);
+            match exchange.await {
+                Exchange::Reply {
+                    status,
+                    retry_after_s,
+                    body,
+                } => outcome_of_reply(&spec, status, retry_after_s, body),
+                Exchange::NotSent(message) => transient(&spec, None, &message, None),
+                Exchange::Refused(message) => fatal(&spec, None, &message, "http_bad_request"),
+                Exchange::InDoubt(message) => Outcome::InDoubt(message),
+            }
+        })
+    }
+
+    fn reconcile(&self, ctx: ActionContext) -> Option<BoxFuture<Result<Reconciled, String>>> {
+        let spec = spec_of(&ctx)?;
+        let url = spec.reconcile_url.clone()?;
+        let client = self.client.clone();
+        Some(Box::pin(async move {
+            let client = client?;
+            let body = json!({
+                "idempotency_key": ctx.idempotency_key,
+                "run_id": ctx.run_id,
+                "node": ctx.node,
+                "action_id": ctx.action_id,
+                "step": ctx.step,
+            });
+            let body = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
+            let request = with_headers(client.post(&url), &ctx).body(body);
+            match exchange(request, spec.timeout_ms, &ctx).await {
+                Exchange::Reply {
+                    status: 200..=299,
+                    body: Ok(Ok(body)),
+                    ..
+                } => parse_reconcile_reply(&body).map_err(|e| format!("reconcile reply: {e}")),
+                Exchange::Reply {
+                    status: 200..=299,
+                    body: Ok(Err(size)),
+                    ..
+                } => Err(format!(
+                    "reconcile reply is larger than {REPLY_BYTES_MAX} bytes ({size} read)"
+                )),
+                Exchange::Reply {
+                    status: 200..=299,
+                    body: Err(e),
+                    ..
+                } => Err(format!("reconcile reply lost: {e}")),
+                Exchange::Reply { status, body, .. } => Err(format!(
+                    "reconcile endpoint answered {status}: {}",
+                    snippet(&body)
+                )),
+                Exchange::NotSent(m) | Exchange::Refused(m) | Exchange::InDoubt(m) => {
+                    Err(format!("reconcile endpoint: {m}"))
+                }
+            }
+        }))
+    }
+}
+
+fn with_headers(request: reqwest::RequestBuilder, ctx: &ActionContext) -> reqwest::RequestBuilder {
+    request
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .header(reqwest::header::ACCEPT, "application/json")
+        .header("Idempotency-Key", &ctx.idempotency_key)
+        .header("Rein-Fencing-Token", ctx.fencing_token.to_string())
+        .header("Rein-Run-Id", ctx.run_id.to_string())
+        .header("Rein-Call-Id", &ctx.call_id)
+        .header("traceparent", traceparent(ctx.run_id, rand::random()))
+}
+
+/// A W3C `traceparent`: version 00, the run id as trace id (so every call of a run is one
+/// trace), the given span id (never zero) and the sampled flag.
+pub fn traceparent(run_id: Uuid, span_id: u64) -> String {
+    format!("00-{}-{:016x}-01", run_id.simple(), span_id.max(1))
+}
+
+/// The request body: the run context and a short resume brief (SPEC D3), at most
+/// [`REQUEST_BYTES_MAX`] bytes. Older results are left out (`results_truncated`) when the
+/// full list would not fit; run data that alone does not fit is an error.
+fn request_body(ctx: &ActionContext) -> Result<Vec<u8>, String> {
+    let data_len = serde_json::to_vec(&ctx.run.data)
+        .map_err(|e| format!("run data cannot be encoded: {e}"))?
+        .len();
+    if data_len > REQUEST_BYTES_MAX {
+        return Err(format!(
+            "the run's data is {data_len} bytes; an http node sends at most {REQUEST_BYTES_MAX}"
+        ));
+    }
+    let results = &ctx.run.results;
+    let last = |n: usize| &results[results.len().saturating_sub(n)..];
+    let body = |results: &[Value], truncated: bool| {
+        json!({
+            "run_id": ctx.run_id,
+            "definition": { "name": ctx.definition.name(), "version": ctx.definition.version() },
+            "node": ctx.node,
+            "state": ctx.run.state,
+            "step": ctx.step,
+            "attempt": ctx.run.attempt,
+            "action_id": ctx.action_id,
+            "call_id": ctx.call_id,
+            "idempotency_key": ctx.idempotency_key,
+            "fencing_token": ctx.fencing_token,
+            "data": ctx.run.data,
+            "results": results,
+            "results_truncated": truncated,
+            "resume": {
+                "steps_completed": ctx.run.steps_completed,
+                "attempt": ctx.run.attempt,
+                "last_error": ctx.run.last_error,
+                "last_results": last(RESUME_RESULTS),
+            },
+        })
+    };
+    for (results, truncated) in [
+        (results.as_slice(), false),
+        (
+            last(RESULTS_WHEN_TRIMMED),
+            results.len() > RESULTS_WHEN_TRIMMED,
+        ),
+    ] {
+        let bytes = serde_json::to_vec(&body(results, truncated))
+            .map_err(|e| format!("run context cannot be encoded: {e}"))?;
+        if bytes.len() <= REQUEST_BYTES_MAX {
+            return Ok(bytes);
+        }
+    }
+    Err(format!(
+        "the run context (data and recent results) exceeds the {REQUEST_BYTES_MAX}-byte request limit"
+    ))
+}
+
+/// What became of one request.
+enum Exchange {
+    /// A status came back. `body`: `Ok(Ok(bytes))`, `Ok(Err(bytes_seen))` when larger than
+    /// [`REPLY_BYTES_MAX`], `Err` when the connection broke while reading it.
+    Reply {
+        status: u16,
+        retry_after_s: Option<u64>,
+        body: Result<Result<Vec<u8>, usize>, String>,
+    },
+    /// Certainly not sent (no connection could be made).
+    NotSent(String),
+    /// The request could not even be built (e.g. a malformed URL).
+    Refused(String),
+    /// Sent, or possibly sent, and no complete answer came back.
+    InDoubt(String),
+}
+
+async fn exchange(
+    request: reqwest::RequestBuilder,
+    timeout_ms: u64,
+    ctx: &ActionContext,
+) -> Exchange {
+    let call = async {
+        let response = match request.send().await {
+            Ok(response) => response,
+            Err(e) if e.is_builder() => return Exchange::Refused(format!("invalid request: {e}")),
+            Err(e) if e.is_connect() => {
+                return Exchange::NotSent(format!("cannot connect: {}", error_chain(&e)));
+            }
+            Err(e) => {
+                return Exchange::InDoubt(format!(
+                    "connection lost after the request was sent: {}",
+                    error_chain(&e)
+                ));
+            }
+        };
+        let status = response.status().as_u16();
+        let retry_after_s = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| retry_after_s(v, Utc::now()));
+        let body = read_bounded(response, REPLY_BYTES_MAX).await;
+        Exchange::Reply {
+            status,
+            retry_after_s,
+            body,
+        }
+    };
+    tokio::select! {
+        exchange = tokio::time::timeout(Duration::from_millis(timeout_ms), call) => match exchange {
+            Ok(exchange) => exchange,
+            Err(_) => Exchange::InDoubt(format!(
+                "no complete reply within {timeout_ms} ms; the request may have been applied"
+            )),
+        },
+        _ = ctx.cancel.cancelled() => {
+            Exchange::InDoubt("cancelled while the call was in flight".into())
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// Reads at most `max` bytes of the body; `Ok(Err(n))` once more than `max` arrived.
+async fn read_bounded(
+    mut response: reqwest::Response,
+    max: usize,
+) -> Result<Result<Vec<u8>, usize>, String> {
+    if let Some(len) = response.content_length()
+        && len > max as u64
+    {
+        return Ok(Err(usize::try_from(len).unwrap_or(usize::MAX)));
+    }
+    let mut body = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                if body.len() + chunk.len() > max {
+                    return Ok(Err(body.len() + chunk.len()));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(Ok(body)),
+            Err(e) => return Err(error_chain(&e)),
+        }
+    }
+}
+
+/// `Retry-After` in seconds: either delay-seconds or an HTTP date (RFC 9110 §10.2.3).
+pub fn retry_after_s(value: &str, now: DateTime<Utc>) -> Option<u64> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(seconds);
+    }
+    let when = DateTime::parse_from_rfc2822(value).ok()?;
+    let ms = (when.with_timezone(&Utc) - now).num_milliseconds().max(0);
+    Some((ms as u64).div_ceil(1000))
+}
+
+fn outcome_of_reply(
+    spec: &HttpSpec,
+    status: u16,
+    retry_after_s: Option<u64>,
+    body: Result<Result<Vec<u8>, usize>, String>,
+) -> Outcome {
+    match ErrorClass::from_http_status(status, retry_after_s) {
+        None => match body {
+            Ok(Ok(bytes)) => match parse_reply(&bytes) {
+                Ok(Reply::Events(events)) => Outcome::Events(events),
+                Ok(Reply::Decision(decision)) => Outcome::Decision(decision),
+                Err(message) => fatal(
+                    spec,
+                    Some(status),
+                    &format!("malformed reply: {message}"),
+                    "http_bad_reply",
+                ),
+            },
+            Ok(Err(size)) => fatal(
+                spec,
+                Some(status),
+                &format!("malformed reply: larger than {REPLY_BYTES_MAX} bytes ({size} seen)"),
+                "http_bad_reply",
+            ),
+            // The node answered 2xx, so it probably acted; its answer is lost.
+            Err(e) => Outcome::InDoubt(format!("reply {status} lost while reading it: {e}")),
+        },
+        Some(ErrorClass::Transient { retry_after_ms }) => transient(
+            spec,
+            Some(status),
+            &format!("node answered {status}: {}", snippet(&body)),
+            retry_after_ms,
+        ),
+        Some(ErrorClass::Fatal) => fatal(
+            spec,
+            Some(status),
+            &format!("node answered {status}: {}", snippet(&body)),
+            &format!("http_status_{status}"),
+        ),
+        Some(ErrorClass::InDoubt) => {
+            Outcome::InDoubt(format!("node answered {status}: {}", snippet(&body)))
+        }
+    }
+}
+
+fn snippet(body: &Result<Result<Vec<u8>, usize>, String>) -> String {
+    match body {
+        Ok(Ok(bytes)) => {
+            let cut = &bytes[..bytes.len().min(ERROR_SNIPPET_BYTES)];
+            let text = String::from_utf8_lossy(cut).trim().to_owned();
+            if text.is_empty() {
+                "(empty body)".into()
+            } else {
+                text
+            }
+        }
+        Ok(Err(size)) => format!("(body of {size}+ bytes not read)"),
+        Err(e) => format!("(body lost: {e})"),
+    }
+}
+
+fn error_payload(class: &str, status: Option<u16>, message: &str) -> Map<String, Value> {
+    let mut error = Map::new();
+    error.insert("class".into(), class.into());
+    if let Some(status) = status {
+        error.insert("status".into(), status.into());
+    }
+    error.insert("message".into(), message.into());
+    error
+}
+
+fn transient(
+    spec: &HttpSpec,
+    status: Option<u16>,
+    message: &str,
+    retry_after_ms: Option<u64>,
+) -> Outcome {
+    let mut error = error_payload(
+        ErrorClass::Transient { retry_after_ms }.name(),
+        status,
+        message,
+    );
+    let mut payload = Map::new();
+    if let Some(ms) = retry_after_ms {
+        error.insert("retry_after_ms".into(), ms.into());
+        payload.insert("retry_after_ms".into(), ms.into());
+    }
+    payload.insert("error".into(), Value::Object(error));
+    Outcome::event(&spec.transient_event, Value::Object(payload))
+}
+
+fn fatal(spec: &HttpSpec, status: Option<u16>, message: &str, reason: &str) -> Outcome {
+    let error = error_payload(ErrorClass::Fatal.name(), status, message);
+    Outcome::event(
+        &spec.fatal_event,
+        json!({ "error": error, "reason": reason }),
+    )
+}
+
+/// A well-formed 2xx reply.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    Events(Vec<(String, Value)>),
+    Decision(Value),
+}
+
+/// Parses `{"events": [..]}` or `{"decision": {..}}`; the error says what is wrong.
+pub fn parse_reply(bytes: &[u8]) -> Result<Reply, String> {
+    let value: Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("reply is not JSON: {e}"))?;
+    let Value::Object(mut reply) = value else {
+        return Err("reply must be a JSON object".into());
+    };
+    if let Some(key) = reply.keys().find(|k| *k != "events" && *k != "decision") {
+        return Err(format!(
+            "unknown field `{key}`: a reply has `events` or `decision`"
+        ));
+    }
+    match (reply.remove("events"), reply.remove("decision")) {
+        (Some(events), None) => parse_events(events).map(Reply::Events),
+        (None, Some(decision @ Value::Object(_))) => Ok(Reply::Decision(decision)),
+        (None, Some(_)) => Err("`decision` must be an object".into()),
+        (Some(_), Some(_)) => Err("a reply has `events` or `decision`, not both".into()),
+        (None, None) => Err("a reply needs `events` or `decision`".into()),
+    }
+}
+
+fn parse_events(events: Value) -> Result<Vec<(String, Value)>, String> {
+    let Value::Array(events) = events else {
+        return Err("`events` must be an array".into());
+    };
+    if events.is_empty() || events.len() > REPLY_EVENTS_MAX {
+        return Err(format!(
+            "`events` must hold 1..={REPLY_EVENTS_MAX} events, not {}",
+            events.len()
+        ));
+    }
+    events
+        .into_iter()
+        .enumerate()
+        .map(|(i, event)| parse_event(event).map_err(|e| format!("events[{i}]: {e}")))
+        .collect()
+}
+
+fn parse_event(event: Value) -> Result<(String, Value), String> {
+    let Value::Object(mut event) = event else {
+        return Err("an event must be an object".into());
+    };
+    if let Some(key) = event.keys().find(|k| *k != "type" && *k != "payload") {
+        return Err(format!(
+            "unknown field `{key}`: an event has `type` and `payload`"
+        ));
+    }
+    let kind = match event.remove("type") {
+        Some(Value::String(kind)) if !kind.is_empty() && kind.len() <= EVENT_TYPE_LEN_MAX => kind,
+        _ => {
+            return Err(format!(
+                "`type` must be a string of 1..={EVENT_TYPE_LEN_MAX} bytes"
+            ));
+        }
+    };
+    if EngineEvent::is_reserved(&kind) {
+        return Err(format!(
+            "`{kind}` is an engine event; a node cannot send it"
+        ));
+    }
+    let payload = match event.remove("payload") {
+        None | Some(Value::Null) => Value::Object(Map::new()),
+        Some(payload @ Value::Object(_)) => payload,
+        Some(_) => return Err("`payload` must be an object".into()),
+    };
+    let size = serde_json::to_vec(&payload)
+        .map(|b| b.len())
+        .unwrap_or(usize::MAX);
+    if size > rein_core::limits::EVENT_PAYLOAD_BYTES_MAX {
+        return Err(format!(
+            "payload of `{kind}` is {size} bytes; at most {} are accepted",
+            rein_core::limits::EVENT_PAYLOAD_BYTES_MAX
+        ));
+    }
+    Ok((kind, payload))
+}
+
+/// Parses `{"applied": true, "events": [..]}` or `{"applied": false}`.
+pub fn parse_reconcile_reply(bytes: &[u8]) -> Result<Reconciled, String> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    let Value::Object(mut reply) = value else {
+        return Err("must be a JSON object".into());
+    };
+    match reply.remove("applied") {
+        Some(Value::Bool(true)) => match reply.remove("events") {
+            Some(events) => parse_events(events).map(Reconciled::Applied),
+            None => Err("`applied: true` needs the `events` the call produced".into()),
+        },
+        Some(Value::Bool(false)) => Ok(Reconciled::NotApplied),
+        _ => Err("needs a boolean `applied`".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparent_is_w3c_version_00_with_the_run_as_trace() {
+        let run = Uuid::parse_str("0190f2a4-1b2c-7d3e-8f40-5a6b7c8d9e0f").unwrap();
+        assert_eq!(
+            traceparent(run, 0xab),
+            "00-0190f2a41b2c7d3e8f405a6b7c8d9e0f-00000000000000ab-01"
+        );
+        // An all-zero span id is invalid in W3C trace context.
+        assert!(traceparent(run, 0).ends_with("-0000000000000001-01"));
+    }
+
+    #[test]
+    fn retry_after_takes_seconds_or_an_http_date() {
+        let now = DateTime::parse_from_rfc3339("2015-10-21T07:28:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        assert_eq!(retry_after_s(" 7 ", now), Some(7));
+        assert_eq!(
+            retry_after_s("Wed, 21 Oct 2015 07:28:30 GMT", now),
+            Some(30)
+        );
+        assert_eq!(retry_after_s("Wed, 21 Oct 2015 07:27:00 GMT", now), Some(0));
+        assert_eq!(retry_after_s("soon", now), None);
+        assert_eq!(retry_after_s("-3", now), None);
+    }
+
+    #[test]
+    fn replies_parse_or_say_what_is_wrong() {
+        assert_eq!(
+            parse_reply(br#"{"events":[{"type":"A"},{"type":"B","payload":{"x":1}}]}"#),
+            Ok(Reply::Events(vec![
+                ("A".into(), json!({})),
+                ("B".into(), json!({ "x": 1 })),
+            ]))
+        );
+        assert_eq!(
+            parse_reply(br#"{"decision":{"decision":"PLAN_READY"}}"#),
+            Ok(Reply::Decision(json!({ "decision": "PLAN_READY" })))
+        );
+        for (body, says) in [
+            (&b"<html>"[..], "not JSON"),
+            (br#"[1]"#, "JSON object"),
+            (br#"{}"#, "needs `events` or `decision`"),
+            (br#"{"events":[]}"#, "1..=32"),
+            (br#"{"events":[{"type":""}]}"#, "events[0]: `type`"),
+            (
+                br#"{"events":[{"type":"A","payload":3}]}"#,
+                "`payload` must be an object",
+            ),
+            (br#"{"events":[{"type":"CANCEL"}]}"#, "engine event"),
+            (
+                br#"{"events":[{"type":"A","extra":1}]}"#,
+                "unknown field `extra`",
+            ),
+            (br#"{"event":[]}"#, "unknown field `event`"),
+            (br#"{"decision":"A"}"#, "must be an object"),
+            (br#"{"decision":{},"events":[{"type":"A"}]}"#, "not both"),
+        ] {
+            let err = parse_reply(body).expect_err(&String::from_utf8_lossy(body));
+            assert!(err.contains(says), "{err:?} should say {says:?}");
+        }
+        let big = format!(
+            r#"{{"events":[{{"type":"A","payload":{{"s":"{}"}}}}]}}"#,
+            "x".repeat(rein_core::limits::EVENT_PAYLOAD_BYTES_MAX)
+        );
+        assert!(parse_reply(big.as_bytes()).unwrap_err().contains("bytes"));
+    }
+
+    #[test]
+    fn reconcile_replies_parse() {
+        assert_eq!(
+            parse_reconcile_reply(br#"{"applied":false}"#),
+            Ok(Reconciled::NotApplied)
+        );
+        assert_eq!(
+            parse_reconcile_reply(br#"{"applied":true,"events":[{"type":"OK"}]}"#),
+            Ok(Reconciled::Applied(vec![("OK".into(), json!({}))]))
+        );
+        assert!(parse_reconcile_reply(br#"{"applied":true}"#).is_err());
+        assert!(parse_reconcile_reply(br#"{"applied":"yes"}"#).is_err());
+    }
+
+    fn spec() -> HttpSpec {
+        HttpSpec {
+            url: "http://127.0.0.1:1/".into(),
+            timeout_ms: 1000,
+            transient_event: "SOFT".into(),
+            fatal_event: "HARD".into(),
+            reconcile_url: None,
+        }
+    }
+
+    #[test]
+    fn statuses_are_classified_by_rein_core() {
+        let body = |s: &str| Ok(Ok(s.as_bytes().to_vec()));
+        let Outcome::Events(events) = outcome_of_reply(&spec(), 503, Some(2), body("busy")) else {
+            panic!("503 must be an event");
+        };
+        assert_eq!(events[0].0, "SOFT");
+        assert_eq!(events[0].1["retry_after_ms"], 2000);
+        assert_eq!(events[0].1["error"]["class"], "transient");
+        assert_eq!(events[0].1["error"]["status"], 503);
+        assert!(
+            events[0].1["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("busy")
+        );
+        for status in [429, 500, 408] {
+            let Outcome::Events(events) = outcome_of_reply(&spec(), status, None, body("")) else {
+                panic!("{status} must be an event");
+            };
+            assert_eq!(events[0].0, "SOFT", "{status}");
+            assert!(events[0].1.get("retry_after_ms").is_none());
+        }
+        for status in [400, 403, 404, 422, 409, 301] {
+            let Outcome::Events(events) = outcome_of_reply(&spec(), status, None, body("no"))
+            else {
+                panic!("{status} must be an event");
+            };
+            assert_eq!(events[0].0, "HARD", "{status}");
+            assert_eq!(events[0].1["error"]["class"], "fatal");
+            assert_eq!(events[0].1["reason"], format!("http_status_{status}"));
+        }
+        let Outcome::Events(events) = outcome_of_reply(&spec(), 200, None, body("nope")) else {
+            panic!("a malformed 2xx must be the fatal event");
+        };
+        assert_eq!(events[0].0, "HARD");
+        assert_eq!(events[0].1["reason"], "http_bad_reply");
+        assert!(matches!(
+            outcome_of_reply(&spec(), 200, None, Err("reset".into())),
+            Outcome::InDoubt(_)
+        ));
+        assert!(matches!(
+            outcome_of_reply(&spec(), 200, None, Ok(Err(REPLY_BYTES_MAX + 1))),
+            Outcome::Events(e) if e[0].0 == "HARD"
+        ));
+    }
+}

@@ -1,0 +1,592 @@
+//! The `http` node action (SPEC I2, X6, X7, R2) against a real PostgreSQL and the example
+//! node server (`examples/node_server.py`), which stands in for an external agent service.
+
+// The fixtures are the store tests' own: one copy for both crates.
+#[path = "../../store/tests/common/mod.rs"]
+mod common;
+
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{assert_replays, event_types, store, wait_until};
+use rein_core::{Definition, Format, GuardRegistry};
+use rein_scheduler::{Scheduler, SchedulerConfig};
+use rein_store::{EnqueueRequest, Store, StoredEvent};
+use rein_worker::{Worker, WorkerConfig, builtin_registry};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+const LONG: Duration = Duration::from_secs(30);
+const EXAMPLE: &str = include_str!("../../../examples/research-agent-http.toml");
+
+/// `examples/node_server.py` as a child process in its own process group, killed with its
+/// group when dropped. Its output goes to a file under the target's temporary directory.
+struct NodeServer {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+    http: reqwest::Client,
+}
+
+impl NodeServer {
+    fn start(name: &str) -> NodeServer {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("http_node");
+        std::fs::create_dir_all(&dir).expect("log dir");
+        let log = dir.join(format!("{name}.log"));
+        let out = File::create(&log).expect("log file");
+        let err = out.try_clone().expect("log file");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/node_server.py");
+        let child = Command::new("python3")
+            .arg("-u")
+            .arg(&script)
+            .args(["--host", "127.0.0.1", "--port", "0"])
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .spawn()
+            .expect("start python3 examples/node_server.py");
+        let mut server = NodeServer {
+            child,
+            port: 0,
+            log,
+            http: reqwest::Client::new(),
+        };
+        let started = Instant::now();
+        server.port = loop {
+            let text = std::fs::read_to_string(&server.log).unwrap_or_default();
+            if let Some(port) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("listening on http://127.0.0.1:"))
+            {
+                break port.trim().parse().expect("a port number");
+            }
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!("the node server exited ({status}): {text}");
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "the node server did not start; its log {}: {text}",
+                server.log.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        server
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// Scripts the next replies of `node` (see the server's docstring).
+    async fn script(&self, node: &str, steps: Value) {
+        let reply = self
+            .http
+            .post(self.url("/control"))
+            .json(&json!({ "node": node, "script": steps }))
+            .send()
+            .await
+            .expect("control");
+        assert!(reply.status().is_success());
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        self.http
+            .get(self.url(path))
+            .send()
+            .await
+            .expect("GET")
+            .json()
+            .await
+            .expect("JSON")
+    }
+
+    /// Every node and reconcile request the server received, in order.
+    async fn requests(&self) -> Vec<Value> {
+        self.get("/requests")
+            .await
+            .as_array()
+            .expect("a list")
+            .clone()
+    }
+
+    /// How often each applied idempotency key was delivered.
+    async fn deliveries(&self, key: &str) -> u64 {
+        self.get("/applied").await[key]["deliveries"]
+            .as_u64()
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for NodeServer {
+    fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill(2) with a negative pid signals the process group the server
+            // leads (it was spawned with process_group(0)); no memory is touched.
+            unsafe {
+                libc::kill(-pid, libc::SIGKILL);
+            }
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// The example definition with the server's port in place of `{{PORT}}`.
+fn definition_text(server: &NodeServer) -> String {
+    EXAMPLE.replace("{{PORT}}", &server.port.to_string())
+}
+
+/// The `[[states]]` block of `state`, as a byte range of `text`.
+fn state_block(text: &str, state: &str) -> std::ops::Range<usize> {
+    let start = text
+        .find(&format!("[[states]]\nname = \"{state}\""))
+        .expect("the state's block");
+    let rest = &text[start + 1..];
+    let end = ["\n[[states]]", "\n[[transitions]]"]
+        .iter()
+        .filter_map(|marker| rest.find(marker))
+        .min()
+        .map_or(text.len(), |i| start + 1 + i);
+    start..end
+}
+
+/// Applies `edit` to the `[[states]]` block of `state` only.
+fn edit_state(text: &str, state: &str, edit: impl Fn(&str) -> String) -> String {
+    let block = state_block(text, state);
+    format!(
+        "{}{}{}",
+        &text[..block.start],
+        edit(&text[block.clone()]),
+        &text[block.end..]
+    )
+}
+
+/// ACTING with a short call timeout (and, optionally, no reconcile hook).
+fn short_acting_timeout(text: &str, reconcile: bool) -> String {
+    edit_state(text, "ACTING", |block| {
+        assert!(block.contains("timeout_ms = 5000\n"));
+        let block = block.replace("timeout_ms = 5000\n", "timeout_ms = 400\n");
+        if reconcile {
+            block
+        } else {
+            block
+                .lines()
+                .filter(|l| !l.starts_with("reconcile_url"))
+                .map(|l| format!("{l}\n"))
+                .collect()
+        }
+    })
+}
+
+async fn register(store: &Store, text: &str) -> Definition {
+    let def = Definition::parse(text, Format::Toml, &GuardRegistry::new()).expect("parse");
+    store.register_definition(&def).await.expect("register");
+    def
+}
+
+/// A worker with the built-in handlers and a background scheduler (for RETRY_DUE).
+struct Fleet {
+    stop: CancellationToken,
+    worker: JoinHandle<()>,
+    scheduler: JoinHandle<()>,
+}
+
+impl Fleet {
+    fn start(store: &Store) -> Fleet {
+        let stop = CancellationToken::new();
+        let mut config = WorkerConfig::new("http-worker");
+        config.lease_ttl_ms = 5_000;
+        config.poll_interval_ms = 20;
+        config.shutdown_grace_ms = 1_000;
+        let worker = Worker::new(store.clone(), config, builtin_registry(store.clone()));
+        let mut sched_config = SchedulerConfig::new("http-scheduler");
+        sched_config.tick_ms = 50;
+        let mut scheduler = Scheduler::new(store.clone(), sched_config);
+        Fleet {
+            worker: tokio::spawn({
+                let stop = stop.clone();
+                async move { worker.run(stop).await.expect("worker run") }
+            }),
+            scheduler: tokio::spawn({
+                let stop = stop.clone();
+                async move { scheduler.run(stop).await.expect("scheduler run") }
+            }),
+            stop,
+        }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.worker.await.expect("worker task");
+        self.scheduler.await.expect("scheduler task");
+    }
+}
+
+async fn enqueue(store: &Store, def: &Definition) -> Uuid {
+    store
+        .enqueue(EnqueueRequest::new(
+            def.clone(),
+            json!({ "query": "fencing tokens" }),
+        ))
+        .await
+        .expect("enqueue")
+        .run_id
+}
+
+/// Waits until the run is terminal or needs an operator; returns its final row.
+async fn settle(store: &Store, run: Uuid) -> rein_store::RunRow {
+    wait_until(
+        &format!("run {run} is terminal or needs an operator"),
+        LONG,
+        || async {
+            let status = store.run(run).await.expect("run").status;
+            status == "terminal" || status == "needs_operator"
+        },
+    )
+    .await;
+    store.run(run).await.expect("run")
+}
+
+async fn events_of(store: &Store, run: Uuid, kind: &str) -> Vec<StoredEvent> {
+    store
+        .history(run)
+        .await
+        .expect("history")
+        .into_iter()
+        .filter(|e| e.kind == kind)
+        .collect()
+}
+
+fn node_calls<'a>(requests: &'a [Value], node: &str) -> Vec<&'a Value> {
+    let path = format!("/nodes/{node}");
+    requests.iter().filter(|r| r["path"] == path).collect()
+}
+
+fn header<'a>(request: &'a Value, name: &str) -> &'a str {
+    request["headers"][name]
+        .as_str()
+        .unwrap_or_else(|| panic!("header {name} missing from {request}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_nodes_drive_a_run_to_success_with_rein_headers() {
+    let server = NodeServer::start("success");
+    let store = store("http_node_success").await;
+    let def = register(&store, &definition_text(&server)).await;
+    let run = enqueue(&store, &def).await;
+    let fleet = Fleet::start(&store);
+    let row = settle(&store, run).await;
+    fleet.stop().await;
+
+    assert_eq!(
+        row.state,
+        "SUCCEEDED",
+        "{:?}",
+        event_types(&store, run).await
+    );
+    assert_eq!(row.projection.results.len(), 1);
+    assert_eq!(row.projection.results[0]["value"]["tool"], "search");
+    assert_eq!(row.projection.data["output"], "1 result(s)");
+
+    let requests = server.requests().await;
+    let paths: Vec<&str> = requests
+        .iter()
+        .map(|r| r["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "/nodes/INTAKE",
+            "/nodes/PLANNING",
+            "/nodes/ACTING",
+            "/nodes/OBSERVING",
+            "/nodes/FINALIZING"
+        ]
+    );
+    // Each call was dispatched first, and carries that dispatch's key, call id and token.
+    let dispatched = events_of(&store, run, "ACTION_DISPATCHED").await;
+    assert_eq!(dispatched.len(), requests.len());
+    let mut spans = Vec::new();
+    for (request, dispatch) in requests.iter().zip(&dispatched) {
+        let node = dispatch.payload["node"].as_str().unwrap();
+        assert_eq!(request["path"], format!("/nodes/{node}"));
+        let key = rein_core::hash::idempotency_key(
+            &run.to_string(),
+            node,
+            dispatch.payload["action_id"].as_str().unwrap(),
+        );
+        assert_eq!(dispatch.payload["idempotency_key"], key.as_str());
+        assert_eq!(header(request, "idempotency-key"), key);
+        assert_eq!(request["body"]["idempotency_key"], key.as_str());
+        assert_eq!(header(request, "rein-call-id"), dispatch.payload["call_id"]);
+        assert_eq!(header(request, "rein-run-id"), run.to_string());
+        assert_eq!(
+            header(request, "rein-fencing-token")
+                .parse::<i64>()
+                .unwrap(),
+            dispatch.token,
+            "the token the call was dispatched under"
+        );
+        assert!(dispatch.token >= 1);
+        assert_eq!(header(request, "content-type"), "application/json");
+
+        let parts: Vec<&str> = header(request, "traceparent").split('-').collect();
+        assert_eq!(parts.len(), 4, "{parts:?}");
+        assert_eq!(parts[0], "00");
+        assert_eq!(parts[1], run.simple().to_string(), "trace id is the run id");
+        assert_eq!(parts[2].len(), 16);
+        assert!(
+            parts[2]
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+        assert_ne!(parts[2], "0000000000000000");
+        assert_eq!(parts[3], "01", "sampled");
+        spans.push(parts[2].to_owned());
+
+        let body = &request["body"];
+        assert_eq!(body["run_id"], run.to_string());
+        assert_eq!(body["node"], node);
+        assert_eq!(body["definition"]["name"], "research-agent-http");
+        assert_eq!(body["data"]["query"], "fencing tokens");
+        assert!(body["resume"]["steps_completed"].is_u64());
+    }
+    spans.sort();
+    spans.dedup();
+    assert_eq!(spans.len(), requests.len(), "a fresh span per call");
+    // OBSERVING saw the finished tool step in its resume brief.
+    let observing = node_calls(&requests, "OBSERVING");
+    assert_eq!(observing[0]["body"]["resume"]["steps_completed"], 1);
+    assert_eq!(observing[0]["body"]["results"].as_array().unwrap().len(), 1);
+    assert_replays(&store, run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_503_then_200_retries_with_the_same_idempotency_key() {
+    let server = NodeServer::start("retry");
+    server
+        .script("ACTING", json!([{ "status": 503, "retry_after": "1" }]))
+        .await;
+    let store = store("http_node_retry").await;
+    let def = register(&store, &definition_text(&server)).await;
+    let run = enqueue(&store, &def).await;
+    let fleet = Fleet::start(&store);
+    let row = settle(&store, run).await;
+    fleet.stop().await;
+
+    let types = event_types(&store, run).await;
+    assert_eq!(row.state, "SUCCEEDED", "{types:?}");
+    let failed = events_of(&store, run, "TOOL_RETRYABLE_FAILED").await;
+    assert_eq!(failed.len(), 1, "{types:?}");
+    let error = &failed[0].payload["error"];
+    assert_eq!(error["class"], "transient");
+    assert_eq!(error["status"], 503);
+    assert_eq!(failed[0].payload["retry_after_ms"], 1000, "Retry-After: 1");
+    assert_eq!(events_of(&store, run, "RETRY_DUE").await.len(), 1);
+
+    let requests = server.requests().await;
+    let acting = node_calls(&requests, "ACTING");
+    assert_eq!(acting.len(), 2);
+    let key = header(acting[0], "idempotency-key");
+    assert_eq!(
+        header(acting[1], "idempotency-key"),
+        key,
+        "same key on the retry"
+    );
+    assert_ne!(
+        header(acting[0], "rein-call-id"),
+        header(acting[1], "rein-call-id"),
+        "each attempt is a new call"
+    );
+    assert_eq!(acting[0]["body"]["attempt"], 0);
+    assert_eq!(acting[1]["body"]["attempt"], 1);
+    assert_eq!(
+        acting[1]["body"]["resume"]["last_error"]["status"], 503,
+        "the retry is told what went wrong"
+    );
+    assert_eq!(server.deliveries(key).await, 1, "applied once");
+    assert_replays(&store, run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_422_takes_the_fatal_path_without_a_retry() {
+    let server = NodeServer::start("fatal");
+    server.script("ACTING", json!([{ "status": 422 }])).await;
+    let store = store("http_node_fatal").await;
+    let def = register(&store, &definition_text(&server)).await;
+    let run = enqueue(&store, &def).await;
+    let fleet = Fleet::start(&store);
+    let row = settle(&store, run).await;
+    // Give a wrongly scheduled retry the time to happen before looking.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    fleet.stop().await;
+
+    let types = event_types(&store, run).await;
+    assert_eq!(row.state, "FAILED", "{types:?}");
+    assert_eq!(row.terminal_reason.as_deref(), Some("http_status_422"));
+    let fatal = events_of(&store, run, "TOOL_FATAL_FAILED").await;
+    assert_eq!(fatal.len(), 1);
+    assert_eq!(fatal[0].payload["error"]["class"], "fatal");
+    assert_eq!(fatal[0].payload["error"]["status"], 422);
+    assert!(
+        !types
+            .iter()
+            .any(|t| t == "TOOL_RETRYABLE_FAILED" || t == "RETRY_DUE")
+    );
+    let requests = server.requests().await;
+    assert_eq!(node_calls(&requests, "ACTING").len(), 1, "no retry call");
+    assert!(node_calls(&requests, "OBSERVING").is_empty());
+    assert_replays(&store, run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_malformed_reply_takes_the_fatal_event() {
+    let server = NodeServer::start("malformed");
+    server
+        .script("ACTING", json!([{ "raw": "<html>oops</html>" }]))
+        .await;
+    let store = store("http_node_malformed").await;
+    let def = register(&store, &definition_text(&server)).await;
+    let run = enqueue(&store, &def).await;
+    let fleet = Fleet::start(&store);
+    let row = settle(&store, run).await;
+    fleet.stop().await;
+
+    assert_eq!(row.state, "FAILED", "{:?}", event_types(&store, run).await);
+    assert_eq!(row.terminal_reason.as_deref(), Some("http_bad_reply"));
+    let fatal = events_of(&store, run, "TOOL_FATAL_FAILED").await;
+    let message = fatal[0].payload["error"]["message"].as_str().unwrap();
+    assert!(message.contains("not JSON"), "{message}");
+    assert_replays(&store, run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_connect_refused_commits_the_transient_event() {
+    let server = NodeServer::start("refused");
+    // A port nothing listens on: bound, then let go.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let text = edit_state(&definition_text(&server), "INTAKE", |block| {
+        block.replace(
+            &format!("127.0.0.1:{}/nodes/INTAKE", server.port),
+            &format!("127.0.0.1:{closed}/nodes/INTAKE"),
+        )
+    });
+    let store = store("http_node_refused").await;
+    let def = register(&store, &text).await;
+    let run = enqueue(&store, &def).await;
+    let fleet = Fleet::start(&store);
+    let row = settle(&store, run).await;
+    fleet.stop().await;
+
+    // INTAKE's transient event is UNRECOVERABLE in the example definition.
+    assert_eq!(row.state, "FAILED", "{:?}", event_types(&store, run).await);
+    let failed = events_of(&store, run, "UNRECOVERABLE").await;
+    assert_eq!(failed[0].payload["error"]["class"], "transient");
+    assert!(failed[0].payload["error"].get("status").is_none());
+    let message = failed[0].payload["error"]["message"].as_str().unwrap();
+    assert!(message.contains("cannot connect"), "{message}");
+    assert!(server.requests().await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_timeout_after_send_is_reconciled_before_any_second_call() {
+    let server = NodeServer::start("in_doubt");
+    // Longer than ACTING's 400 ms timeout; the server applies the call when it wakes.
+    server.script("ACTING", json!([{ "sleep_ms": 1500 }])).await;
+    let store = store("http_node_in_doubt").await;
+    let def = register(
+        &store,
+        &short_acting_timeout(&definition_text(&server), true),
+    )
+    .await;
+    let run = enqueue(&store, &def).await;
+    let fleet = Fleet::start(&store);
+    let row = settle(&store, run).await;
+    fleet.stop().await;
+
+    let types = event_types(&store, run).await;
+    assert_eq!(row.state, "SUCCEEDED", "{types:?}");
+    let in_doubt = types
+        .iter()
+        .position(|t| t == "ACTION_RESULT_IN_DOUBT")
+        .expect("the call was in doubt");
+    let succeeded = types.iter().position(|t| t == "TOOL_SUCCEEDED").unwrap();
+    assert!(in_doubt < succeeded, "{types:?}");
+    assert!(!types.iter().any(|t| t == "ACTION_NOT_APPLIED"));
+    // The reconciled result settles the call that was in doubt.
+    let dispatched = events_of(&store, run, "ACTION_DISPATCHED").await;
+    let acting = dispatched
+        .iter()
+        .find(|e| e.payload["node"] == "ACTING")
+        .unwrap();
+    let ok = events_of(&store, run, "TOOL_SUCCEEDED").await;
+    assert_eq!(ok[0].payload["call_id"], acting.payload["call_id"]);
+    assert_eq!(ok[0].payload["result"]["tool"], "search");
+
+    let key = acting.payload["idempotency_key"].as_str().unwrap();
+    let requests = server.requests().await;
+    let with_key: Vec<&str> = requests
+        .iter()
+        .filter(|r| r["idempotency_key"] == key)
+        .map(|r| r["path"].as_str().unwrap())
+        .collect();
+    // Reconcile may be asked more than once (a question that times out while the node is
+    // still working is asked again), but the node is never called a second time.
+    assert_eq!(with_key[0], "/nodes/ACTING", "{with_key:?}");
+    assert!(with_key.len() >= 2, "reconcile was asked: {with_key:?}");
+    assert!(
+        with_key[1..].iter().all(|p| *p == "/reconcile"),
+        "reconcile was asked and nothing was sent again: {with_key:?}"
+    );
+    let reconcile = requests.iter().find(|r| r["path"] == "/reconcile").unwrap();
+    assert_eq!(reconcile["body"]["idempotency_key"], key);
+    assert_eq!(reconcile["body"]["run_id"], run.to_string());
+    assert_eq!(reconcile["body"]["node"], "ACTING");
+    assert_eq!(node_calls(&requests, "ACTING").len(), 1);
+    assert_eq!(server.deliveries(key).await, 1, "applied once");
+    assert_replays(&store, run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_timeout_without_reconcile_url_needs_an_operator() {
+    let server = NodeServer::start("no_reconcile");
+    server.script("ACTING", json!([{ "sleep_ms": 1500 }])).await;
+    let store = store("http_node_no_reconcile").await;
+    let text = short_acting_timeout(&definition_text(&server), false);
+    assert!(!text[state_block(&text, "ACTING")].contains("reconcile_url"));
+    assert!(text[state_block(&text, "OBSERVING")].contains("reconcile_url"));
+    let def = register(&store, &text).await;
+    let run = enqueue(&store, &def).await;
+    let fleet = Fleet::start(&store);
+    let row = settle(&store, run).await;
+    // Long enough for the sleeping call to be applied and for a blind retry to show.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    fleet.stop().await;
+
+    let types = event_types(&store, run).await;
+    assert_eq!(row.status, "needs_operator", "{types:?}");
+    assert_eq!(row.state, "ACTING");
+    let row = store.run(run).await.expect("run");
+    assert_eq!(
+        row.status, "needs_operator",
+        "it stays parked for an operator"
+    );
+    assert!(types.iter().any(|t| t == "ACTION_RESULT_IN_DOUBT"));
+    assert!(types.iter().any(|t| t == "OPERATOR_REQUIRED"));
+    let requests = server.requests().await;
+    assert_eq!(
+        node_calls(&requests, "ACTING").len(),
+        1,
+        "never a blind retry of a side effect"
+    );
+    assert!(!requests.iter().any(|r| r["path"] == "/reconcile"));
+    assert_replays(&store, run).await;
+}
