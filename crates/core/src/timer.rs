@@ -7,6 +7,9 @@
 use crate::definition::{Definition, StateKind};
 use crate::state::RunState;
 
+/// The longest `Retry-After` honoured: one hour.
+pub const RETRY_AFTER_MS_MAX: u64 = 3_600_000;
+
 /// The next timer of a run, measured from when it entered its current state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Timer {
@@ -22,10 +25,18 @@ pub fn next_timer(def: &Definition, run: &RunState, jitter_sample: f64) -> Optio
     let mut due: Option<u64> = None;
     let mut earliest = |ms: u64| due = Some(due.map_or(ms, |d| d.min(ms)));
     if state.backoff.is_some() {
-        earliest(
-            def.retry_policy(&run.state)
-                .backoff_ms(run.attempt, jitter_sample),
-        );
+        let backoff = def
+            .retry_policy(&run.state)
+            .backoff_ms(run.attempt, jitter_sample);
+        // A server that said when to come back (429/503 Retry-After) is not asked sooner
+        // (SPEC R2); what it may ask for is capped.
+        let asked = run
+            .last_error
+            .as_ref()
+            .and_then(|e| e.get("retry_after_ms"))
+            .and_then(serde_json::Value::as_u64)
+            .map_or(0, |ms| ms.min(RETRY_AFTER_MS_MAX));
+        earliest(backoff.max(asked));
     }
     if let Some(timeout) = &state.timeout {
         earliest(timeout.after_ms);

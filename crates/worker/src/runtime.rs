@@ -741,7 +741,16 @@ impl Driver {
         step: u32,
         action_id: &str,
     ) -> Result<(), Stop> {
-        let call = match rein_core::decision::validate(&self.def, &self.state, &decision) {
+        let mut validated = rein_core::decision::validate(&self.def, &self.state, &decision);
+        if matches!(validated, Ok(Valid::Call(_))) && self.state.pending_call().is_some() {
+            // The node's own call (an `http` node is dispatched) is still open: one step
+            // cannot hold two calls.
+            validated = Err(rein_core::decision::Rejection {
+                step: rein_core::decision::Step::Tool,
+                reason: "this node's own call is still open: a node dispatched as a call cannot also call a tool in the same step; let a side-effect-free model node decide".into(),
+            });
+        }
+        let call = match validated {
             Err(rejection) => {
                 warn!(run_id = %self.run_id, step = rejection.step.as_str(), reason = %rejection.reason, "decision rejected");
                 let next = self

@@ -590,3 +590,39 @@ async fn http_timeout_without_reconcile_url_needs_an_operator() {
     assert!(!requests.iter().any(|r| r["path"] == "/reconcile"));
     assert_replays(&store, run).await;
 }
+
+/// A node may answer with a model decision instead of events; the engine validates it like
+/// any other (SPEC D1): a tool the state does not offer is refused at the `tool` step,
+/// recorded with its reason, and moves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_decision_reply_is_validated_and_a_bad_one_is_recorded_not_obeyed() {
+    let server = NodeServer::start("decision");
+    let decision = json!({ "decision": { "decision": "call_tool", "tool": "wire_money",
+                                          "args": { "amount": 1_000_000 } } });
+    server
+        .script(
+            "ACTING",
+            json!([{ "raw": decision.to_string(), "status": 200 }]),
+        )
+        .await;
+    let store = store("http_node_decision").await;
+    let def = register(&store, &definition_text(&server)).await;
+    let run = enqueue(&store, &def).await;
+    let fleet = Fleet::start(&store);
+    let row = settle(&store, run).await;
+    fleet.stop().await;
+
+    assert_eq!(row.status, "needs_operator", "no on_rejected_decision here");
+    assert_eq!(row.state, "ACTING", "the decision moved nothing");
+    let rejected = events_of(&store, run, "DECISION_REJECTED").await;
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(rejected[0].payload["step"], "tool");
+    assert!(
+        rejected[0].payload["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("wire_money")),
+        "{}",
+        rejected[0].payload
+    );
+    assert_replays(&store, run).await;
+}
