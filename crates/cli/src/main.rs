@@ -64,6 +64,9 @@ enum Command {
     Enqueue(ops::EnqueueArgs),
     /// Send an event to a run (reply, approval, cancel).
     Send(ops::SendArgs),
+    /// Settle a run's in-doubt call by hand: `applied` (with its result event) or
+    /// `not-applied` (the step is dispatched again with the same idempotency key).
+    Resolve(ops::ResolveArgs),
     /// Inspect runs.
     #[command(subcommand)]
     Runs(ops::RunsCommand),
@@ -117,6 +120,7 @@ fn main() -> ExitCode {
                     Command::Scheduler(args) => ops::scheduler(args).await,
                     Command::Enqueue(args) => ops::enqueue(args).await,
                     Command::Send(args) => ops::send(args).await,
+                    Command::Resolve(args) => ops::resolve(args).await,
                     Command::Runs(cmd) => ops::runs(cmd).await,
                     Command::Approvals(cmd) => approvals::approvals(cmd).await,
                     Command::Approve(args) => approvals::decide(args, true).await,

@@ -81,6 +81,33 @@ pub struct SendArgs {
     sender: String,
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Resolution {
+    /// The call took effect: commit its result event (`--event`, a call result).
+    Applied,
+    /// The call did not take effect: the step may be dispatched again with the same key.
+    NotApplied,
+}
+
+#[derive(clap::Args)]
+pub struct ResolveArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    run: Uuid,
+    /// What the operator found out about the run's open call.
+    #[arg(value_enum)]
+    resolution: Resolution,
+    /// For `applied`: the call's result event (one of the definition's call results).
+    #[arg(long)]
+    event: Option<String>,
+    /// For `applied`: the result event's payload, as JSON.
+    #[arg(long, default_value = "{}")]
+    payload: String,
+    /// Who resolves it (recorded with the event).
+    #[arg(long = "as", env = "REIN_OPERATOR")]
+    by: String,
+}
+
 #[derive(clap::Subcommand)]
 pub enum RunsCommand {
     /// One run: state, status, sequence, attempt, lease.
@@ -304,6 +331,79 @@ pub async fn send(args: SendArgs) -> u8 {
         }
         Ok(SendOutcome::Queued { inbox_id }) => {
             println!("queued in the run's inbox (entry {inbox_id}); the lease holder applies it");
+            exit::OK
+        }
+        Err(e) => report(&e),
+    }
+}
+
+/// Settles a run's in-doubt call by hand (SPEC M9, X7): the operator says whether it took
+/// effect, and the run moves on.
+pub async fn resolve(args: ResolveArgs) -> u8 {
+    if args.by.trim().is_empty() || args.by.len() > 256 {
+        eprintln!("error: --as must name who resolves the call (1..=256 bytes)");
+        return exit::INPUT;
+    }
+    let mut payload = match parse_json("--payload", &args.payload) {
+        Ok(Value::Object(map)) => Value::Object(map),
+        Ok(_) => {
+            eprintln!("error: --payload must be a JSON object");
+            return exit::INPUT;
+        }
+        Err(code) => return code,
+    };
+    let store = match connect(&args.db, false).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let row = match store.run(args.run).await {
+        Ok(r) => r,
+        Err(e) => return report(&e),
+    };
+    let Some(call_id) = row.projection.pending_call().map(str::to_owned) else {
+        eprintln!(
+            "error: run {} has no open call to resolve (state {}, status {})",
+            args.run, row.state, row.status
+        );
+        return exit::REFUSED;
+    };
+    let sender = format!("operator:{}", args.by);
+    let event = match (args.resolution, args.event.as_deref()) {
+        (Resolution::NotApplied, None) => {
+            payload = json!({ "call_id": call_id, "by": sender });
+            "ACTION_NOT_APPLIED".to_owned()
+        }
+        (Resolution::NotApplied, Some(_)) => {
+            eprintln!("error: `not-applied` takes no --event");
+            return exit::INPUT;
+        }
+        (Resolution::Applied, None) => {
+            eprintln!(
+                "error: `applied` needs --event naming the call's result (e.g. TOOL_SUCCEEDED)"
+            );
+            return exit::INPUT;
+        }
+        (Resolution::Applied, Some(event)) => {
+            payload["call_id"] = json!(call_id);
+            payload["resolved_by"] = json!(sender);
+            event.to_owned()
+        }
+    };
+    match store
+        .send(
+            args.run,
+            &event,
+            payload,
+            &sender,
+            rein_store::INBOX_TTL_MS_DEFAULT,
+        )
+        .await
+    {
+        Ok(_) => {
+            println!(
+                "resolved call {call_id} of run {}: committed {event}",
+                args.run
+            );
             exit::OK
         }
         Err(e) => report(&e),
