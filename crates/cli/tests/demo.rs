@@ -1,0 +1,66 @@
+//! `rein demo` as a new user runs it: its summary adds up, and the database it drove holds no
+//! broken invariant.
+
+mod common;
+
+use common::{rein, stderr, stdout};
+use serde_json::Value;
+
+fn summary_of(out: &std::process::Output) -> Value {
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(out));
+    serde_json::from_str(&stdout(out)).unwrap_or_else(|e| panic!("{e}: {}", stdout(out)))
+}
+
+fn assert_adds_up(summary: &Value, runs: i64) {
+    assert_eq!(summary["runs"], runs, "{summary}");
+    let by_state: i64 = summary["runs_by_final_state"]
+        .as_object()
+        .expect("runs_by_final_state")
+        .values()
+        .map(|v| v.as_i64().expect("a count"))
+        .sum();
+    assert_eq!(
+        by_state, runs,
+        "every run ends in some final state: {summary}"
+    );
+    assert_eq!(summary["replay_mismatches"], 0, "{summary}");
+    assert_eq!(
+        summary["cancelled"], 1,
+        "the demo cancels one run: {summary}"
+    );
+    assert!(summary["events"].as_i64() > Some(runs), "{summary}");
+    assert!(summary["retries"].as_i64() > Some(0), "{summary}");
+    let approvals = &summary["approvals"];
+    assert!(
+        approvals["granted"].as_i64() > Some(0) && approvals["denied"].as_i64() > Some(0),
+        "{summary}"
+    );
+}
+
+/// The first README command, as written: no DATABASE_URL, so a private server is started.
+#[test]
+fn demo_on_its_own_private_postgres_adds_up() {
+    let out = rein(&["demo", "--runs", "40", "--json"]);
+    assert_adds_up(&summary_of(&out), 40);
+    assert!(
+        stderr(&out).contains("starting a private PostgreSQL"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_against_a_given_database_leaves_no_broken_invariant() {
+    let url = common::fresh_database("demo");
+    let out = rein(&["demo", "--runs", "60", "--json", "--database-url", &url]);
+    let summary = summary_of(&out);
+    assert_adds_up(&summary, 60);
+    let store = rein_store::Store::connect(&url, 2).await.expect("connect");
+    let report = store.audit().await.expect("audit");
+    assert_eq!(report.runs, 60);
+    assert_eq!(report.violations(), 0, "{report:?}");
+    assert_eq!(
+        summary["fenced_writes_rejected"], report.fenced_writes_rejected,
+        "the summary reports the database's own count"
+    );
+}
