@@ -100,7 +100,11 @@ fn main() -> ExitCode {
         }
     };
     let code = match cli.command {
-        Command::Definitions(cmd) => offline::definitions(cmd),
+        Command::Definitions(cmd)
+            if !matches!(cmd, offline::DefinitionsCommand::Register { .. }) =>
+        {
+            offline::definitions(cmd)
+        }
         Command::Replay(args) => offline::replay(args),
         other => {
             let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -115,6 +119,9 @@ fn main() -> ExitCode {
             };
             runtime.block_on(async move {
                 match other {
+                    Command::Definitions(offline::DefinitionsCommand::Register { file, db }) => {
+                        ops::register_definition(&file, db).await
+                    }
                     Command::Migrate(db) => ops::migrate(db).await,
                     Command::Worker(args) => ops::worker(args).await,
                     Command::Scheduler(args) => ops::scheduler(args).await,

@@ -22,6 +22,13 @@ pub enum DefinitionsCommand {
     },
     /// List the built-in definitions.
     List,
+    /// Validate a definition file and store it in the database as a new version, so runs
+    /// can be enqueued with it.
+    Register {
+        file: String,
+        #[command(flatten)]
+        db: crate::DbArgs,
+    },
 }
 
 #[derive(clap::ValueEnum, Clone, Copy)]
@@ -149,6 +156,8 @@ pub fn definitions(cmd: DefinitionsCommand) -> u8 {
             }
             exit::OK
         }
+        // Needs the database; main runs it on the async runtime.
+        DefinitionsCommand::Register { .. } => exit::INPUT,
     }
 }
 

@@ -200,6 +200,40 @@ fn parse_json(what: &str, text: &str) -> Result<Value, u8> {
     })
 }
 
+/// `rein definitions register FILE`: validates the file and stores it as a new version.
+pub async fn register_definition(file: &str, db: DbArgs) -> u8 {
+    let def = match crate::offline::load_definition(file) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::INPUT;
+        }
+    };
+    let store = match connect(&db, false).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    match store.register_definition(&def).await {
+        Ok(true) => {
+            println!("registered {} v{}", def.name(), def.version());
+            exit::OK
+        }
+        Ok(false) => {
+            println!(
+                "{} v{} is already registered with this body; nothing changed",
+                def.name(),
+                def.version()
+            );
+            exit::OK
+        }
+        Err(e @ StoreError::DefinitionConflict { .. }) => {
+            eprintln!("error: {e}");
+            exit::REFUSED
+        }
+        Err(e) => report(&e),
+    }
+}
+
 pub async fn migrate(db: DbArgs) -> u8 {
     match connect(&db, true).await {
         Ok(_) => {

@@ -145,3 +145,49 @@ fn no_database_url_exits_1() {
     let out = rein(&["enqueue", "--definition", "lifecycle"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
 }
+
+#[test]
+fn definitions_register_stores_a_file_and_refuses_a_changed_body_under_the_same_version() {
+    let url = common::fresh_database("cli_register");
+    let out = rein(&["migrate", "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let dir = common::tmp_dir("cli_register");
+    let file = dir.join("my-chain.toml");
+    let text = rein_core::builtin::CHAIN4.replace("name = \"chain4\"", "name = \"my-chain\"");
+    std::fs::write(&file, &text).expect("write");
+    let path = file.to_string_lossy().into_owned();
+
+    let out = rein(&["definitions", "register", &path, "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("registered my-chain v1"),
+        "{}",
+        stdout(&out)
+    );
+    // The same body again changes nothing.
+    let out = rein(&["definitions", "register", &path, "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("already registered"),
+        "{}",
+        stdout(&out)
+    );
+    // Runs can be enqueued with it now.
+    let out = rein(&[
+        "enqueue",
+        "--definition",
+        "my-chain",
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // A different body under the same version is refused: change means a new version.
+    std::fs::write(&file, text.replace("Four no-op", "4 no-op")).expect("write");
+    let out = rein(&["definitions", "register", &path, "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("new version"), "{}", stderr(&out));
+    // An invalid file is refused before touching the database.
+    std::fs::write(&file, "name = \"broken\"").expect("write");
+    let out = rein(&["definitions", "register", &path, "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+}
