@@ -9,6 +9,7 @@ mod offline;
 mod ops;
 mod privdb;
 mod procs;
+mod why;
 
 use std::process::ExitCode;
 
@@ -70,6 +71,9 @@ enum Command {
     /// Inspect runs.
     #[command(subcommand)]
     Runs(ops::RunsCommand),
+    /// Why a run is where it is: state, last event, lease, pending action, rejections, side
+    /// effects, approvals, timers, and what would move it.
+    Why(why::WhyArgs),
     /// List approval requests waiting for a person.
     #[command(subcommand)]
     Approvals(approvals::ApprovalsCommand),
@@ -129,6 +133,7 @@ fn main() -> ExitCode {
                     Command::Send(args) => ops::send(args).await,
                     Command::Resolve(args) => ops::resolve(args).await,
                     Command::Runs(cmd) => ops::runs(cmd).await,
+                    Command::Why(args) => why::why(args).await,
                     Command::Approvals(cmd) => approvals::approvals(cmd).await,
                     Command::Approve(args) => approvals::decide(args, true).await,
                     Command::Deny(args) => approvals::decide(args, false).await,

@@ -13,6 +13,7 @@ mod error;
 mod reads;
 mod send;
 mod sim;
+mod why;
 
 use std::time::Duration;
 
@@ -31,6 +32,10 @@ pub use reads::{RunRow, StoredEvent};
 pub use send::{
     EnqueueRequest, Enqueued, INBOX_TTL_MS_DEFAULT, InboxEntry, SendOutcome, jitter_from,
     plan_inbox,
+};
+pub use why::{
+    HEARTBEAT_FRESH_MS, WHY_ROWS_MAX, WhyAction, WhyApproval, WhyEvent, WhyFacts, WhyFleet,
+    WhyInbox, WhyRun, WhySimEffect,
 };
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
