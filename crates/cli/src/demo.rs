@@ -49,7 +49,7 @@ pub async fn demo(args: DemoArgs) -> u8 {
     let code = run_demo(&args, &url).await;
     if args.keep && code == exit::OK {
         eprintln!(
-            "\nkeeping the database up; explore with:\n  export DATABASE_URL={url}\n  rein runs list\n  rein runs show RUN\nCtrl-C to stop."
+            "\nkeeping the database up; explore with:\n  export DATABASE_URL={url}\n  rein runs list\n  rein runs show RUN\n  rein why RUN\n  rein approvals list --all\nCtrl-C to stop."
         );
         let _ = tokio::signal::ctrl_c().await;
     }
@@ -91,15 +91,22 @@ async fn run_demo(args: &DemoArgs, url: &str) -> u8 {
         });
     }
 
-    let (lifecycle, research) = match (
+    let (lifecycle, research, refund) = match (
         store.load_definition("lifecycle", None).await,
         store.load_definition("research-agent", None).await,
+        store.load_definition("refund-agent", None).await,
     ) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => return report(&e),
+        (Ok(a), Ok(b), Ok(c)) => (a, b, c),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return report(&e),
     };
     let mut requests = Vec::new();
     for i in 0..args.runs {
+        // Every tenth run is a refund agent: a scripted model picks tools, refunds over 100
+        // wait for the approver.
+        if i % 10 == 9 {
+            requests.push(EnqueueRequest::new(refund.clone(), refund_input(i)));
+            continue;
+        }
         let (def, sim) = workload(i, &lifecycle, &research);
         requests.push(EnqueueRequest::new(def, json!({ "sim": sim })));
     }
@@ -112,7 +119,7 @@ async fn run_demo(args: &DemoArgs, url: &str) -> u8 {
         }
     }
     eprintln!(
-        "enqueued {} runs (lifecycle and research-agent, with sim actions)",
+        "enqueued {} runs (lifecycle and research-agent with sim actions; refund-agent with a scripted model)",
         run_ids.len()
     );
     let cancel_target = run_ids.get(7).copied();
@@ -122,11 +129,38 @@ async fn run_demo(args: &DemoArgs, url: &str) -> u8 {
     let mut last_print = Instant::now() - Duration::from_secs(1);
     loop {
         // The simulated approver decides parked approvals as each run's input says.
+        // Agent runs ask through the approval store, bound to the exact call: the approver
+        // decides each open request as the run's input says.
+        if let Ok(open) = store.approvals(false, None, 200).await {
+            for request in open {
+                let Ok(row) = store.run(request.run_id).await else {
+                    continue;
+                };
+                let grant = row.projection.data["agent"]["approver"] != "deny";
+                let comment = if grant {
+                    "the order checks out"
+                } else {
+                    "not eligible for a refund"
+                };
+                if store
+                    .decide_approval(request.approval_id, grant, "demo-approver", Some(comment))
+                    .await
+                    .is_ok()
+                {
+                    *approvals
+                        .entry(if grant { "granted" } else { "denied" })
+                        .or_default() += 1;
+                }
+            }
+        }
         if let Ok(waiting) = store
             .runs_in_states(&["paused", "WAITING_APPROVAL"], 200)
             .await
         {
             for row in waiting {
+                if row.definition == "refund-agent" {
+                    continue; // decided above, through its request
+                }
                 let wish = row.projection.data["sim"]["approval"]
                     .as_str()
                     .unwrap_or("grant")
@@ -243,6 +277,20 @@ async fn run_demo(args: &DemoArgs, url: &str) -> u8 {
     } else {
         exit::OK
     }
+}
+
+/// A refund-agent run: look the order up, refund an amount (over 100 every other time, so a
+/// person must approve that exact call; some are denied), finish.
+fn refund_input(i: u32) -> Value {
+    let amount = if (i / 10).is_multiple_of(2) { 150 } else { 40 };
+    json!({ "agent": {
+        "script": [
+            { "decision": "call_tool", "tool": "lookup_order",
+              "args": { "order_id": format!("order-{i}") } },
+            { "decision": "call_tool", "tool": "refund",
+              "args": { "order_id": format!("order-{i}"), "amount": amount } },
+            { "decision": "FINISH" }],
+        "approver": if (i / 20).is_multiple_of(2) { "grant" } else { "deny" } } })
 }
 
 /// Run `i` of the demo workload: a mix that exercises retries, exhaustion, approvals (granted
