@@ -1,6 +1,7 @@
 //! `rein`: one binary, every role. `rein worker`, `rein scheduler`, `rein demo`, and the
 //! operator and offline commands.
 
+mod api;
 mod approvals;
 mod bench;
 mod chaos;
@@ -9,6 +10,7 @@ mod offline;
 mod ops;
 mod privdb;
 mod procs;
+mod tokens;
 mod why;
 
 use std::process::ExitCode;
@@ -81,6 +83,11 @@ enum Command {
     Approve(approvals::DecideArgs),
     /// Deny an approval request; the run gets its denied event.
     Deny(approvals::DecideArgs),
+    /// Manage API bearer tokens.
+    #[command(subcommand)]
+    Tokens(tokens::TokensCommand),
+    /// Serve the HTTP API (JSON, OpenAPI document at /openapi.json).
+    Api(api::ApiArgs),
     /// Start a private PostgreSQL, a scheduler pair and workers, drive real runs and show
     /// what happened.
     Demo(demo::DemoArgs),
@@ -137,6 +144,8 @@ fn main() -> ExitCode {
                     Command::Approvals(cmd) => approvals::approvals(cmd).await,
                     Command::Approve(args) => approvals::decide(args, true).await,
                     Command::Deny(args) => approvals::decide(args, false).await,
+                    Command::Tokens(cmd) => tokens::tokens(cmd).await,
+                    Command::Api(args) => api::serve(args).await,
                     Command::Demo(args) => demo::demo(args).await,
                     Command::Bench(args) => bench::bench(args).await,
                     Command::Chaos(args) => chaos::chaos(args).await,

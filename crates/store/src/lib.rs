@@ -13,6 +13,7 @@ mod error;
 mod reads;
 mod send;
 mod sim;
+mod tokens;
 mod why;
 
 use std::time::Duration;
@@ -33,6 +34,7 @@ pub use send::{
     EnqueueRequest, Enqueued, INBOX_TTL_MS_DEFAULT, InboxEntry, SendOutcome, jitter_from,
     plan_inbox,
 };
+pub use tokens::{SCOPES, SUBJECT_BYTES_MAX, Scope, TokenInfo, check_token_request};
 pub use why::{
     HEARTBEAT_FRESH_MS, WHY_ROWS_MAX, WhyAction, WhyApproval, WhyEvent, WhyFacts, WhyFleet,
     WhyInbox, WhyRun, WhySimEffect,

@@ -114,6 +114,39 @@ impl Fleet {
         self.procs.len() - 1
     }
 
+    /// Starts `rein ARGS --database-url URL` (a server such as `rein api`) in its own process
+    /// group, stderr to a file named after `id`, and returns the first line it prints on
+    /// stdout (the bound address). Panics with its stderr when it exits first.
+    pub fn spawn_server(&mut self, id: &str, args: &[&str]) -> String {
+        use std::io::{BufRead, BufReader};
+        let err_path = self.log_dir.join(format!("{id}.err"));
+        let err = File::create(&err_path).expect("log file");
+        let mut child = Command::new(REIN)
+            .args(args)
+            .args(["--database-url", &self.url])
+            .env("REIN_LOG", "info,sqlx=warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .process_group(0)
+            .spawn()
+            .expect("spawn rein");
+        let stdout = child.stdout.take().expect("a stdout pipe");
+        self.procs.push(Proc {
+            name: id.to_owned(),
+            child,
+        });
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the server's first line");
+        if line.trim().is_empty() {
+            let log = std::fs::read_to_string(&err_path).unwrap_or_default();
+            panic!("{id} printed no address before exiting; stderr:\n{log}");
+        }
+        line.trim().to_owned()
+    }
+
     pub fn proc(&mut self, id: &str) -> &mut Proc {
         self.procs
             .iter_mut()

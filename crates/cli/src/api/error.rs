@@ -1,0 +1,150 @@
+//! The API's one error shape: `{"error": {"code", "message", "details"}}` with a stable code.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use rein_store::{Scope, StoreError};
+use serde::Serialize;
+use serde_json::{Value, json};
+use utoipa::ToSchema;
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    pub details: Option<Value>,
+}
+
+/// The body of every error response.
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable: validation_failed, invalid_transition, conflict, not_found, unauthorized,
+    /// forbidden, payload_too_large, method_not_allowed, unavailable, internal.
+    pub code: String,
+    pub message: String,
+    #[schema(value_type = Option<Object>)]
+    pub details: Option<Value>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: String) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message,
+            details: None,
+        }
+    }
+
+    pub fn with_details(mut self, details: Value) -> ApiError {
+        self.details = Some(details);
+        self
+    }
+
+    pub fn validation(message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+            message.into(),
+        )
+    }
+
+    pub fn not_found(message: String) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    pub fn conflict(message: String) -> ApiError {
+        ApiError::new(StatusCode::CONFLICT, "conflict", message)
+    }
+
+    pub fn unauthorized(message: &str) -> ApiError {
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message.to_owned())
+    }
+
+    pub fn forbidden(scope: Scope) -> ApiError {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("this token lacks the `{}` scope", scope.as_str()),
+        )
+        .with_details(json!({ "required_scope": scope.as_str() }))
+    }
+
+    pub fn payload_too_large() -> ApiError {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            "the request body is larger than this server accepts (--body-limit-bytes)".to_owned(),
+        )
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        match e {
+            StoreError::RunNotFound(id) => ApiError::not_found(format!("run {id} not found"))
+                .with_details(json!({ "run_id": id })),
+            StoreError::UnknownDefinition { name, version } => ApiError::validation(format!(
+                "{}",
+                StoreError::UnknownDefinition {
+                    name: name.clone(),
+                    version
+                }
+            ))
+            .with_details(json!({ "definition": name, "version": version })),
+            StoreError::Invalid(message) => ApiError::validation(message),
+            StoreError::InvalidTransition(t) => {
+                ApiError::new(StatusCode::CONFLICT, "invalid_transition", t.to_string())
+                    .with_details(json!({
+                        "state": t.state,
+                        "event": t.event,
+                        "sequence": t.sequence,
+                        "reason": t.reason,
+                    }))
+            }
+            e @ StoreError::DefinitionConflict { .. } => ApiError::conflict(e.to_string()),
+            e @ StoreError::Unreachable(_) => {
+                tracing::error!(error = %e, "database unreachable");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "the database is unreachable; retry later".to_owned(),
+                )
+            }
+            e => {
+                tracing::error!(error = %e, "request failed in the store");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "internal error; see the server log".to_owned(),
+                )
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_owned(),
+                message: self.message,
+                details: self.details,
+            },
+        };
+        let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
+    }
+}
