@@ -24,7 +24,7 @@ pub struct DemoArgs {
     /// Print the summary as one JSON object.
     #[arg(long)]
     json: bool,
-    /// Keep the database (and the fleet) running after the summary until Ctrl-C.
+    /// Keep the database and the API serving after the summary until Ctrl-C.
     #[arg(long)]
     keep: bool,
     /// Give up waiting for the workload after this long.
@@ -49,7 +49,7 @@ pub async fn demo(args: DemoArgs) -> u8 {
     let code = run_demo(&args, &url).await;
     if args.keep && code == exit::OK {
         eprintln!(
-            "\nkeeping the database up; explore with:\n  export DATABASE_URL={url}\n  rein runs list\n  rein runs show RUN\n  rein why RUN\n  rein approvals list --all\nCtrl-C to stop."
+            "\nkeeping the database and the API up (address and token above); explore with:\n  export DATABASE_URL={url}\n  rein runs list\n  rein runs show RUN\n  rein why RUN\n  rein approvals list --all\nCtrl-C to stop."
         );
         let _ = tokio::signal::ctrl_c().await;
     }
@@ -64,6 +64,13 @@ async fn run_demo(args: &DemoArgs, url: &str) -> u8 {
         Ok(s) => s,
         Err(e) => return report(&e),
     };
+    // The API serves this database for the demo's lifetime (and with --keep, after it), with
+    // a token made for the demo.
+    let api = match start_api(&store).await {
+        Ok(api) => api,
+        Err(code) => return code,
+    };
+    eprintln!("API on {} (token for this demo: {})", api.url, api.token);
     let stop = CancellationToken::new();
     let mut fleet = tokio::task::JoinSet::new();
     for i in 0..2 {
@@ -266,6 +273,7 @@ async fn run_demo(args: &DemoArgs, url: &str) -> u8 {
         "runs_per_s": run_ids.len() as f64 / elapsed,
         "events_per_s": events_total as f64 / elapsed,
         "database_url": url,
+        "api": { "url": api.url, "token": api.token },
     });
     if args.json {
         println!("{summary}");
@@ -318,8 +326,46 @@ fn workload(
     (def, sim)
 }
 
+struct DemoApi {
+    url: String,
+    token: String,
+}
+
+/// Starts `rein api` in this process on a free port, with an admin token for the demo.
+async fn start_api(store: &Store) -> Result<DemoApi, u8> {
+    let (_, token) = match store.create_token("rein-demo", &["admin".to_owned()]).await {
+        Ok(t) => t,
+        Err(e) => return Err(report(&e)),
+    };
+    let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: cannot open a port for the API: {e}");
+            return Err(exit::INPUT);
+        }
+    };
+    let url = match listener.local_addr() {
+        Ok(a) => format!("http://{a}"),
+        Err(e) => {
+            eprintln!("error: cannot read the API's address: {e}");
+            return Err(exit::INPUT);
+        }
+    };
+    let app = crate::api::router(store.clone(), false, 1024 * 1024);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(DemoApi { url, token })
+}
+
 fn print_summary(s: &Value) {
     println!("\n== Rein demo summary ==");
+    println!(
+        "API {} — try: curl -H 'Authorization: Bearer {}' {}/v1/approvals?all=true",
+        s["api"]["url"].as_str().unwrap_or(""),
+        s["api"]["token"].as_str().unwrap_or(""),
+        s["api"]["url"].as_str().unwrap_or("")
+    );
     println!("{:<40} {:>8}", "runs by final state", "count");
     if let Some(map) = s["runs_by_final_state"].as_object() {
         for (k, v) in map {

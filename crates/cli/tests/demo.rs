@@ -30,6 +30,15 @@ fn assert_adds_up(summary: &Value, runs: i64) {
     );
     assert!(summary["events"].as_i64() > Some(runs), "{summary}");
     assert!(summary["retries"].as_i64() > Some(0), "{summary}");
+    assert!(
+        summary["api"]["url"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("http://127.0.0.1:"))
+            && summary["api"]["token"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("rein_")),
+        "the demo serves the API with a token: {summary}"
+    );
     let approvals = &summary["approvals"];
     assert!(
         approvals["granted"].as_i64() > Some(0) && approvals["denied"].as_i64() > Some(0),
