@@ -134,6 +134,9 @@ async fn run_demo(args: &DemoArgs, url: &str) -> u8 {
     let mut approvals = BTreeMap::<&str, u64>::new();
     let deadline = Instant::now() + Duration::from_secs(args.timeout_s);
     let mut last_print = Instant::now() - Duration::from_secs(1);
+    // Live bars per definition and state on a terminal; a line a second otherwise.
+    let mut bars = (std::io::IsTerminal::is_terminal(&std::io::stderr()) && !args.json)
+        .then(StateBars::default);
     loop {
         // The simulated approver decides parked approvals as each run's input says.
         // Agent runs ask through the approval store, bound to the exact call: the approver
@@ -216,7 +219,9 @@ async fn run_demo(args: &DemoArgs, url: &str) -> u8 {
             .map(|c| c.3)
             .sum();
         let total: i64 = counts.iter().map(|c| c.3).sum();
-        if last_print.elapsed() >= Duration::from_secs(1) || terminal == total {
+        if let Some(bars) = bars.as_mut() {
+            bars.show(&counts);
+        } else if last_print.elapsed() >= Duration::from_secs(1) || terminal == total {
             last_print = Instant::now();
             let line: Vec<String> = counts
                 .iter()
@@ -324,6 +329,42 @@ fn workload(
         _ => json!({ "work_ms": 10 }),
     };
     (def, sim)
+}
+
+/// One bar per definition (finished runs of its total) with its live states as the message.
+#[derive(Default)]
+struct StateBars {
+    multi: indicatif::MultiProgress,
+    bars: BTreeMap<String, indicatif::ProgressBar>,
+}
+
+impl StateBars {
+    fn show(&mut self, counts: &[(String, String, String, i64)]) {
+        let mut per_def: BTreeMap<&str, (u64, u64, Vec<String>)> = BTreeMap::new();
+        for (def, state, status, n) in counts {
+            let entry = per_def.entry(def.as_str()).or_default();
+            entry.0 += *n as u64;
+            if status == "terminal" {
+                entry.1 += *n as u64;
+            }
+            entry.2.push(format!("{state} {n}"));
+        }
+        for (def, (total, done, states)) in per_def {
+            let bar = self.bars.entry(def.to_owned()).or_insert_with(|| {
+                let bar = self.multi.add(indicatif::ProgressBar::new(total));
+                if let Ok(style) = indicatif::ProgressStyle::with_template(
+                    "{prefix:>15} {bar:30} {pos:>5}/{len:<5} {msg}",
+                ) {
+                    bar.set_style(style.progress_chars("=> "));
+                }
+                bar.set_prefix(def.to_owned());
+                bar
+            });
+            bar.set_length(total);
+            bar.set_position(done);
+            bar.set_message(states.join("  "));
+        }
+    }
 }
 
 struct DemoApi {
