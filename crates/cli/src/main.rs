@@ -70,6 +70,13 @@ enum Command {
     /// Settle a run's in-doubt call by hand: `applied` (with its result event) or
     /// `not-applied` (the step is dispatched again with the same idempotency key).
     Resolve(ops::ResolveArgs),
+    /// Start a new run like a finished one (same definition version, input, queue), linked
+    /// to it.
+    Rerun(ops::RerunArgs),
+    /// Cancel a run, with a reason.
+    Cancel(ops::CancelArgs),
+    /// Workers and schedulers: last heartbeat and leases held.
+    Workers(ops::WorkersArgs),
     /// Inspect runs.
     #[command(subcommand)]
     Runs(ops::RunsCommand),
@@ -139,6 +146,9 @@ fn main() -> ExitCode {
                     Command::Enqueue(args) => ops::enqueue(args).await,
                     Command::Send(args) => ops::send(args).await,
                     Command::Resolve(args) => ops::resolve(args).await,
+                    Command::Rerun(args) => ops::rerun(args).await,
+                    Command::Cancel(args) => ops::cancel(args).await,
+                    Command::Workers(args) => ops::workers(args).await,
                     Command::Runs(cmd) => ops::runs(cmd).await,
                     Command::Why(args) => why::why(args).await,
                     Command::Approvals(cmd) => approvals::approvals(cmd).await,

@@ -81,6 +81,35 @@ pub struct SendArgs {
     sender: String,
 }
 
+#[derive(clap::Args)]
+pub struct RerunArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// A finished run; the new run gets its definition version, input, queue and priority.
+    run: Uuid,
+}
+
+#[derive(clap::Args)]
+pub struct CancelArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    run: Uuid,
+    /// Why (recorded as the run's terminal reason).
+    #[arg(long)]
+    reason: String,
+    /// Who cancels it.
+    #[arg(long = "as", env = "REIN_OPERATOR", default_value = "cli")]
+    by: String,
+}
+
+#[derive(clap::Args)]
+pub struct WorkersArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum Resolution {
     /// The call took effect: commit its result event (`--event`, a call result).
@@ -369,6 +398,88 @@ pub async fn send(args: SendArgs) -> u8 {
         }
         Err(e) => report(&e),
     }
+}
+
+/// `rein rerun RUN`: a new run like a finished one, linked to it (SPEC E6).
+pub async fn rerun(args: RerunArgs) -> u8 {
+    let store = match connect(&args.db, false).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    match store.rerun(args.run).await {
+        Ok(run) => {
+            println!("{run}");
+            exit::OK
+        }
+        Err(StoreError::Invalid(m)) => {
+            eprintln!("error: {m}");
+            exit::REFUSED
+        }
+        Err(e) => report(&e),
+    }
+}
+
+/// `rein cancel RUN --reason R`: sends CANCEL with the reason (SPEC M8).
+pub async fn cancel(args: CancelArgs) -> u8 {
+    if args.reason.trim().is_empty() || args.reason.len() > 1024 {
+        eprintln!("error: --reason must say why, in 1..=1024 bytes");
+        return exit::INPUT;
+    }
+    let store = match connect(&args.db, false).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    match store
+        .send(
+            args.run,
+            "CANCEL",
+            json!({ "reason": args.reason, "by": args.by }),
+            &args.by,
+            rein_store::INBOX_TTL_MS_DEFAULT,
+        )
+        .await
+    {
+        Ok(SendOutcome::Applied { sequence }) => {
+            println!("cancelled at sequence {sequence}");
+            exit::OK
+        }
+        Ok(SendOutcome::Queued { .. }) => {
+            println!("cancel queued: the worker holding the run stops its action and applies it");
+            exit::OK
+        }
+        Err(e) => report(&e),
+    }
+}
+
+/// `rein workers`: who is alive and what they hold, by the database clock.
+pub async fn workers(args: WorkersArgs) -> u8 {
+    let store = match connect(&args.db, false).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let members = match store.members().await {
+        Ok(m) => m,
+        Err(e) => return report(&e),
+    };
+    if args.json {
+        println!("{}", json!(members));
+        return exit::OK;
+    }
+    println!(
+        "{:<40} {:<10} {:>14} {:>7}  started",
+        "id", "role", "last heard", "leases"
+    );
+    for m in members {
+        println!(
+            "{:<40} {:<10} {:>12.1} s {:>7}  {}",
+            m.worker_id,
+            m.role,
+            m.silent_ms / 1000.0,
+            m.leases_held,
+            m.started_at.format("%Y-%m-%d %H:%M:%S")
+        );
+    }
+    exit::OK
 }
 
 /// Settles a run's in-doubt call by hand (SPEC M9, X7): the operator says whether it took

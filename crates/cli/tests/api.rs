@@ -539,6 +539,8 @@ async fn the_openapi_document_lists_every_route_served() {
         ("/v1/approvals", "get"),
         ("/v1/approvals/{id}/grant", "post"),
         ("/v1/approvals/{id}/deny", "post"),
+        ("/v1/runs/{id}/rerun", "post"),
+        ("/v1/workers", "get"),
     ];
     let paths = doc["paths"].as_object().expect("paths");
     for (path, method) in served {
@@ -573,4 +575,58 @@ async fn the_openapi_document_lists_every_route_served() {
         );
     }
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_run_is_rerun_as_a_linked_run_and_workers_are_listed() {
+    let api = Api::start("api_rerun", &[]).await;
+    let token = api.token("operator", &["operate", "read"]);
+    let def = api
+        .store
+        .load_definition("research-agent", None)
+        .await
+        .unwrap();
+    let run = api
+        .store
+        .enqueue(EnqueueRequest::new(def, json!({"topic": "refunds"})))
+        .await
+        .unwrap()
+        .run_id;
+    // Not finished yet: 409.
+    let (s, v) = json_of(
+        api.post(&format!("/v1/runs/{run}/rerun"), &token)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert_eq!(v["error"]["code"], "conflict");
+    api.store
+        .send(run, "CANCEL", json!({"reason": "test"}), "test", 60_000)
+        .await
+        .unwrap();
+    let (s, v) = json_of(
+        api.post(&format!("/v1/runs/{run}/rerun"), &token)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(v["parent_run_id"], json!(run));
+    let again: Uuid = v["run_id"].as_str().unwrap().parse().unwrap();
+    assert_ne!(again, run);
+
+    api.store
+        .heartbeat("w-api", "worker", json!({}))
+        .await
+        .unwrap();
+    let (s, v) = json_of(api.get("/v1/workers", Some(&token)).send().await.unwrap()).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert!(
+        v.as_array()
+            .is_some_and(|a| a.iter().any(|w| w["worker_id"] == "w-api")),
+        "{v}"
+    );
 }

@@ -191,3 +191,75 @@ fn definitions_register_stores_a_file_and_refuses_a_changed_body_under_the_same_
     let out = rein(&["definitions", "register", &path, "--database-url", &url]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_rerun_and_workers_from_the_cli() {
+    let (url, store) = common::fresh_store("cli_operate").await;
+    let def = store.load_definition("lifecycle", None).await.unwrap();
+    let run = store
+        .enqueue(rein_store::EnqueueRequest::new(
+            def,
+            serde_json::json!({ "sim": { "work_ms": 1 } }),
+        ))
+        .await
+        .unwrap()
+        .run_id
+        .to_string();
+
+    // A run that has not finished is not run again.
+    let out = rein(&["rerun", &run, "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("has not finished"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = rein(&["cancel", &run, "--reason", "", "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(1), "a reason is required");
+    let out = rein(&[
+        "cancel",
+        &run,
+        "--reason",
+        "customer withdrew",
+        "--as",
+        "ops",
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let row = store.run(run.parse().unwrap()).await.unwrap();
+    assert_eq!(row.status, "terminal");
+    assert_eq!(
+        row.terminal_reason.as_deref(),
+        Some("cancelled: customer withdrew")
+    );
+
+    // Now finished, it can be run again: a new run, linked to it, with the same input.
+    let out = rein(&["rerun", &run, "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let again: Uuid = stdout(&out).trim().parse().expect("the new run's id alone");
+    let (parent, input): (Option<Uuid>, Value) =
+        sqlx::query_as("SELECT parent_run_id, input FROM rein_runs WHERE run_id = $1")
+            .bind(again)
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(parent, Some(run.parse().unwrap()));
+    assert_eq!(input["sim"]["work_ms"], 1);
+
+    store
+        .heartbeat("w-alive", "worker", serde_json::json!({}))
+        .await
+        .unwrap();
+    let out = rein(&["workers", "--json", "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let members: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let w = members
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["worker_id"] == "w-alive"))
+        .unwrap_or_else(|| panic!("{members}"));
+    assert_eq!(w["role"], "worker");
+    assert!(w["silent_ms"].as_f64().is_some_and(|ms| ms < 60_000.0));
+    assert_eq!(w["leases_held"], 0);
+}

@@ -10,6 +10,7 @@ mod audit;
 mod bench;
 mod commit;
 mod error;
+mod operate;
 mod reads;
 mod send;
 mod sim;
@@ -29,6 +30,7 @@ pub use commit::{
     Writer, plan_commit,
 };
 pub use error::{StoreError, is_unreachable};
+pub use operate::Member;
 pub use reads::{RunRow, StoredEvent};
 pub use send::{
     EnqueueRequest, Enqueued, INBOX_TTL_MS_DEFAULT, InboxEntry, SendOutcome, jitter_from,

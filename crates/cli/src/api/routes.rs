@@ -67,6 +67,8 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(list_approvals))
         .routes(routes!(grant_approval))
         .routes(routes!(deny_approval))
+        .routes(routes!(rerun_run))
+        .routes(routes!(list_workers))
 }
 
 // ---- shapes -------------------------------------------------------------------------------
@@ -413,6 +415,59 @@ async fn get_run(
     caller.require(Scope::Read)?;
     let row = app.store.run(path_id(id)?).await?;
     Ok(Json(run_json(&row)))
+}
+
+#[derive(Serialize, ToSchema)]
+struct RerunResponse {
+    /// The new run.
+    run_id: Uuid,
+    /// The finished run it repeats.
+    parent_run_id: Uuid,
+}
+
+/// Run a finished run again: a new run with its definition version, input, queue and
+/// priority, linked to it (SPEC E6).
+#[utoipa::path(post, path = "/v1/runs/{id}/rerun", tag = "runs",
+    params(("id" = Uuid, Path, description = "A finished run")),
+    responses((status = 201, description = "The new run", body = RerunResponse),
+              (status = 401, description = "No or bad token", body = ErrorBody),
+              (status = 403, description = "Needs the operate scope", body = ErrorBody),
+              (status = 404, description = "No such run", body = ErrorBody),
+              (status = 409, description = "The run has not finished", body = ErrorBody)))]
+async fn rerun_run(
+    State(app): AppState,
+    Extension(caller): Extension<Caller>,
+    id: Result<Path<Uuid>, PathRejection>,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Operate)?;
+    let parent = path_id(id)?;
+    let run_id = match app.store.rerun(parent).await {
+        Ok(id) => id,
+        Err(rein_store::StoreError::Invalid(m)) => return Err(ApiError::conflict(m)),
+        Err(e) => return Err(e.into()),
+    };
+    Ok((
+        StatusCode::CREATED,
+        Json(RerunResponse {
+            run_id,
+            parent_run_id: parent,
+        }),
+    )
+        .into_response())
+}
+
+/// Workers and schedulers: last heartbeat (by the database clock) and leases held.
+#[utoipa::path(get, path = "/v1/workers", tag = "fleet",
+    responses((status = 200, description = "Workers and schedulers", body = [Value]),
+              (status = 401, description = "No or bad token", body = ErrorBody),
+              (status = 403, description = "Needs the read scope", body = ErrorBody)))]
+async fn list_workers(
+    State(app): AppState,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require(Scope::Read)?;
+    let members = app.store.members().await?;
+    Ok(Json(serde_json::json!(members)))
 }
 
 /// The run's event log, in sequence order.

@@ -1,0 +1,73 @@
+//! Operator reads and actions that are not part of a run's own life: who is alive, and
+//! running a finished run again (SPEC E6).
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::{EnqueueRequest, Store, StoreError};
+
+/// A worker or scheduler as its heartbeats describe it, by the database clock.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Member {
+    pub worker_id: String,
+    pub role: String,
+    pub started_at: DateTime<Utc>,
+    pub heartbeat_at: DateTime<Utc>,
+    /// Milliseconds since its last heartbeat.
+    pub silent_ms: f64,
+    /// Runs it holds a live lease on right now.
+    pub leases_held: i64,
+    pub info: Value,
+}
+
+impl Store {
+    /// Every registered worker and scheduler, the most recently heard from first. A member
+    /// that stopped cleanly is gone; one that died stays until `silent_ms` gives it away.
+    pub async fn members(&self) -> Result<Vec<Member>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT w.worker_id, w.role, w.started_at, w.heartbeat_at,
+                    (extract(epoch FROM clock_timestamp() - w.heartbeat_at) * 1000)::float8
+                        AS silent_ms,
+                    (SELECT count(*) FROM rein_runs r
+                     WHERE r.lease_owner = w.worker_id AND r.lease_until > clock_timestamp())
+                        AS leases_held,
+                    w.info
+             FROM rein_workers w
+             ORDER BY w.heartbeat_at DESC
+             LIMIT 1000",
+        )
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// Starts a new run with the definition version, input, queue and priority of finished
+    /// run `run_id`, linked to it as its parent (SPEC E6). A run that has not finished is
+    /// refused: it may still succeed.
+    pub async fn rerun(&self, run_id: Uuid) -> Result<Uuid, StoreError> {
+        let row: Option<(String, i32, String, Value, String, i32)> = sqlx::query_as(
+            "SELECT definition, version, status, input, queue, priority
+             FROM rein_runs WHERE run_id = $1",
+        )
+        .bind(run_id)
+        .fetch_optional(self.pool())
+        .await?;
+        let Some((definition, version, status, input, queue, priority)) = row else {
+            return Err(StoreError::RunNotFound(run_id));
+        };
+        if status != "terminal" {
+            return Err(StoreError::Invalid(format!(
+                "run {run_id} has not finished (status {status}); only a finished run is run again"
+            )));
+        }
+        let def = self
+            .load_definition(&definition, Some(version as u32))
+            .await?;
+        let mut request = EnqueueRequest::new(def, input);
+        request.queue = queue;
+        request.priority = priority;
+        request.parent_run_id = Some(run_id);
+        Ok(self.enqueue(request).await?.run_id)
+    }
+}
