@@ -541,6 +541,9 @@ async fn the_openapi_document_lists_every_route_served() {
         ("/v1/approvals/{id}/deny", "post"),
         ("/v1/runs/{id}/rerun", "post"),
         ("/v1/workers", "get"),
+        ("/v1/definitions", "get"),
+        ("/v1/definitions", "post"),
+        ("/v1/definitions/{name}", "get"),
     ];
     let paths = doc["paths"].as_object().expect("paths");
     for (path, method) in served {
@@ -629,4 +632,314 @@ async fn a_finished_run_is_rerun_as_a_linked_run_and_workers_are_listed() {
             .is_some_and(|a| a.iter().any(|w| w["worker_id"] == "w-api")),
         "{v}"
     );
+}
+
+/// `chain4` under another name, as TOML.
+fn chain4_named(name: &str) -> String {
+    let text =
+        rein_core::builtin::CHAIN4.replace("name = \"chain4\"", &format!("name = \"{name}\""));
+    assert!(text.contains(name));
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn definitions_are_listed_shown_and_registered() {
+    let api = Api::start("api_defs", &[]).await;
+    let reader = api.token("reader", &["read"]);
+    let operator = api.token("ops", &["operate", "read"]);
+
+    let (s, v) = json_of(
+        api.get("/v1/definitions", Some(&reader))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let chain4 = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "chain4")
+        .unwrap_or_else(|| panic!("the built-ins are listed: {v}"));
+    assert_eq!(chain4["version"], 1);
+    assert!(chain4["hash"].as_str().is_some_and(|h| !h.is_empty()));
+    assert!(chain4["description"].as_str().unwrap().contains("no-op"));
+
+    let (s, v) = json_of(
+        api.get("/v1/definitions/chain4?version=1", Some(&reader))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!((&v["name"], &v["version"]), (&json!("chain4"), &json!(1)));
+    assert_eq!(v["hash"], chain4["hash"]);
+    assert_eq!(v["spec"]["states"][0]["name"], "step1");
+    for path in [
+        "/v1/definitions/no-such",
+        "/v1/definitions/chain4?version=9",
+    ] {
+        let (s, v) = json_of(api.get(path, Some(&reader)).send().await.unwrap()).await;
+        assert_eq!(
+            (s, code(&v)),
+            (StatusCode::NOT_FOUND, "not_found"),
+            "{path}: {v}"
+        );
+    }
+
+    // A read-only token may not register.
+    let toml = chain4_named("chain4-toml");
+    let (s, v) = json_of(
+        api.post("/v1/definitions", &reader)
+            .header("content-type", "application/toml")
+            .body(toml.clone())
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((s, code(&v)), (StatusCode::FORBIDDEN, "forbidden"), "{v}");
+    assert_eq!(v["error"]["details"]["required_scope"], "operate");
+
+    // TOML by Content-Type, then the same body again.
+    for (status, created) in [(StatusCode::CREATED, true), (StatusCode::OK, false)] {
+        let (s, v) = json_of(
+            api.post("/v1/definitions", &operator)
+                .header("content-type", "application/toml; charset=utf-8")
+                .body(toml.clone())
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(s, status, "{v}");
+        assert_eq!(
+            v,
+            json!({"name": "chain4-toml", "version": 1, "created": created})
+        );
+    }
+    // TOML by `?format=toml` whatever the Content-Type says.
+    let (s, v) = json_of(
+        api.post("/v1/definitions?format=toml", &operator)
+            .header("content-type", "text/plain")
+            .body(chain4_named("chain4-query"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (s, &v["created"]),
+        (StatusCode::CREATED, &json!(true)),
+        "{v}"
+    );
+
+    // JSON: the spec of a parsed document, renamed.
+    let parsed = rein_core::Definition::parse(
+        &chain4_named("chain4-json"),
+        rein_core::Format::Toml,
+        &rein_core::GuardRegistry::new(),
+    )
+    .unwrap();
+    let spec = serde_json::to_value(parsed.spec()).unwrap();
+    let (s, v) = json_of(
+        api.post("/v1/definitions", &operator)
+            .json(&spec)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(v["name"], "chain4-json");
+    // Registered ones are listed, loadable and enqueueable.
+    let (_, v) = json_of(
+        api.get("/v1/definitions", Some(&reader))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    for name in ["chain4-toml", "chain4-query", "chain4-json"] {
+        assert!(
+            v.as_array().unwrap().iter().any(|d| d["name"] == name),
+            "{name}: {v}"
+        );
+    }
+    let def = api
+        .store
+        .load_definition("chain4-json", None)
+        .await
+        .unwrap();
+    assert_eq!(def.hash(), parsed.hash());
+
+    // Another body under a registered version is a conflict.
+    let changed = toml.replace("measures the engine", "measures something else");
+    assert_ne!(changed, toml);
+    let (s, v) = json_of(
+        api.post("/v1/definitions?format=toml", &operator)
+            .body(changed)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((s, code(&v)), (StatusCode::CONFLICT, "conflict"), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("new version"),
+        "{v}"
+    );
+
+    // An invalid definition: every problem, located.
+    let invalid = chain4_named("chain4-bad").replace("to = \"done\"", "to = \"nowhere\"");
+    let (s, v) = json_of(
+        api.post("/v1/definitions?format=toml", &operator)
+            .body(invalid)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed"),
+        "{v}"
+    );
+    let problems = v["error"]["details"]["problems"]
+        .as_array()
+        .expect("problems");
+    assert!(
+        problems.iter().any(|p| p["item"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("transitions[3]"))
+            && p["reason"].as_str().is_some_and(|r| r.contains("nowhere"))),
+        "{v}"
+    );
+    // Unparseable documents and formats are 422 too.
+    for (path, body) in [
+        ("/v1/definitions", "{not json"),
+        ("/v1/definitions?format=yaml", "name: x"),
+    ] {
+        let (s, v) = json_of(api.post(path, &operator).body(body).send().await.unwrap()).await;
+        assert_eq!(
+            (s, code(&v)),
+            (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed"),
+            "{path}: {v}"
+        );
+    }
+    let (_, v) = json_of(
+        api.get("/v1/definitions/chain4-bad", Some(&reader))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(code(&v), "not_found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_page_by_cursor_newest_first() {
+    let api = Api::start("api_pages", &[]).await;
+    let token = api.token("reader", &["read"]);
+    let def = api.store.load_definition("chain4", None).await.unwrap();
+    let mut enqueued = Vec::new();
+    for i in 0..5 {
+        let done = api
+            .store
+            .enqueue(EnqueueRequest::new(def.clone(), json!({ "i": i })))
+            .await
+            .unwrap();
+        enqueued.push(done.run_id.to_string());
+    }
+
+    let mut seen: Vec<(String, String)> = Vec::new();
+    let mut path = "/v1/runs?limit=2".to_owned();
+    for page in 0..3 {
+        let r = api.get(&path, Some(&token)).send().await.unwrap();
+        let next = r
+            .headers()
+            .get("rein-next-cursor")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let (s, v) = json_of(r).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        let rows = v.as_array().expect("the body stays a bare array");
+        assert_eq!(rows.len(), if page < 2 { 2 } else { 1 }, "page {page}: {v}");
+        for row in rows {
+            seen.push((
+                row["created_at"].as_str().unwrap().to_owned(),
+                row["run_id"].as_str().unwrap().to_owned(),
+            ));
+        }
+        match next {
+            Some(cursor) => {
+                assert!(page < 2, "no cursor on the last page");
+                path = format!("/v1/runs?limit=2&cursor={cursor}");
+            }
+            None => assert_eq!(page, 2, "a cursor on every page but the last"),
+        }
+    }
+    // Each run exactly once, newest first by (created_at, run_id).
+    let mut ids: Vec<String> = seen.iter().map(|(_, id)| id.clone()).collect();
+    ids.sort();
+    enqueued.sort();
+    assert_eq!(ids, enqueued);
+    let keys: Vec<(chrono::DateTime<chrono::Utc>, String)> = seen
+        .iter()
+        .map(|(at, id)| (at.parse().unwrap(), id.clone()))
+        .collect();
+    assert!(keys.windows(2).all(|w| w[0] > w[1]), "{keys:?}");
+
+    // A page of exactly the rest has no cursor either.
+    let r = api
+        .get("/v1/runs?limit=5", Some(&token))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("rein-next-cursor").is_none());
+    assert_eq!(json_of(r).await.1.as_array().unwrap().len(), 5);
+
+    // Time bounds.
+    for (query, want) in [
+        ("created_after=2000-01-01T00:00:00Z", 5),
+        ("created_before=2000-01-01T00:00:00Z", 0),
+        ("created_after=2999-01-01T00:00:00Z", 0),
+    ] {
+        let (s, v) = json_of(
+            api.get(&format!("/v1/runs?{query}"), Some(&token))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK, "{query}: {v}");
+        assert_eq!(v.as_array().unwrap().len(), want, "{query}: {v}");
+    }
+
+    // Malformed cursors and times are 422.
+    let not_a_key = "6e6f7065"; // hex of "nope"
+    for query in [
+        "cursor=zz",
+        "cursor=abc",
+        "cursor=",
+        &format!("cursor={not_a_key}"),
+        "created_after=yesterday",
+    ] {
+        let (s, v) = json_of(
+            api.get(&format!("/v1/runs?{query}"), Some(&token))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(
+            (s, code(&v)),
+            (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed"),
+            "{query}: {v}"
+        );
+    }
 }

@@ -31,7 +31,7 @@ pub use commit::{
 };
 pub use error::{StoreError, is_unreachable};
 pub use operate::Member;
-pub use reads::{RunRow, StoredEvent};
+pub use reads::{DefinitionRow, RunFilter, RunRow, StoredEvent};
 pub use send::{
     EnqueueRequest, Enqueued, INBOX_TTL_MS_DEFAULT, InboxEntry, SendOutcome, jitter_from,
     plan_inbox,

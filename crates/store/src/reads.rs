@@ -70,6 +70,27 @@ impl RunRow {
     }
 }
 
+/// Filters of a page of runs; `None` matches everything.
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter {
+    pub status: Option<String>,
+    pub definition: Option<String>,
+    /// Only runs created strictly after this instant.
+    pub created_after: Option<DateTime<Utc>>,
+    /// Only runs created strictly before this instant.
+    pub created_before: Option<DateTime<Utc>>,
+}
+
+/// A registered definition version, without its body.
+#[derive(Debug, Clone, Serialize)]
+pub struct DefinitionRow {
+    pub name: String,
+    pub version: u32,
+    pub hash: String,
+    pub description: String,
+    pub created_at: DateTime<Utc>,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct StoredEvent {
     pub run_id: Uuid,
@@ -180,6 +201,56 @@ impl Store {
         .fetch_all(self.pool())
         .await?;
         rows.iter().map(RunRow::from_row).collect()
+    }
+
+    /// One page of runs, newest first by (created_at, run_id), strictly after the row
+    /// `after` names (keyset pagination: stable while runs are added).
+    pub async fn list_runs_page(
+        &self,
+        filter: &RunFilter,
+        after: Option<(DateTime<Utc>, Uuid)>,
+        limit: i64,
+    ) -> Result<Vec<RunRow>, StoreError> {
+        let (after_at, after_id) = after.unzip();
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "{RUN_ROW} WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR definition = $2)
+               AND ($3::timestamptz IS NULL OR created_at > $3)
+               AND ($4::timestamptz IS NULL OR created_at < $4)
+               AND ($5::timestamptz IS NULL OR (created_at, run_id) < ($5, $6::uuid))
+             ORDER BY created_at DESC, run_id DESC LIMIT $7"
+        )))
+        .bind(filter.status.as_deref())
+        .bind(filter.definition.as_deref())
+        .bind(filter.created_after)
+        .bind(filter.created_before)
+        .bind(after_at)
+        .bind(after_id)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter().map(RunRow::from_row).collect()
+    }
+
+    /// Every registered definition version, by name then version.
+    pub async fn list_definitions(&self) -> Result<Vec<DefinitionRow>, StoreError> {
+        let rows: Vec<(String, i32, String, String, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT name, version, hash, coalesce(body->>'description', ''), created_at
+             FROM rein_definitions ORDER BY name, version",
+        )
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(name, version, hash, description, created_at)| DefinitionRow {
+                    name,
+                    version: version as u32,
+                    hash,
+                    description,
+                    created_at,
+                },
+            )
+            .collect())
     }
 
     async fn rows(&self, tail: &str, limit: i64) -> Result<Vec<RunRow>, StoreError> {

@@ -7,11 +7,12 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use chrono::{DateTime, Utc};
-use rein_store::{EnqueueRequest, INBOX_TTL_MS_DEFAULT, Scope, SendOutcome};
+use rein_core::{Definition, Format, GuardRegistry};
+use rein_store::{EnqueueRequest, INBOX_TTL_MS_DEFAULT, RunFilter, Scope, SendOutcome, StoreError};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::{Value, json};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -29,6 +30,11 @@ const PAGE_MAX: i64 = 1000;
 const PAGE_DEFAULT: i64 = 50;
 /// Longest filter value accepted (names are at most 64 bytes).
 const FILTER_BYTES_MAX: usize = 128;
+
+/// The response header naming the next page of `GET /v1/runs`.
+const NEXT_CURSOR: &str = "rein-next-cursor";
+/// Longest cursor accepted (a real one is about 180 characters).
+const CURSOR_BYTES_MAX: usize = 512;
 
 type AppState = State<Arc<App>>;
 
@@ -69,6 +75,8 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(deny_approval))
         .routes(routes!(rerun_run))
         .routes(routes!(list_workers))
+        .routes(routes!(list_definitions, register_definition))
+        .routes(routes!(get_definition))
 }
 
 // ---- shapes -------------------------------------------------------------------------------
@@ -215,6 +223,13 @@ struct RunsQuery {
     definition: Option<String>,
     /// At most this many, newest first (1..=1000, default 50).
     limit: Option<i64>,
+    /// Continue after the last run of a previous page: the `Rein-Next-Cursor` header it
+    /// came with (opaque).
+    cursor: Option<String>,
+    /// Only runs created strictly after this instant (RFC 3339).
+    created_after: Option<DateTime<Utc>>,
+    /// Only runs created strictly before this instant (RFC 3339).
+    created_before: Option<DateTime<Utc>>,
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -264,6 +279,36 @@ fn page(limit: Option<i64>) -> Result<i64, ApiError> {
         )));
     }
     Ok(limit)
+}
+
+/// Lowercase hex of `rfc3339|uuid`: opaque to clients, safe in headers and query strings.
+fn encode_cursor(at: DateTime<Utc>, run_id: Uuid) -> String {
+    let text = format!(
+        "{}|{run_id}",
+        at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    );
+    text.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn decode_cursor(cursor: &str) -> Result<(DateTime<Utc>, Uuid), ApiError> {
+    let bad = || ApiError::validation("the cursor is malformed; use a Rein-Next-Cursor value");
+    if cursor.is_empty() || cursor.len() > CURSOR_BYTES_MAX || !cursor.len().is_multiple_of(2) {
+        return Err(bad());
+    }
+    let bytes = (0..cursor.len())
+        .step_by(2)
+        .map(|i| {
+            cursor
+                .get(i..i + 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        })
+        .collect::<Option<Vec<u8>>>()
+        .ok_or_else(bad)?;
+    let text = String::from_utf8(bytes).map_err(|_| bad())?;
+    let (at, id) = text.split_once('|').ok_or_else(bad)?;
+    let at = DateTime::parse_from_rfc3339(at).map_err(|_| bad())?;
+    let id = Uuid::parse_str(id).map_err(|_| bad())?;
+    Ok((at.with_timezone(&Utc), id))
 }
 
 fn filter(name: &str, value: Option<String>) -> Result<Option<String>, ApiError> {
@@ -377,27 +422,43 @@ async fn enqueue_run(
         .into_response())
 }
 
-/// Recent runs, newest first, optionally filtered.
+/// Recent runs, newest first by (created_at, run_id), optionally filtered. When more runs
+/// follow, the `Rein-Next-Cursor` header carries the `cursor` of the next page.
 #[utoipa::path(get, path = "/v1/runs", tag = "runs", params(RunsQuery),
-    responses((status = 200, description = "Runs", body = [RunView]),
+    responses((status = 200, description = "Runs", body = [RunView],
+               headers(("Rein-Next-Cursor" = String, description = "Cursor of the next page; absent on the last page"))),
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the read scope", body = ErrorBody),
-              (status = 422, description = "Invalid query", body = ErrorBody)))]
+              (status = 422, description = "Invalid query or cursor", body = ErrorBody)))]
 async fn list_runs(
     State(app): AppState,
     Extension(caller): Extension<Caller>,
     q: Result<Query<RunsQuery>, QueryRejection>,
-) -> Result<Json<Vec<Value>>, ApiError> {
+) -> Result<Response, ApiError> {
     caller.require(Scope::Read)?;
     let q = query(q)?;
     let limit = page(q.limit)?;
-    let status = filter("status", q.status)?;
-    let definition = filter("definition", q.definition)?;
-    let rows = app
-        .store
-        .list_runs(status.as_deref(), definition.as_deref(), limit)
-        .await?;
-    Ok(Json(rows.iter().map(run_json).collect()))
+    let filter = RunFilter {
+        status: filter("status", q.status)?,
+        definition: filter("definition", q.definition)?,
+        created_after: q.created_after,
+        created_before: q.created_before,
+    };
+    let after = q.cursor.as_deref().map(decode_cursor).transpose()?;
+    // One row more than asked tells whether another page follows.
+    let mut rows = app.store.list_runs_page(&filter, after, limit + 1).await?;
+    let more = rows.len() as i64 > limit;
+    rows.truncate(limit as usize);
+    let next = match rows.last() {
+        Some(last) if more => Some(encode_cursor(last.created_at, last.run_id)),
+        _ => None,
+    };
+    let mut response = Json(rows.iter().map(run_json).collect::<Vec<_>>()).into_response();
+    // Hex digits are always a valid header value.
+    if let Some(value) = next.and_then(|n| HeaderValue::from_str(&n).ok()) {
+        response.headers_mut().insert(NEXT_CURSOR, value);
+    }
+    Ok(response)
 }
 
 /// One run: state, status, sequence, lease, data.
@@ -640,4 +701,176 @@ async fn decide(
             .with_details(json!({ "approval_id": id, "status": existing.status }))),
         Err(e) => Err(e.into()),
     }
+}
+
+// ---- definitions --------------------------------------------------------------------------
+
+/// A registered definition version.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+struct DefinitionSummary {
+    name: String,
+    version: u32,
+    hash: String,
+    description: String,
+    created_at: DateTime<Utc>,
+}
+
+/// A definition version with its spec.
+#[derive(Serialize, ToSchema)]
+struct DefinitionView {
+    name: String,
+    version: u32,
+    hash: String,
+    /// The validated document, as `rein definitions show --format json` prints it.
+    #[schema(value_type = Object)]
+    spec: Value,
+}
+
+#[derive(Serialize, ToSchema)]
+struct RegisterResponse {
+    name: String,
+    version: u32,
+    /// False when this exact body was already registered under this version.
+    created: bool,
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+struct DefinitionQuery {
+    /// This version; the newest when absent.
+    version: Option<u32>,
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+struct RegisterQuery {
+    /// `toml` or `json`; overrides the Content-Type (JSON unless `application/toml`).
+    format: Option<String>,
+}
+
+/// The registered definitions: every version of each, by name then version.
+#[utoipa::path(get, path = "/v1/definitions", tag = "definitions",
+    responses((status = 200, description = "Definitions", body = [DefinitionSummary]),
+              (status = 401, description = "No or bad token", body = ErrorBody),
+              (status = 403, description = "Needs the read scope", body = ErrorBody)))]
+async fn list_definitions(
+    State(app): AppState,
+    Extension(caller): Extension<Caller>,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Read)?;
+    Ok(Json(app.store.list_definitions().await?).into_response())
+}
+
+/// One definition version (the newest unless `version`) with its spec.
+#[utoipa::path(get, path = "/v1/definitions/{name}", tag = "definitions",
+    params(("name" = String, Path, description = "Definition name"), DefinitionQuery),
+    responses((status = 200, description = "The definition", body = DefinitionView),
+              (status = 401, description = "No or bad token", body = ErrorBody),
+              (status = 403, description = "Needs the read scope", body = ErrorBody),
+              (status = 404, description = "No such name or version", body = ErrorBody),
+              (status = 422, description = "Invalid query", body = ErrorBody)))]
+async fn get_definition(
+    State(app): AppState,
+    Extension(caller): Extension<Caller>,
+    name: Result<Path<String>, PathRejection>,
+    q: Result<Query<DefinitionQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Read)?;
+    let name = name
+        .map(|Path(n)| n)
+        .map_err(|e| ApiError::validation(format!("bad definition name: {e}")))?;
+    let name = filter("name", Some(name))?.unwrap_or_default();
+    let q = query(q)?;
+    let def = match app.store.load_definition(&name, q.version).await {
+        Ok(def) => def,
+        Err(e @ StoreError::UnknownDefinition { .. }) => {
+            return Err(ApiError::not_found(e.to_string())
+                .with_details(json!({ "definition": name, "version": q.version })));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let spec = serde_json::to_value(def.spec())
+        .map_err(|e| ApiError::from(StoreError::Corrupt(e.to_string())))?;
+    Ok(Json(DefinitionView {
+        name: def.name().to_owned(),
+        version: def.version(),
+        hash: def.hash().to_owned(),
+        spec,
+    })
+    .into_response())
+}
+
+/// Register a definition version. The body is the document: TOML with
+/// `Content-Type: application/toml` or `?format=toml`, JSON otherwise. The same body again
+/// is a no-op; a different body under a registered version is refused.
+#[utoipa::path(post, path = "/v1/definitions", tag = "definitions",
+    request_body(description = "The definition document (JSON or TOML)",
+                 content((Object = "application/json"), (String = "application/toml"))),
+    params(RegisterQuery),
+    responses((status = 201, description = "Registered", body = RegisterResponse),
+              (status = 200, description = "This body was already registered", body = RegisterResponse),
+              (status = 401, description = "No or bad token", body = ErrorBody),
+              (status = 403, description = "Needs the operate scope", body = ErrorBody),
+              (status = 409, description = "The version is registered with another body", body = ErrorBody),
+              (status = 413, description = "Body too large", body = ErrorBody),
+              (status = 422, description = "Invalid definition; details.problems locates each problem", body = ErrorBody)))]
+async fn register_definition(
+    State(app): AppState,
+    Extension(caller): Extension<Caller>,
+    q: Result<Query<RegisterQuery>, QueryRejection>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Operate)?;
+    let q = query(q)?;
+    let format = match q.format.as_deref() {
+        Some("toml") => Format::Toml,
+        Some("json") => Format::Json,
+        Some(other) => {
+            return Err(ApiError::validation(format!(
+                "format must be `toml` or `json`, not `{other}`"
+            )));
+        }
+        None => {
+            let toml = headers
+                .get(axum::http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.split(';').next())
+                .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/toml"));
+            if toml { Format::Toml } else { Format::Json }
+        }
+    };
+    let text = std::str::from_utf8(&body)
+        .map_err(|_| ApiError::validation("the definition is not UTF-8"))?;
+    let def = Definition::parse(text, format, &GuardRegistry::new()).map_err(|e| {
+        let problems: Vec<Value> = e
+            .problems()
+            .into_iter()
+            .map(|p| json!({ "item": p.item, "reason": p.reason }))
+            .collect();
+        ApiError::validation(format!(
+            "the definition is invalid ({} problem{})",
+            problems.len(),
+            if problems.len() == 1 { "" } else { "s" }
+        ))
+        .with_details(json!({ "problems": problems }))
+    })?;
+    let created = app.store.register_definition(&def).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        Json(RegisterResponse {
+            name: def.name().to_owned(),
+            version: def.version(),
+            created,
+        }),
+    )
+        .into_response())
 }
