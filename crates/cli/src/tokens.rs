@@ -9,6 +9,16 @@ use crate::{DbArgs, exit, ops};
 pub enum TokensCommand {
     /// Create a token; prints its secret alone on stdout (shown only this once).
     Create(CreateArgs),
+    /// Revoke a token by its id (printed on stderr when it was created): the API refuses it
+    /// from now on.
+    Revoke(RevokeArgs),
+}
+
+#[derive(clap::Args)]
+pub struct RevokeArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    token_id: uuid::Uuid,
 }
 
 #[derive(clap::Args)]
@@ -27,6 +37,28 @@ pub struct CreateArgs {
 pub async fn tokens(cmd: TokensCommand) -> u8 {
     match cmd {
         TokensCommand::Create(args) => create(args).await,
+        TokensCommand::Revoke(args) => revoke(args).await,
+    }
+}
+
+async fn revoke(args: RevokeArgs) -> u8 {
+    let store = match ops::connect(&args.db, false).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    match store.revoke_token(args.token_id).await {
+        Ok(true) => {
+            println!("revoked token {}", args.token_id);
+            exit::OK
+        }
+        Ok(false) => {
+            eprintln!(
+                "error: no live token {} (unknown, or already revoked)",
+                args.token_id
+            );
+            exit::REFUSED
+        }
+        Err(e) => ops::report(&e),
     }
 }
 

@@ -943,3 +943,24 @@ async fn runs_page_by_cursor_newest_first() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_token_is_refused_from_then_on() {
+    let api = Api::start("api_revoke", &[]).await;
+    let token = api.token("temp", &["read"]);
+    let (s, _) = json_of(api.get("/v1/runs", Some(&token)).send().await.unwrap()).await;
+    assert_eq!(s, StatusCode::OK);
+    let token_id: Uuid =
+        sqlx::query_scalar("SELECT token_id FROM rein_tokens WHERE subject = 'temp'")
+            .fetch_one(api.store.pool())
+            .await
+            .unwrap();
+    let id = token_id.to_string();
+    let out = rein(&["tokens", "revoke", &id, "--database-url", &api.url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (s, v) = json_of(api.get("/v1/runs", Some(&token)).send().await.unwrap()).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
+    // Revoking it again is refused: nothing live to revoke.
+    let out = rein(&["tokens", "revoke", &id, "--database-url", &api.url]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
