@@ -38,7 +38,7 @@ pub struct RunRow {
 }
 
 impl RunRow {
-    fn from_row(row: &PgRow) -> Result<RunRow, StoreError> {
+    pub(crate) fn from_row(row: &PgRow) -> Result<RunRow, StoreError> {
         let projection: Value = row.try_get("projection")?;
         let version: i32 = row.try_get("version")?;
         Ok(RunRow {
@@ -116,7 +116,7 @@ impl StoredEvent {
     }
 }
 
-const RUN_ROW: &str = include_str!("../queries/run_row.sql");
+pub(crate) const RUN_ROW: &str = include_str!("../queries/run_row.sql");
 const EVENT_COLUMNS: &str = "run_id, sequence, event_id, type, payload, node, schema_version, fencing_token, worker, occurred_at";
 
 fn event_from_row(row: &PgRow) -> Result<StoredEvent, StoreError> {

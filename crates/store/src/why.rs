@@ -3,14 +3,14 @@
 //! one read-only snapshot, with every age and countdown measured by the database clock.
 
 use chrono::{DateTime, Utc};
-use rein_core::RunState;
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 use uuid::Uuid;
 
-use crate::{Store, StoreError};
+use crate::reads::RUN_ROW;
+use crate::{RunRow, Store, StoreError};
 
 /// The most rows of each list (ledger, sim effects, approvals, inbox) a diagnosis carries;
 /// the newest are kept.
@@ -18,32 +18,30 @@ pub const WHY_ROWS_MAX: i64 = 100;
 /// A worker or scheduler counts as alive when it sent a heartbeat this recently.
 pub const HEARTBEAT_FRESH_MS: i64 = 60_000;
 
-/// The run row, with the times that matter measured against the database clock.
+/// The run row, with the times that matter measured against the database clock of the
+/// same snapshot. Derefs to the [`RunRow`] it extends.
 #[derive(Debug, Clone, Serialize)]
 pub struct WhyRun {
-    pub run_id: Uuid,
-    pub definition: String,
-    pub version: u32,
-    pub state: String,
-    pub status: String,
-    pub queue: String,
-    pub projection: RunState,
-    pub last_sequence: i64,
-    pub fencing_token: i64,
-    pub lease_owner: Option<String>,
-    pub lease_until: Option<DateTime<Utc>>,
-    /// `lease_until - clock_timestamp()`: negative once the lease expired.
+    #[serde(flatten)]
+    pub row: RunRow,
+    /// `lease_until - now`: negative once the lease expired.
     pub lease_left_ms: Option<f64>,
-    pub wake_at: Option<DateTime<Utc>>,
-    /// `wake_at - clock_timestamp()`: negative when the timer is overdue.
+    /// `wake_at - now`: negative when the timer is overdue.
     pub wake_in_ms: Option<f64>,
-    pub terminal_reason: Option<String>,
-    pub created_at: DateTime<Utc>,
-    pub state_entered_at: DateTime<Utc>,
-    pub in_state_ms: f64,
-    pub updated_at: DateTime<Utc>,
     pub updated_ago_ms: f64,
-    pub finished_at: Option<DateTime<Utc>>,
+}
+
+impl std::ops::Deref for WhyRun {
+    type Target = RunRow;
+
+    fn deref(&self) -> &RunRow {
+        &self.row
+    }
+}
+
+/// Milliseconds from `now` to `at` (negative when `at` is past).
+fn ms_from(now: DateTime<Utc>, at: DateTime<Utc>) -> f64 {
+    (at - now).num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0
 }
 
 /// One event of the run's log, with its age.
@@ -143,19 +141,6 @@ macro_rules! ms_until {
     };
 }
 
-const WHY_RUN: &str = concat!(
-    "SELECT run_id, definition, version, state, status, queue, projection, last_sequence,
-            fencing_token, lease_owner, lease_until, wake_at, terminal_reason, created_at,
-            state_entered_at, updated_at, finished_at, ",
-    ms_until!("lease_until"),
-    " AS lease_left_ms, ",
-    ms_until!("wake_at"),
-    " AS wake_in_ms,
-            (extract(epoch FROM clock_timestamp() - state_entered_at) * 1000)::float8 AS in_state_ms,
-            (extract(epoch FROM clock_timestamp() - updated_at) * 1000)::float8 AS updated_ago_ms
-     FROM rein_runs WHERE run_id = $1"
-);
-
 const WHY_EVENT_COLUMNS: &str = "sequence, type, payload, node, fencing_token, worker, occurred_at,
     (extract(epoch FROM clock_timestamp() - occurred_at) * 1000)::float8 AS ago_ms";
 
@@ -168,15 +153,21 @@ impl Store {
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             .execute(&mut *tx)
             .await?;
-        let row = sqlx::query(WHY_RUN)
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!("{RUN_ROW} WHERE run_id = $1")))
             .bind(run_id)
             .fetch_optional(&mut *tx)
             .await?
             .ok_or(StoreError::RunNotFound(run_id))?;
-        let run = why_run(&row)?;
+        let row = RunRow::from_row(&row)?;
         let db_now: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
             .fetch_one(&mut *tx)
             .await?;
+        let run = WhyRun {
+            lease_left_ms: row.lease_until.map(|t| ms_from(db_now, t)),
+            wake_in_ms: row.wake_at.map(|t| ms_from(db_now, t)),
+            updated_ago_ms: -ms_from(db_now, row.updated_at),
+            row,
+        };
 
         let newest_of = |kind: Option<&'static str>| {
             sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -263,35 +254,6 @@ impl Store {
             },
         })
     }
-}
-
-fn why_run(row: &PgRow) -> Result<WhyRun, StoreError> {
-    let projection: Value = row.try_get("projection")?;
-    let version: i32 = row.try_get("version")?;
-    Ok(WhyRun {
-        run_id: row.try_get("run_id")?,
-        definition: row.try_get("definition")?,
-        version: version as u32,
-        state: row.try_get("state")?,
-        status: row.try_get("status")?,
-        queue: row.try_get("queue")?,
-        projection: serde_json::from_value(projection)
-            .map_err(|e| StoreError::Corrupt(format!("projection: {e}")))?,
-        last_sequence: row.try_get("last_sequence")?,
-        fencing_token: row.try_get("fencing_token")?,
-        lease_owner: row.try_get("lease_owner")?,
-        lease_until: row.try_get("lease_until")?,
-        lease_left_ms: row.try_get("lease_left_ms")?,
-        wake_at: row.try_get("wake_at")?,
-        wake_in_ms: row.try_get("wake_in_ms")?,
-        terminal_reason: row.try_get("terminal_reason")?,
-        created_at: row.try_get("created_at")?,
-        state_entered_at: row.try_get("state_entered_at")?,
-        in_state_ms: row.try_get("in_state_ms")?,
-        updated_at: row.try_get("updated_at")?,
-        updated_ago_ms: row.try_get("updated_ago_ms")?,
-        finished_at: row.try_get("finished_at")?,
-    })
 }
 
 fn why_event(row: &PgRow) -> Result<WhyEvent, StoreError> {
