@@ -17,7 +17,7 @@
 use serde_json::{Value, json};
 
 use crate::definition::{Definition, StateSpec, ToolSpec};
-use crate::guard::{GuardInput, compile_expr};
+use crate::guard::GuardInput;
 use crate::hash::{ActionIdentity, action_hash, canonical_json};
 use crate::limits;
 use crate::state::RunState;
@@ -328,8 +328,10 @@ fn needs_approval(
     match tool.approval.as_deref() {
         None | Some("never") => Ok(false),
         Some("always") => Ok(true),
-        Some(expr) => {
-            let program = compile_expr(expr)?;
+        Some(_) => {
+            let program = def
+                .tool_approval_rule(&run.state, &tool.name)
+                .ok_or_else(|| "the rule was not compiled with the definition".to_owned())?;
             let payload = json!({ "args": args });
             let input = GuardInput {
                 run: run.guard_view(),

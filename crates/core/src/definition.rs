@@ -346,6 +346,8 @@ struct Inner {
     hash: String,
     /// Compiled argument schemas by (state, tool), built once.
     schemas: HashMap<(String, String), Arc<jsonschema::Validator>>,
+    /// Compiled approval rules (guard expressions) by (state, tool), built once.
+    approval_rules: HashMap<(String, String), Arc<crate::guard::Expr>>,
 }
 
 impl fmt::Debug for Definition {
@@ -424,6 +426,8 @@ impl Definition {
         // States.
         let mut states: HashMap<String, StateSpec> = HashMap::new();
         let mut initials = Vec::new();
+        // Tool approval rules, compiled once here and kept for every call.
+        let mut approval_rules: HashMap<(String, String), Arc<crate::guard::Expr>> = HashMap::new();
         for (i, state) in spec.states.iter().enumerate() {
             let item = format!("states[{i}] ({})", state.name);
             check_name(&mut p, &item, &state.name);
@@ -460,9 +464,14 @@ impl Definition {
                 if let Some(when) = &tool.approval
                     && when != "always"
                     && when != "never"
-                    && let Err(reason) = crate::guard::compile_expr(when)
                 {
-                    p(format!("{tool_item}.approval"), reason);
+                    match crate::guard::compile_expr(when) {
+                        Ok(rule) => {
+                            approval_rules
+                                .insert((state.name.clone(), tool.name.clone()), Arc::new(rule));
+                        }
+                        Err(reason) => p(format!("{tool_item}.approval"), reason),
+                    }
                 }
                 if let Some(schema) = &tool.schema
                     && !schema.is_object()
@@ -920,12 +929,21 @@ impl Definition {
                 hash,
                 spec,
                 schemas,
+                approval_rules,
             }),
         })
     }
 
     pub fn name(&self) -> &str {
         &self.inner.spec.name
+    }
+
+    /// The compiled approval rule of `tool` in `state`, when it is a guard expression.
+    pub fn tool_approval_rule(&self, state: &str, tool: &str) -> Option<&crate::guard::Expr> {
+        self.inner
+            .approval_rules
+            .get(&(state.to_owned(), tool.to_owned()))
+            .map(|e| e.as_ref())
     }
 
     /// The compiled argument schema of `tool` in `state`, if it declares one.
