@@ -532,33 +532,18 @@ async fn start_fleet(plan: &Plan, queue: &str, workers: u32) -> Result<Fleet, St
         })?;
         for i in 0..workers {
             let name = format!("{queue}-w{i}");
-            let mut a: Vec<String> = [
-                "worker",
-                "--database-url",
-                &plan.url,
-                "--id",
-                &name,
-                "--queue",
-                queue,
-                "--poll-interval-ms",
-                "20",
-                "--lease-ttl-ms",
-                "30000",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            a.extend([
-                "--concurrency".to_owned(),
-                plan.concurrency.to_string(),
-                "--claim-batch".to_owned(),
-                plan.claim_batch.to_string(),
-                "--db-pool-max".to_owned(),
-                plan.worker_pool.to_string(),
-            ]);
+            let mut flags = vec![
+                ("--queue", queue.to_owned()),
+                ("--poll-interval-ms", "20".to_owned()),
+                ("--lease-ttl-ms", "30000".to_owned()),
+                ("--concurrency", plan.concurrency.to_string()),
+                ("--claim-batch", plan.claim_batch.to_string()),
+                ("--db-pool-max", plan.worker_pool.to_string()),
+            ];
             if !plan.commit_batching {
-                a.push("--no-commit-batching".to_owned());
+                flags.push(("--no-commit-batching", String::new()));
             }
+            let a = crate::procs::role_args("worker", &plan.url, &name, &flags);
             children
                 .spawn(&name, &a, &[("REIN_LOG", "warn,rein_worker=info")])
                 .map_err(|e| StoreError::Invalid(format!("cannot start a worker process: {e}")))?;
@@ -690,21 +675,15 @@ fn percentile_ms(sorted_us: &[u32], p: f64) -> f64 {
     f64::from(sorted_us[i]) / 1000.0
 }
 
-async fn enqueue(store: &Store, plan: &Plan, queue: &str, n: usize) -> Result<(), StoreError> {
-    let mut left = n;
-    while left > 0 {
-        let k = left.min(ENQUEUE_CHUNK);
-        let requests: Vec<EnqueueRequest> = (0..k)
-            .map(|_| {
-                let mut r = EnqueueRequest::new(plan.definition.clone(), plan.input.clone());
-                r.queue = queue.to_owned();
-                r
-            })
-            .collect();
-        store.enqueue_batch(&requests).await?;
-        left -= k;
-    }
-    Ok(())
+/// `n` runs of `definition` with `input` on `queue`.
+fn requests(definition: &Definition, input: &Value, queue: &str, n: usize) -> Vec<EnqueueRequest> {
+    (0..n)
+        .map(|_| {
+            let mut r = EnqueueRequest::new(definition.clone(), input.clone());
+            r.queue = queue.to_owned();
+            r
+        })
+        .collect()
 }
 
 /// One measured point: `workers` workers on a fresh queue, every run enqueued first (closed
@@ -731,7 +710,7 @@ async fn run_point(
         let mut done = 0u64;
         while done < runs_total {
             let k = (runs_total - done).min(ENQUEUE_CHUNK as u64);
-            enqueue(&side, plan, &queue, k as usize)
+            side.enqueue_batch(&requests(&plan.definition, &plan.input, &queue, k as usize))
                 .await
                 .map_err(|e| report(&e))?;
             done += k;
@@ -786,14 +765,9 @@ async fn run_point(
                 let k = (owed.floor() as u64).min(runs_total - sent);
                 if k > 0 {
                     owed -= k as f64;
-                    let requests: Vec<EnqueueRequest> = (0..k)
-                        .map(|_| {
-                            let mut e = EnqueueRequest::new(plan_def.clone(), input.clone());
-                            e.queue = q.clone();
-                            e
-                        })
-                        .collect();
-                    store.enqueue_batch(&requests).await?;
+                    store
+                        .enqueue_batch(&requests(&plan_def, &input, &q, k as usize))
+                        .await?;
                     own.fetch_add(1, Ordering::Relaxed);
                     sent += k;
                 }

@@ -572,26 +572,18 @@ impl<'a> Harness<'a> {
     fn spawn_worker(&mut self) -> Result<String, u8> {
         self.spawned_workers += 1;
         let id = format!("chaos-w{}", self.spawned_workers);
-        let args: Vec<String> = [
+        let args = crate::procs::role_args(
             "worker",
-            "--database-url",
             &self.url,
-            "--id",
             &id,
-            "--concurrency",
-            &WORKER_CONCURRENCY.to_string(),
-            "--lease-ttl-ms",
-            &self.args.lease_ttl_ms.to_string(),
-            "--poll-interval-ms",
-            "50",
-            "--shutdown-grace-ms",
-            "2000",
-            "--db-pool-max",
-            &self.child_pool_max().to_string(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+            &[
+                ("--concurrency", WORKER_CONCURRENCY.to_string()),
+                ("--lease-ttl-ms", self.args.lease_ttl_ms.to_string()),
+                ("--poll-interval-ms", "50".to_owned()),
+                ("--shutdown-grace-ms", "2000".to_owned()),
+                ("--db-pool-max", self.child_pool_max().to_string()),
+            ],
+        );
         self.spawn(&id, &args)?;
         self.workers.push(id.clone());
         Ok(id)
@@ -600,20 +592,15 @@ impl<'a> Harness<'a> {
     fn spawn_scheduler(&mut self) -> Result<String, u8> {
         self.spawned_schedulers += 1;
         let id = format!("chaos-s{}", self.spawned_schedulers);
-        let args: Vec<String> = [
+        let args = crate::procs::role_args(
             "scheduler",
-            "--database-url",
             &self.url,
-            "--id",
             &id,
-            "--tick-ms",
-            &self.args.scheduler_tick_ms.to_string(),
-            "--db-pool-max",
-            &self.child_pool_max().to_string(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+            &[
+                ("--tick-ms", self.args.scheduler_tick_ms.to_string()),
+                ("--db-pool-max", self.child_pool_max().to_string()),
+            ],
+        );
         self.spawn(&id, &args)?;
         self.schedulers.push(id.clone());
         Ok(id)

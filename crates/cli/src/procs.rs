@@ -47,6 +47,22 @@ impl Proc {
     }
 }
 
+/// The command line of a `rein ROLE` child: `ROLE --database-url URL --id ID` and then each
+/// `--flag value` (a flag with an empty value is passed alone).
+pub fn role_args(role: &str, url: &str, id: &str, flags: &[(&str, String)]) -> Vec<String> {
+    let mut args: Vec<String> = [role, "--database-url", url, "--id", id]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for (flag, value) in flags {
+        args.push((*flag).to_owned());
+        if !value.is_empty() {
+            args.push(value.clone());
+        }
+    }
+    args
+}
+
 /// Peak resident set size of this process in bytes.
 pub fn own_peak_rss_bytes() -> Option<u64> {
     peak_rss_of("/proc/self/status")
