@@ -784,7 +784,7 @@ impl<'a> Harness<'a> {
         let Ok(Ok(waiting)) = tokio::time::timeout(
             QUERY_TIMEOUT,
             self.store
-                .runs_in_states(&["paused", "WAITING_APPROVAL"], 200),
+                .runs_in_states(&rein_worker::sim::APPROVAL_WAIT_STATES, 200),
         )
         .await
         else {
@@ -794,19 +794,10 @@ impl<'a> Harness<'a> {
             if self.decided.contains(&row.run_id) {
                 continue;
             }
-            let wish = row.projection.data["sim"]["approval"]
-                .as_str()
-                .unwrap_or("grant");
-            let deny = match wish {
-                "expire" => continue,
-                "deny" => true,
-                _ => false,
-            };
-            let event = match (row.definition.as_str(), deny) {
-                ("lifecycle", true) => "approval_denied",
-                ("lifecycle", false) => "approval_granted",
-                (_, true) => "REJECTED",
-                (_, false) => "APPROVED",
+            let Some((event, deny)) =
+                rein_worker::sim::approver_answer(&row.definition, &row.projection.data)
+            else {
+                continue;
             };
             let payload = json!({ "approver": "chaos", "reason": if deny { "denied by the chaos approver" } else { "granted" } });
             let sent = tokio::time::timeout(

@@ -164,32 +164,26 @@ async fn run_demo(args: &DemoArgs, url: &str) -> u8 {
             }
         }
         if let Ok(waiting) = store
-            .runs_in_states(&["paused", "WAITING_APPROVAL"], 200)
+            .runs_in_states(&rein_worker::sim::APPROVAL_WAIT_STATES, 200)
             .await
         {
             for row in waiting {
                 if row.definition == "refund-agent" {
                     continue; // decided above, through its request
                 }
-                let wish = row.projection.data["sim"]["approval"]
-                    .as_str()
-                    .unwrap_or("grant")
-                    .to_owned();
-                let event = match (row.definition.as_str(), wish.as_str()) {
-                    (_, "expire") => continue,
-                    ("lifecycle", "deny") => "approval_denied",
-                    ("lifecycle", _) => "approval_granted",
-                    (_, "deny") => "REJECTED",
-                    _ => "APPROVED",
+                let Some((event, deny)) =
+                    rein_worker::sim::approver_answer(&row.definition, &row.projection.data)
+                else {
+                    continue;
                 };
-                let payload = json!({ "approver": "demo-approver", "reason": if wish == "deny" { "denied by the demo approver" } else { "granted" } });
+                let payload = json!({ "approver": "demo-approver", "reason": if deny { "denied by the demo approver" } else { "granted" } });
                 if store
                     .send(row.run_id, event, payload, "demo-approver", 60_000)
                     .await
                     .is_ok()
                 {
                     *approvals
-                        .entry(if wish == "deny" { "denied" } else { "granted" })
+                        .entry(if deny { "denied" } else { "granted" })
                         .or_default() += 1;
                 }
             }

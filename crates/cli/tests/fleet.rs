@@ -58,7 +58,7 @@ fn workload(
 /// decisions were delivered now.
 async fn approve(store: &Store, decided: &mut HashSet<Uuid>) -> usize {
     let Ok(waiting) = store
-        .runs_in_states(&["paused", "WAITING_APPROVAL"], 200)
+        .runs_in_states(&rein_worker::sim::APPROVAL_WAIT_STATES, 200)
         .await
     else {
         return 0;
@@ -68,12 +68,10 @@ async fn approve(store: &Store, decided: &mut HashSet<Uuid>) -> usize {
         if decided.contains(&row.run_id) {
             continue;
         }
-        let deny = row.projection.data["sim"]["approval"] == "deny";
-        let event = match (row.definition.as_str(), deny) {
-            ("lifecycle", true) => "approval_denied",
-            ("lifecycle", false) => "approval_granted",
-            (_, true) => "REJECTED",
-            (_, false) => "APPROVED",
+        let Some((event, deny)) =
+            rein_worker::sim::approver_answer(&row.definition, &row.projection.data)
+        else {
+            continue;
         };
         let payload =
             json!({ "approver": "fleet-test", "reason": if deny { "denied" } else { "granted" } });

@@ -200,3 +200,24 @@ impl NodeHandler for Noop {
         Box::pin(async { Outcome::event("next", Value::Object(Default::default())) })
     }
 }
+
+/// The states where a sim run parks for a person's approval of its plain approval events.
+pub const APPROVAL_WAIT_STATES: [&str; 2] = ["paused", "WAITING_APPROVAL"];
+
+/// What a simulated approver answers a sim run parked for approval, as its input's
+/// `sim.approval` asks: the event to send and whether it is a denial; `None` for `expire`
+/// (left to the expiry timer).
+pub fn approver_answer(definition: &str, data: &Value) -> Option<(&'static str, bool)> {
+    let deny = match data["sim"]["approval"].as_str() {
+        Some("expire") => return None,
+        Some("deny") => true,
+        _ => false,
+    };
+    let event = match (definition, deny) {
+        ("lifecycle", true) => "approval_denied",
+        ("lifecycle", false) => "approval_granted",
+        (_, true) => "REJECTED",
+        (_, false) => "APPROVED",
+    };
+    Some((event, deny))
+}
