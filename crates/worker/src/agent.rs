@@ -90,18 +90,8 @@ impl NodeHandler for SimTool {
                     json!({ "result": { "tool": name, "order": ctx.args, "found": true } }),
                 );
             }
-            let applied = match store
-                .sim_apply(
-                    ctx.run_id,
-                    &ctx.node,
-                    ctx.step as i32,
-                    &ctx.idempotency_key,
-                    &ctx.worker_id,
-                    &result,
-                )
-                .await
-            {
-                Ok((first, _)) => first,
+            let applied = match crate::sim::apply_to_ledger(&store, &ctx, &result).await {
+                Ok(first) => first,
                 Err(e) => return Outcome::InDoubt(format!("{name}: ledger unreachable: {e}")),
             };
             if agent_input(&ctx)["timeout_after_apply"] == json!(true) && ctx.run.attempt == 0 {

@@ -148,18 +148,8 @@ impl NodeHandler for Sim {
                     if !side_effect {
                         return Outcome::event(ok, json!({ "result": result }));
                     }
-                    match store
-                        .sim_apply(
-                            ctx.run_id,
-                            &ctx.node,
-                            ctx.step as i32,
-                            &ctx.idempotency_key,
-                            &ctx.worker_id,
-                            &result,
-                        )
-                        .await
-                    {
-                        Ok((first, _)) => Outcome::event(ok, json!({ "result": first })),
+                    match apply_to_ledger(&store, &ctx, &result).await {
+                        Ok(first) => Outcome::event(ok, json!({ "result": first })),
                         Err(e) => Outcome::InDoubt(format!("sim ledger unreachable: {e}")),
                     }
                 }
@@ -199,6 +189,26 @@ impl NodeHandler for Noop {
     fn run(&self, _ctx: ActionContext) -> BoxFuture<Outcome> {
         Box::pin(async { Outcome::event("next", Value::Object(Default::default())) })
     }
+}
+
+/// Applies `result` to the sim ledger under the call's idempotency key; returns what the
+/// ledger holds for that key (the first application's result, whoever made it).
+pub(crate) async fn apply_to_ledger(
+    store: &Store,
+    ctx: &ActionContext,
+    result: &Value,
+) -> Result<Value, rein_store::StoreError> {
+    store
+        .sim_apply(
+            ctx.run_id,
+            &ctx.node,
+            ctx.step as i32,
+            &ctx.idempotency_key,
+            &ctx.worker_id,
+            result,
+        )
+        .await
+        .map(|(first, _)| first)
 }
 
 /// The states where a sim run parks for a person's approval of its plain approval events.
