@@ -1255,20 +1255,13 @@ async fn workload(store: &Store, runs: u64) -> Result<Vec<EnqueueRequest>, rein_
 /// The built-in with every approval expiring after [`APPROVAL_EXPIRES_AFTER_MS`], as a new
 /// version of the same name.
 fn expiring_copy(def: &Definition) -> Result<Definition, rein_store::StoreError> {
-    let mut spec = def.spec().clone();
-    spec.version += EXPIRING_VERSION_OFFSET;
-    spec.description = format!("{} (chaos: approvals expire fast)", spec.description);
-    for state in &mut spec.states {
-        if let Some(approval) = &mut state.approval {
-            approval.expires_after_ms = APPROVAL_EXPIRES_AFTER_MS;
-            if approval.remind_before_ms.is_some() {
-                approval.remind_before_ms = Some(APPROVAL_REMIND_BEFORE_MS);
-            }
-        }
-    }
-    Definition::from_spec(spec, &rein_core::GuardRegistry::new()).map_err(|e| {
-        rein_store::StoreError::Invalid(format!("expiring copy of {}: {e}", def.name()))
-    })
+    rein_worker::sim::with_fast_approval_expiry(
+        def,
+        APPROVAL_EXPIRES_AFTER_MS,
+        APPROVAL_REMIND_BEFORE_MS,
+        EXPIRING_VERSION_OFFSET,
+    )
+    .map_err(rein_store::StoreError::Invalid)
 }
 
 /// The report's core: the audit's counts, the faults and the recovery times. `violations`

@@ -14,6 +14,13 @@ use tokio_util::sync::CancellationToken;
 use crate::ops::report;
 use crate::{DbArgs, exit};
 
+/// Approvals of the demo's `expire` runs run out after this long, so the scheduler fires
+/// their timeout while the demo watches.
+const APPROVAL_EXPIRES_AFTER_MS: u64 = 2_000;
+const APPROVAL_REMIND_BEFORE_MS: u64 = 1_000;
+/// Version offset of those copies of the built-ins.
+const EXPIRING_VERSION_OFFSET: u32 = 100;
+
 #[derive(clap::Args)]
 pub struct DemoArgs {
     #[command(flatten)]
@@ -46,10 +53,14 @@ pub async fn demo(args: DemoArgs) -> u8 {
             Err(code) => return code,
         },
     };
-    let code = run_demo(&args, &url).await;
-    if args.keep && code == exit::OK {
+    let (code, api) = run_demo(&args, &url).await;
+    if args.keep
+        && code == exit::OK
+        && let Some(api) = api
+    {
         eprintln!(
-            "\nkeeping the database and the API up (address and token above); explore with:\n  export DATABASE_URL={url}\n  rein runs list\n  rein runs show RUN\n  rein why RUN\n  rein approvals list --all\nCtrl-C to stop."
+            "\nkeeping the database and the API up; explore through the API:\n  export REIN_URL={} REIN_TOKEN={}\n  rein runs list\n  rein runs show RUN\n  rein why RUN\n  rein approvals list --all\nor the database directly: export DATABASE_URL={url}\nCtrl-C to stop.",
+            api.url, api.token
         );
         let _ = tokio::signal::ctrl_c().await;
     }
@@ -59,17 +70,24 @@ pub async fn demo(args: DemoArgs) -> u8 {
     code
 }
 
-async fn run_demo(args: &DemoArgs, url: &str) -> u8 {
+/// Runs the workload; returns the exit code and the API it served.
+async fn run_demo(args: &DemoArgs, url: &str) -> (u8, Option<DemoApi>) {
     let store = match Store::connect(url, 24).await {
         Ok(s) => s,
-        Err(e) => return report(&e),
+        Err(e) => return (report(&e), None),
     };
     // The API serves this database for the demo's lifetime (and with --keep, after it), with
     // a token made for the demo.
     let api = match start_api(&store).await {
         Ok(api) => api,
-        Err(code) => return code,
+        Err(code) => return (code, None),
     };
+    let code = drive(args, url, &store, &api).await;
+    (code, Some(api))
+}
+
+async fn drive(args: &DemoArgs, url: &str, store: &Store, api: &DemoApi) -> u8 {
+    let store = store.clone();
     eprintln!("API on {} (token for this demo: {})", api.url, api.token);
     let stop = CancellationToken::new();
     let mut fleet = tokio::task::JoinSet::new();
@@ -106,6 +124,27 @@ async fn run_demo(args: &DemoArgs, url: &str) -> u8 {
         (Ok(a), Ok(b), Ok(c)) => (a, b, c),
         (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return report(&e),
     };
+    // Copies whose approvals run out in seconds, for the runs whose approver never answers.
+    let mut expiring = Vec::new();
+    for def in [&lifecycle, &research] {
+        let copy = match rein_worker::sim::with_fast_approval_expiry(
+            def,
+            APPROVAL_EXPIRES_AFTER_MS,
+            APPROVAL_REMIND_BEFORE_MS,
+            EXPIRING_VERSION_OFFSET,
+        ) {
+            Ok(copy) => copy,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return exit::INPUT;
+            }
+        };
+        if let Err(e) = store.register_definition(&copy).await {
+            return report(&e);
+        }
+        expiring.push(copy);
+    }
+    let [lifecycle_expiring, research_expiring] = [&expiring[0], &expiring[1]];
     let mut requests = Vec::new();
     for i in 0..args.runs {
         // Every tenth run is a refund agent: a scripted model picks tools, refunds over 100
@@ -115,6 +154,11 @@ async fn run_demo(args: &DemoArgs, url: &str) -> u8 {
             continue;
         }
         let (def, sim) = workload(i, &lifecycle, &research);
+        let def = match sim["approval"].as_str() {
+            Some("expire") if def.name() == "lifecycle" => lifecycle_expiring.clone(),
+            Some("expire") => research_expiring.clone(),
+            _ => def,
+        };
         requests.push(EnqueueRequest::new(def, json!({ "sim": sim })));
     }
     let started = Instant::now();
@@ -247,6 +291,10 @@ async fn run_demo(args: &DemoArgs, url: &str) -> u8 {
     let counts = store.count_by_state().await.unwrap_or_default();
     let events = store.count_events_by_type().await.unwrap_or_default();
     let fenced = store.counter(counters::FENCED_WRITES).await.unwrap_or(0);
+    let expired = store
+        .count_events_with_reason("approval_expired")
+        .await
+        .unwrap_or(0);
     let events_total: i64 = events.iter().map(|e| e.1).sum();
     let count = |names: &[&str]| crate::ops::events_of(&events, names);
     let mut by_final: BTreeMap<String, i64> = BTreeMap::new();
@@ -264,7 +312,11 @@ async fn run_demo(args: &DemoArgs, url: &str) -> u8 {
         "runs_by_final_state": by_final,
         "events": events_total,
         "retries": count(&["retry", "RETRY_DUE"]),
-        "approvals": { "granted": approvals.get("granted").copied().unwrap_or(0), "denied": approvals.get("denied").copied().unwrap_or(0) },
+        "approvals": {
+            "granted": approvals.get("granted").copied().unwrap_or(0),
+            "denied": approvals.get("denied").copied().unwrap_or(0),
+            "expired": expired,
+        },
         "cancelled": count(&["CANCEL"]),
         "fenced_writes_rejected": fenced,
         "replay_mismatches": integrity_errors,
@@ -313,13 +365,15 @@ fn workload(
         research.clone()
     };
     // Both definitions get every variant: the variant follows the pair index.
-    let sim = match (i / 2) % 10 {
-        0 | 1 => json!({ "work_ms": 20, "transient_failures": 1 + (i / 2) % 2 }),
-        2 => json!({ "work_ms": 10, "transient_failures": 5 }),
-        3 => json!({ "work_ms": 10, "approval": "grant", "amount": 150 }),
-        4 => json!({ "work_ms": 10, "approval": "deny", "amount": 500 }),
-        5 => json!({ "work_ms": 10, "fatal_at_step": 1 }),
-        6 => json!({ "work_ms": 30, "steps": 3 }),
+    let sim = match (i / 2) % 20 {
+        0..=3 => json!({ "work_ms": 20, "transient_failures": 1 + (i / 2) % 2 }),
+        4 | 5 => json!({ "work_ms": 10, "transient_failures": 5 }),
+        6 | 7 => json!({ "work_ms": 10, "approval": "grant", "amount": 150 }),
+        8 | 9 => json!({ "work_ms": 10, "approval": "deny", "amount": 500 }),
+        10 | 11 => json!({ "work_ms": 10, "fatal_at_step": 1 }),
+        12 | 13 => json!({ "work_ms": 30, "steps": 3 }),
+        // Nobody answers: the approval times out through the scheduler.
+        17 => json!({ "work_ms": 10, "approval": "expire", "amount": 300 }),
         _ => json!({ "work_ms": 10 }),
     };
     (def, sim)
@@ -396,10 +450,9 @@ async fn start_api(store: &Store) -> Result<DemoApi, u8> {
 fn print_summary(s: &Value) {
     println!("\n== Rein demo summary ==");
     println!(
-        "API {} — try: curl -H 'Authorization: Bearer {}' {}/v1/approvals?all=true",
-        s["api"]["url"].as_str().unwrap_or(""),
-        s["api"]["token"].as_str().unwrap_or(""),
-        s["api"]["url"].as_str().unwrap_or("")
+        "API {url} — try: REIN_URL={url} REIN_TOKEN={token} rein runs list --status terminal",
+        url = s["api"]["url"].as_str().unwrap_or(""),
+        token = s["api"]["token"].as_str().unwrap_or(""),
     );
     println!("{:<40} {:>8}", "runs by final state", "count");
     if let Some(map) = s["runs_by_final_state"].as_object() {
@@ -415,6 +468,10 @@ fn print_summary(s: &Value) {
         "approvals granted", s["approvals"]["granted"]
     );
     println!("{:<40} {:>8}", "approvals denied", s["approvals"]["denied"]);
+    println!(
+        "{:<40} {:>8}",
+        "approvals expired (timed out)", s["approvals"]["expired"]
+    );
     println!("{:<40} {:>8}", "cancelled", s["cancelled"]);
     println!(
         "{:<40} {:>8}",

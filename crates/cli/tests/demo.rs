@@ -44,6 +44,10 @@ fn assert_adds_up(summary: &Value, runs: i64) {
         approvals["granted"].as_i64() > Some(0) && approvals["denied"].as_i64() > Some(0),
         "{summary}"
     );
+    assert!(
+        approvals["expired"].as_i64() > Some(0),
+        "some approvals are left to time out through the scheduler: {summary}"
+    );
 }
 
 /// The first README command, as written: no DATABASE_URL, so a private server is started.

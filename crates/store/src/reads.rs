@@ -370,6 +370,17 @@ impl Store {
         )
     }
 
+    /// Events whose payload gives `reason` as theirs (e.g. `approval_expired`, which the
+    /// scheduler writes when an approval runs out).
+    pub async fn count_events_with_reason(&self, reason: &str) -> Result<i64, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT count(*) FROM rein_events WHERE payload->>'reason' = $1")
+                .bind(reason)
+                .fetch_one(self.pool())
+                .await?,
+        )
+    }
+
     /// Runs parked in one of `states`, oldest first (the demo's simulated approver).
     pub async fn runs_in_states(
         &self,

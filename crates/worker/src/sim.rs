@@ -231,3 +231,31 @@ pub fn approver_answer(definition: &str, data: &Value) -> Option<(&'static str, 
     };
     Some((event, deny))
 }
+
+/// A copy of `def` whose approvals expire after `expires_after_ms` (reminders, where the
+/// definition sends them, `remind_before_ms` before that), registered as version
+/// `def.version() + version_offset` of the same name: runs that leave an approval to expire
+/// reach the scheduler's expiry within seconds instead of an hour.
+pub fn with_fast_approval_expiry(
+    def: &rein_core::Definition,
+    expires_after_ms: u64,
+    remind_before_ms: u64,
+    version_offset: u32,
+) -> Result<rein_core::Definition, String> {
+    let mut spec = def.spec().clone();
+    spec.version += version_offset;
+    spec.description = format!(
+        "{} (approvals expire after {expires_after_ms} ms)",
+        spec.description
+    );
+    for state in &mut spec.states {
+        if let Some(approval) = &mut state.approval {
+            approval.expires_after_ms = expires_after_ms;
+            if approval.remind_before_ms.is_some() {
+                approval.remind_before_ms = Some(remind_before_ms);
+            }
+        }
+    }
+    rein_core::Definition::from_spec(spec, &rein_core::GuardRegistry::new())
+        .map_err(|e| format!("fast-expiry copy of {}: {e}", def.name()))
+}
