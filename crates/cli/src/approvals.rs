@@ -4,13 +4,13 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rein_store::{Approval, COMMENT_BYTES_MAX, Store, StoreError};
+use rein_store::COMMENT_BYTES_MAX;
+use serde_json::Value;
 use uuid::Uuid;
 
-use crate::{DbArgs, exit, ops};
-
-/// The longest approver name the store records.
-const APPROVER_BYTES_MAX: usize = 256;
+use crate::exit;
+use crate::ops::{cell, text};
+use crate::remote::{self, Backend, Conn, print_json};
 
 /// How much of a request's arguments the table shows.
 const ARGS_CHARS_SHOWN: usize = 40;
@@ -24,7 +24,7 @@ pub enum ApprovalsCommand {
 #[derive(clap::Args)]
 pub struct ListArgs {
     #[command(flatten)]
-    db: DbArgs,
+    conn: Conn,
     /// Every request: decided, expired and void ones too.
     #[arg(long)]
     all: bool,
@@ -42,15 +42,19 @@ pub struct ListArgs {
 #[derive(clap::Args)]
 pub struct DecideArgs {
     #[command(flatten)]
-    db: DbArgs,
+    conn: Conn,
     /// The approval request's id (from `rein approvals list`).
     approval: Uuid,
-    /// Who decides; recorded with the decision and sent to the run.
+    /// Who decides; recorded with the decision and sent to the run. Through the API
+    /// (REIN_URL) the token's subject is recorded instead.
     #[arg(long = "as", value_name = "NAME", env = "REIN_APPROVER")]
-    approver: String,
+    approver: Option<String>,
     /// Why, kept with the decision.
     #[arg(long, value_name = "TEXT")]
     comment: Option<String>,
+    /// Print the decided request with its `delivery` as one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 pub async fn approvals(cmd: ApprovalsCommand) -> u8 {
@@ -60,22 +64,16 @@ pub async fn approvals(cmd: ApprovalsCommand) -> u8 {
 }
 
 async fn list(args: ListArgs) -> u8 {
-    let store = match ops::connect(&args.db, false).await {
-        Ok(s) => s,
+    let backend = match Backend::open(&args.conn).await {
+        Ok(b) => b,
         Err(code) => return code,
     };
-    let rows = match store.approvals(args.all, args.run, args.limit).await {
+    let rows = match backend.approvals(args.all, args.run, args.limit).await {
         Ok(rows) => rows,
-        Err(e) => return ops::report(&e),
+        Err(e) => return remote::fail(&e),
     };
     if args.json {
-        match serde_json::to_string(&rows) {
-            Ok(text) => println!("{text}"),
-            Err(e) => {
-                eprintln!("error: cannot encode the requests as JSON: {e}");
-                return exit::DATABASE;
-            }
-        }
+        print_json(&rows);
         return exit::OK;
     }
     let now_ms = now_ms();
@@ -83,15 +81,16 @@ async fn list(args: ListArgs) -> u8 {
         "{:<36}  {:<36}  {:<12}  {:<ARGS_CHARS_SHOWN$}  {:<8}  {:<19}  {:<12}  status",
         "approval", "run", "tool", "args", "risk", "requested (UTC)", "expires in"
     );
+    let rows = rows.as_array().cloned().unwrap_or_default();
     for a in &rows {
         println!(
             "{:<36}  {:<36}  {:<12}  {:<ARGS_CHARS_SHOWN$}  {:<8}  {:<19}  {:<12}  {}",
-            a.approval_id,
-            a.run_id,
-            a.tool,
-            shorten(&a.args.to_string(), ARGS_CHARS_SHOWN),
-            a.risk,
-            a.requested_at.format("%Y-%m-%d %H:%M:%S"),
+            text(a, "approval_id"),
+            text(a, "run_id"),
+            text(a, "tool"),
+            shorten(&cell(a, "args"), ARGS_CHARS_SHOWN),
+            text(a, "risk"),
+            crate::ops::short_time(text(a, "requested_at")),
             expires_in(a, now_ms),
             status(a)
         );
@@ -110,13 +109,30 @@ async fn list(args: ListArgs) -> u8 {
 
 /// Grants (`grant`) or denies the request and reports the event the run was sent.
 pub async fn decide(args: DecideArgs, grant: bool) -> u8 {
-    let approver = match check_approver(&args.approver) {
-        Ok(name) => name,
-        Err(why) => {
-            eprintln!("error: {why}");
+    let backend = match Backend::open(&args.conn).await {
+        Ok(b) => b,
+        Err(code) => return code,
+    };
+    // Through the API the token's subject decides; locally someone must say who they are.
+    let approver = match (args.approver.as_deref(), backend.is_api()) {
+        (Some(name), _) => match check_approver(name) {
+            Ok(name) => name.to_owned(),
+            Err(why) => {
+                eprintln!("error: {why}");
+                return exit::INPUT;
+            }
+        },
+        (None, true) => String::new(),
+        (None, false) => {
+            eprintln!("error: --as NAME (or REIN_APPROVER) must say who decides");
             return exit::INPUT;
         }
     };
+    if backend.is_api() && args.approver.is_some() {
+        eprintln!(
+            "note: through the API the token's subject is recorded as the approver, not --as"
+        );
+    }
     let comment = match check_comment(args.comment.as_deref()) {
         Ok(c) => c,
         Err(why) => {
@@ -124,100 +140,44 @@ pub async fn decide(args: DecideArgs, grant: bool) -> u8 {
             return exit::INPUT;
         }
     };
-    let store = match ops::connect(&args.db, false).await {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
-    // Where the run's log stood before the decision, to find the event it is sent.
-    let before = match store.approval(args.approval).await {
-        Ok(a) => match store.run(a.run_id).await {
-            Ok(run) => run.last_sequence,
-            Err(e) => return refused_or_report(&e),
-        },
-        Err(e) => return refused_or_report(&e),
-    };
-    let decided = match store
-        .decide_approval(args.approval, grant, approver, comment)
+    let decided = match backend
+        .decide(args.approval, grant, &approver, comment)
         .await
     {
-        Ok(a) => a,
-        Err(e) => return refused_or_report(&e),
+        Ok(d) => d,
+        Err(e) => return remote::fail(&e),
     };
+    if args.json {
+        print_json(&decided);
+        return exit::OK;
+    }
     let verb = if grant { "granted" } else { "denied" };
-    let delivery = delivery(&store, &decided, before, grant).await;
+    let d = decided.get("delivery").cloned().unwrap_or(Value::Null);
+    let event = match text(&d, "event") {
+        "" => format!("the {verb} event"),
+        e => e.to_owned(),
+    };
+    let delivery = if text(&d, "outcome") == "applied" {
+        format!(
+            "the run got {event} (sequence {}) and is now in {}",
+            cell(&d, "sequence"),
+            text(&d, "state")
+        )
+    } else {
+        format!("{event} queued in the run's inbox; the worker holding its lease applies it")
+    };
     println!(
-        "{verb} approval {} ({} on run {}) as {approver}; {delivery}",
-        decided.approval_id, decided.tool, decided.run_id
+        "{verb} approval {} ({} on run {}) as {}; {delivery}",
+        text(&decided, "approval_id"),
+        text(&decided, "tool"),
+        text(&decided, "run_id"),
+        text(&decided, "decided_by")
     );
     exit::OK
 }
 
-/// A decision the store refuses (unknown, expired, already decided or void request; a run
-/// that waits for no approval) exits REFUSED with the store's own reason.
-fn refused_or_report(e: &StoreError) -> u8 {
-    match e {
-        StoreError::Invalid(why) => {
-            eprintln!("error: {why}");
-            exit::REFUSED
-        }
-        other => ops::report(other),
-    }
-}
-
-/// Says which event the run got: applied now (with its sequence and the run's new state), or
-/// waiting in the run's inbox for the worker holding its lease.
-async fn delivery(store: &Store, decided: &Approval, before: i64, grant: bool) -> String {
-    let events = store
-        .history_after(decided.run_id, before)
-        .await
-        .unwrap_or_default();
-    let sent = events.iter().find(|e| {
-        e.payload.get("approval_id").and_then(|v| v.as_str())
-            == Some(decided.approval_id.to_string().as_str())
-    });
-    let run = store.run(decided.run_id).await.ok();
-    if let Some(e) = sent {
-        let now_in = run
-            .map(|r| format!(" and is now in {}", r.state))
-            .unwrap_or_default();
-        return format!("the run got {} (sequence {}){now_in}", e.kind, e.sequence);
-    }
-    // Not in the log yet: queued for the lease holder. Name the event the waiting state
-    // takes for this decision.
-    let mut event = None;
-    if let Some(run) = run
-        && let Ok(def) = store
-            .load_definition(&run.definition, Some(run.version))
-            .await
-        && let Some(policy) = def.state(&run.state).and_then(|s| s.approval.as_ref())
-    {
-        event = Some(if grant {
-            policy.granted_event().to_owned()
-        } else {
-            policy.denied_event().to_owned()
-        });
-    }
-    format!(
-        "{} queued in the run's inbox; the worker holding its lease applies it",
-        event.unwrap_or_else(|| format!("the {} event", if grant { "granted" } else { "denied" }))
-    )
-}
-
 fn check_approver(name: &str) -> Result<&str, String> {
-    let name = name.trim();
-    if name.is_empty() {
-        return Err("--as needs the approver's name; it is empty".into());
-    }
-    if name.len() > APPROVER_BYTES_MAX {
-        return Err(format!(
-            "--as is {} bytes; an approver's name is at most {APPROVER_BYTES_MAX}",
-            name.len()
-        ));
-    }
-    if name.chars().any(char::is_control) {
-        return Err("--as contains control characters; give a plain name".into());
-    }
-    Ok(name)
+    crate::service::approver(name).map_err(|why| format!("--as: {why}"))
 }
 
 fn check_comment(comment: Option<&str>) -> Result<Option<&str>, String> {
@@ -231,22 +191,27 @@ fn check_comment(comment: Option<&str>) -> Result<Option<&str>, String> {
     }
 }
 
-fn status(a: &Approval) -> String {
-    match a.status.as_str() {
-        "pending" if !a.open => "expired".into(),
-        "granted" if a.consumed_at.is_some() => "granted, used".into(),
+fn status(a: &Value) -> String {
+    let open = a.get("open").and_then(Value::as_bool) == Some(true);
+    let consumed = a.get("consumed_at").is_some_and(|c| !c.is_null());
+    match text(a, "status") {
+        "pending" if !open => "expired".into(),
+        "granted" if consumed => "granted, used".into(),
         s => s.to_owned(),
     }
 }
 
-fn expires_in(a: &Approval, now_ms: i64) -> String {
-    if a.status != "pending" {
+fn expires_in(a: &Value, now_ms: i64) -> String {
+    if text(a, "status") != "pending" {
         return "-".into();
     }
-    if !a.open {
+    if a.get("open").and_then(Value::as_bool) != Some(true) {
         return "expired".into();
     }
-    human_duration(a.expires_at.timestamp_millis() - now_ms)
+    match chrono::DateTime::parse_from_rfc3339(text(a, "expires_at")) {
+        Ok(at) => human_duration(at.timestamp_millis() - now_ms),
+        Err(_) => "?".into(),
+    }
 }
 
 fn now_ms() -> i64 {
@@ -281,6 +246,7 @@ fn shorten(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::service::APPROVER_BYTES_MAX;
 
     #[test]
     fn durations_read_at_a_glance() {

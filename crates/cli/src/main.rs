@@ -10,6 +10,8 @@ mod offline;
 mod ops;
 mod privdb;
 mod procs;
+mod remote;
+mod service;
 mod tokens;
 mod why;
 
@@ -24,8 +26,10 @@ pub mod exit {
     pub const INPUT: u8 = 1;
     /// Refused: invalid transition, fenced.
     pub const REFUSED: u8 = 2;
-    /// Database unreachable, or its schema too old or too new.
+    /// Database or API unreachable or failing, or the schema too old or too new.
     pub const DATABASE: u8 = 3;
+    /// The API refused the token: missing, revoked or lacking the scope.
+    pub const AUTH: u8 = 4;
 }
 
 #[derive(Parser)]
@@ -118,11 +122,7 @@ fn main() -> ExitCode {
         }
     };
     let code = match cli.command {
-        Command::Definitions(cmd)
-            if !matches!(cmd, offline::DefinitionsCommand::Register { .. }) =>
-        {
-            offline::definitions(cmd)
-        }
+        Command::Definitions(cmd) if !cmd.needs_service() => offline::definitions(cmd),
         Command::Replay(args) => offline::replay(args),
         other => {
             let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -137,9 +137,7 @@ fn main() -> ExitCode {
             };
             runtime.block_on(async move {
                 match other {
-                    Command::Definitions(offline::DefinitionsCommand::Register { file, db }) => {
-                        ops::register_definition(&file, db).await
-                    }
+                    Command::Definitions(cmd) => offline::registered(cmd).await,
                     Command::Migrate(db) => ops::migrate(db).await,
                     Command::Worker(args) => ops::worker(args).await,
                     Command::Scheduler(args) => ops::scheduler(args).await,
@@ -159,7 +157,7 @@ fn main() -> ExitCode {
                     Command::Demo(args) => demo::demo(args).await,
                     Command::Bench(args) => bench::bench(args).await,
                     Command::Chaos(args) => chaos::chaos(args).await,
-                    Command::Definitions(_) | Command::Replay(_) => exit::INPUT,
+                    Command::Replay(_) => exit::INPUT,
                 }
             })
         }

@@ -6,6 +6,7 @@ use rein_core::{Definition, Event, Format, GuardRegistry, RunState, apply, built
 use serde_json::{Value, json};
 
 use crate::exit;
+use crate::remote::{self, Backend, Conn, print_json};
 
 /// Largest events file `rein replay` reads.
 const REPLAY_BYTES_MAX: usize = 64 * 1024 * 1024;
@@ -14,21 +15,63 @@ const REPLAY_BYTES_MAX: usize = 64 * 1024 * 1024;
 pub enum DefinitionsCommand {
     /// Validate a definition file: exit 0 with a summary, or 1 with every problem.
     Check { file: String },
-    /// Print a definition (built-in name or file) as a mermaid diagram or normalised JSON.
+    /// Print a definition (built-in name or file, or a registered one with --registered or
+    /// REIN_URL) as a mermaid diagram or normalised JSON.
     Show {
         definition: String,
         #[arg(long, value_enum, default_value = "mermaid")]
         format: ShowFormat,
+        /// The version registered in the database (DATABASE_URL) rather than the built-in
+        /// or file; implied when REIN_URL is set.
+        #[arg(long)]
+        registered: bool,
+        /// With --registered: this version (default: the newest).
+        #[arg(long = "definition-version", value_name = "N")]
+        definition_version: Option<u32>,
+        #[command(flatten)]
+        conn: Conn,
     },
-    /// List the built-in definitions.
-    List,
+    /// List the built-in definitions, or the registered ones with --registered or REIN_URL.
+    List {
+        /// The versions registered in the database (DATABASE_URL); implied when REIN_URL is
+        /// set.
+        #[arg(long)]
+        registered: bool,
+        /// A JSON array of {name, version, hash, description, ...}.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
     /// Validate a definition file and store it in the database as a new version, so runs
     /// can be enqueued with it.
     Register {
         file: String,
+        /// Print `{"name", "version", "created"}`.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
-        db: crate::DbArgs,
+        conn: Conn,
     },
+}
+
+impl DefinitionsCommand {
+    /// Whether the command needs the database or the API (and so the async runtime).
+    pub fn needs_service(&self) -> bool {
+        match self {
+            DefinitionsCommand::Check { .. } => false,
+            DefinitionsCommand::Register { .. } => true,
+            DefinitionsCommand::List {
+                registered, conn, ..
+            } => *registered || conn.url.is_some(),
+            DefinitionsCommand::Show {
+                definition,
+                registered,
+                conn,
+                ..
+            } => (*registered || conn.url.is_some()) && !std::path::Path::new(definition).is_file(),
+        }
+    }
 }
 
 #[derive(clap::ValueEnum, Clone, Copy)]
@@ -124,7 +167,9 @@ pub fn definitions(cmd: DefinitionsCommand) -> u8 {
                 }
             }
         }
-        DefinitionsCommand::Show { definition, format } => match load_definition(&definition) {
+        DefinitionsCommand::Show {
+            definition, format, ..
+        } => match load_definition(&definition) {
             Ok(def) => {
                 match format {
                     ShowFormat::Mermaid => print!("{}", def.to_mermaid()),
@@ -143,21 +188,146 @@ pub fn definitions(cmd: DefinitionsCommand) -> u8 {
                 exit::INPUT
             }
         },
-        DefinitionsCommand::List => {
-            for (name, _) in builtin::ALL {
-                if let Some(Ok(def)) = builtin::load(name) {
-                    println!(
-                        "{}\tv{}\t{}",
-                        def.name(),
-                        def.version(),
-                        def.spec().description
-                    );
-                }
+        DefinitionsCommand::List { json, .. } => {
+            let defs: Vec<Definition> = builtin::ALL
+                .iter()
+                .filter_map(|(name, _)| builtin::load(name).and_then(Result::ok))
+                .collect();
+            if json {
+                let list: Vec<Value> = defs
+                    .iter()
+                    .map(|d| {
+                        json!({
+                            "name": d.name(),
+                            "version": d.version(),
+                            "hash": d.hash(),
+                            "description": d.spec().description,
+                            "builtin": true,
+                        })
+                    })
+                    .collect();
+                print_json(&Value::Array(list));
+                return exit::OK;
+            }
+            for def in defs {
+                println!(
+                    "{}\tv{}\t{}",
+                    def.name(),
+                    def.version(),
+                    def.spec().description
+                );
             }
             exit::OK
         }
-        // Needs the database; main runs it on the async runtime.
+        // Need the database or the API; main runs them on the async runtime.
         DefinitionsCommand::Register { .. } => exit::INPUT,
+    }
+}
+
+/// The definition commands that read or write registered versions, through the API when
+/// REIN_URL is set and the database otherwise.
+pub async fn registered(cmd: DefinitionsCommand) -> u8 {
+    let conn = match &cmd {
+        DefinitionsCommand::List { conn, .. }
+        | DefinitionsCommand::Show { conn, .. }
+        | DefinitionsCommand::Register { conn, .. } => conn.clone(),
+        DefinitionsCommand::Check { .. } => return definitions(cmd),
+    };
+    let backend = match Backend::open(&conn).await {
+        Ok(b) => b,
+        Err(code) => return code,
+    };
+    match cmd {
+        DefinitionsCommand::List { json, .. } => match backend.definitions().await {
+            Ok(list) if json => {
+                print_json(&list);
+                exit::OK
+            }
+            Ok(list) => {
+                for d in list.as_array().into_iter().flatten() {
+                    println!(
+                        "{}\tv{}\t{}",
+                        crate::ops::text(d, "name"),
+                        crate::ops::cell(d, "version"),
+                        crate::ops::text(d, "description")
+                    );
+                }
+                exit::OK
+            }
+            Err(e) => remote::fail(&e),
+        },
+        DefinitionsCommand::Show {
+            definition,
+            format,
+            definition_version,
+            ..
+        } => {
+            let view = match backend.definition(&definition, definition_version).await {
+                Ok(v) => v,
+                Err(e) => return remote::fail(&e),
+            };
+            let spec = view.get("spec").cloned().unwrap_or(Value::Null);
+            match format {
+                ShowFormat::Json => {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&spec).unwrap_or_else(|_| spec.to_string())
+                    );
+                    exit::OK
+                }
+                ShowFormat::Mermaid => {
+                    match Definition::parse(&spec.to_string(), Format::Json, &GuardRegistry::new())
+                    {
+                        Ok(def) => {
+                            print!("{}", def.to_mermaid());
+                            exit::OK
+                        }
+                        Err(e) => {
+                            eprintln!(
+                                "error: the registered definition does not validate here: {e}"
+                            );
+                            exit::INPUT
+                        }
+                    }
+                }
+            }
+        }
+        DefinitionsCommand::Register { file, json, .. } => {
+            let text = match read_file_limited(&file, rein_core::limits::DEFINITION_BYTES_MAX) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return exit::INPUT;
+                }
+            };
+            match backend.register(text, Format::from_path(&file)).await {
+                Ok(done) if json => {
+                    print_json(&done);
+                    exit::OK
+                }
+                Ok(done) => {
+                    let (name, version) = (
+                        crate::ops::text(&done, "name"),
+                        crate::ops::cell(&done, "version"),
+                    );
+                    if done.get("created").and_then(Value::as_bool) == Some(true) {
+                        println!("registered {name} v{version}");
+                    } else {
+                        println!(
+                            "{name} v{version} is already registered with this body; nothing changed"
+                        );
+                    }
+                    exit::OK
+                }
+                Err(e) => {
+                    if e.code == "validation_failed" {
+                        eprintln!("{file}: rejected");
+                    }
+                    remote::fail(&e)
+                }
+            }
+        }
+        DefinitionsCommand::Check { .. } => exit::INPUT,
     }
 }
 

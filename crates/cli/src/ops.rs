@@ -1,12 +1,14 @@
 //! Commands against the database: roles (worker, scheduler) and operator commands.
 
 use rein_scheduler::{Scheduler, SchedulerConfig};
-use rein_store::{EnqueueRequest, SendOutcome, Store, StoreError};
+use rein_store::{RunFilter, Store, StoreError};
 use rein_worker::{Worker, WorkerConfig};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::remote::{self, Backend, Conn, print_json};
+use crate::service::EnqueueBody;
 use crate::{DbArgs, exit, init_logging};
 
 #[derive(clap::Args)]
@@ -49,7 +51,7 @@ pub struct SchedulerArgs {
 #[derive(clap::Args)]
 pub struct EnqueueArgs {
     #[command(flatten)]
-    db: DbArgs,
+    conn: Conn,
     /// Definition name (registered in the database).
     #[arg(long)]
     definition: String,
@@ -66,33 +68,42 @@ pub struct EnqueueArgs {
     priority: i32,
     #[arg(long, default_value = "default")]
     queue: String,
+    /// Print `{"run_id", "created"}` instead of the id alone.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
 pub struct SendArgs {
     #[command(flatten)]
-    db: DbArgs,
+    conn: Conn,
     run: Uuid,
     event: String,
     #[arg(long, default_value = "{}")]
     payload: String,
-    /// Who sends it (recorded with the event).
+    /// Who sends it (recorded with the event; through the API, the token's subject is).
     #[arg(long, default_value = "cli")]
     sender: String,
+    /// Print `{"outcome", "sequence", "inbox_id"}`.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
 pub struct RerunArgs {
     #[command(flatten)]
-    db: DbArgs,
+    conn: Conn,
     /// A finished run; the new run gets its definition version, input, queue and priority.
     run: Uuid,
+    /// Print `{"run_id", "parent_run_id"}` instead of the new id alone.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
 pub struct CancelArgs {
     #[command(flatten)]
-    db: DbArgs,
+    conn: Conn,
     run: Uuid,
     /// Why (recorded as the run's terminal reason).
     #[arg(long)]
@@ -100,12 +111,15 @@ pub struct CancelArgs {
     /// Who cancels it.
     #[arg(long = "as", env = "REIN_OPERATOR", default_value = "cli")]
     by: String,
+    /// Print `{"outcome", "sequence", "inbox_id"}`.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
 pub struct WorkersArgs {
     #[command(flatten)]
-    db: DbArgs,
+    conn: Conn,
     #[arg(long)]
     json: bool,
 }
@@ -142,7 +156,7 @@ pub enum RunsCommand {
     /// One run: state, status, sequence, attempt, lease.
     Show {
         #[command(flatten)]
-        db: DbArgs,
+        conn: Conn,
         run: Uuid,
         #[arg(long)]
         json: bool,
@@ -150,19 +164,29 @@ pub enum RunsCommand {
     /// The run's events in order, with fencing token and worker.
     History {
         #[command(flatten)]
-        db: DbArgs,
+        conn: Conn,
         run: Uuid,
         #[arg(long)]
         json: bool,
     },
-    /// Recent runs, optionally filtered.
+    /// Runs, newest first, optionally filtered; the next page's cursor goes to stderr.
     List {
         #[command(flatten)]
-        db: DbArgs,
+        conn: Conn,
+        /// runnable, parked, needs_operator or terminal.
         #[arg(long)]
         status: Option<String>,
         #[arg(long)]
         definition: Option<String>,
+        /// Only runs created after this instant (RFC 3339).
+        #[arg(long)]
+        created_after: Option<chrono::DateTime<chrono::Utc>>,
+        /// Only runs created before this instant (RFC 3339).
+        #[arg(long)]
+        created_before: Option<chrono::DateTime<chrono::Utc>>,
+        /// Continue after a previous page (the cursor it printed).
+        #[arg(long)]
+        cursor: Option<String>,
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=1000))]
         limit: i64,
         #[arg(long)]
@@ -227,40 +251,6 @@ fn parse_json(what: &str, text: &str) -> Result<Value, u8> {
         eprintln!("error: {what} is not valid JSON: {e}");
         exit::INPUT
     })
-}
-
-/// `rein definitions register FILE`: validates the file and stores it as a new version.
-pub async fn register_definition(file: &str, db: DbArgs) -> u8 {
-    let def = match crate::offline::load_definition(file) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return exit::INPUT;
-        }
-    };
-    let store = match connect(&db, false).await {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
-    match store.register_definition(&def).await {
-        Ok(true) => {
-            println!("registered {} v{}", def.name(), def.version());
-            exit::OK
-        }
-        Ok(false) => {
-            println!(
-                "{} v{} is already registered with this body; nothing changed",
-                def.name(),
-                def.version()
-            );
-            exit::OK
-        }
-        Err(e @ StoreError::DefinitionConflict { .. }) => {
-            eprintln!("error: {e}");
-            exit::REFUSED
-        }
-        Err(e) => report(&e),
-    }
 }
 
 pub async fn migrate(db: DbArgs) -> u8 {
@@ -345,27 +335,51 @@ pub async fn enqueue(args: EnqueueArgs) -> u8 {
         Ok(v) => v,
         Err(code) => return code,
     };
-    let store = match connect(&args.db, false).await {
-        Ok(s) => s,
+    let backend = match Backend::open(&args.conn).await {
+        Ok(b) => b,
         Err(code) => return code,
     };
-    let def = match store
-        .load_definition(&args.definition, args.definition_version)
-        .await
-    {
-        Ok(d) => d,
-        Err(e) => return report(&e),
+    let body = EnqueueBody {
+        definition: args.definition,
+        version: args.definition_version,
+        input,
+        queue: Some(args.queue),
+        priority: Some(args.priority),
     };
-    let mut request = EnqueueRequest::new(def, input);
-    request.client_key = args.key;
-    request.priority = args.priority;
-    request.queue = args.queue;
-    match store.enqueue(request).await {
-        Ok(e) => {
-            println!("{}", e.run_id);
+    match backend.enqueue(body, args.key).await {
+        Ok(done) if args.json => {
+            print_json(&done);
             exit::OK
         }
-        Err(e) => report(&e),
+        Ok(done) => {
+            println!("{}", text(&done, "run_id"));
+            exit::OK
+        }
+        Err(e) => remote::fail(&e),
+    }
+}
+
+/// `key` of a JSON document as text ("" when absent).
+pub fn text<'v>(v: &'v Value, key: &str) -> &'v str {
+    v.get(key).and_then(Value::as_str).unwrap_or("")
+}
+
+/// `key` of a JSON document as it reads in a table: text without quotes, a missing or null
+/// value as "-", anything else as JSON.
+pub fn cell(v: &Value, key: &str) -> String {
+    match v.get(key) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Null) | None => "-".to_owned(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// What a sent event became, for a person: `applied_msg` with its sequence, or queued.
+fn say_sent(sent: &Value, applied_msg: &str, queued_msg: &str) {
+    if text(sent, "outcome") == "applied" {
+        println!("{applied_msg} at sequence {}", cell(sent, "sequence"));
+    } else {
+        println!("{queued_msg} (inbox entry {})", cell(sent, "inbox_id"));
     }
 }
 
@@ -374,48 +388,46 @@ pub async fn send(args: SendArgs) -> u8 {
         Ok(v) => v,
         Err(code) => return code,
     };
-    let store = match connect(&args.db, false).await {
-        Ok(s) => s,
+    let backend = match Backend::open(&args.conn).await {
+        Ok(b) => b,
         Err(code) => return code,
     };
-    match store
-        .send(
-            args.run,
-            &args.event,
-            payload,
-            &args.sender,
-            rein_store::INBOX_TTL_MS_DEFAULT,
-        )
+    match backend
+        .send(args.run, &args.event, payload, &args.sender)
         .await
     {
-        Ok(SendOutcome::Applied { sequence }) => {
-            println!("applied at sequence {sequence}");
+        Ok(sent) if args.json => {
+            print_json(&sent);
             exit::OK
         }
-        Ok(SendOutcome::Queued { inbox_id }) => {
-            println!("queued in the run's inbox (entry {inbox_id}); the lease holder applies it");
+        Ok(sent) => {
+            say_sent(
+                &sent,
+                "applied",
+                "queued in the run's inbox; the lease holder applies it",
+            );
             exit::OK
         }
-        Err(e) => report(&e),
+        Err(e) => remote::fail(&e),
     }
 }
 
 /// `rein rerun RUN`: a new run like a finished one, linked to it (SPEC E6).
 pub async fn rerun(args: RerunArgs) -> u8 {
-    let store = match connect(&args.db, false).await {
-        Ok(s) => s,
+    let backend = match Backend::open(&args.conn).await {
+        Ok(b) => b,
         Err(code) => return code,
     };
-    match store.rerun(args.run).await {
-        Ok(run) => {
-            println!("{run}");
+    match backend.rerun(args.run).await {
+        Ok(done) if args.json => {
+            print_json(&done);
             exit::OK
         }
-        Err(StoreError::Invalid(m)) => {
-            eprintln!("error: {m}");
-            exit::REFUSED
+        Ok(done) => {
+            println!("{}", text(&done, "run_id"));
+            exit::OK
         }
-        Err(e) => report(&e),
+        Err(e) => remote::fail(&e),
     }
 }
 
@@ -425,61 +437,69 @@ pub async fn cancel(args: CancelArgs) -> u8 {
         eprintln!("error: --reason must say why, in 1..=1024 bytes");
         return exit::INPUT;
     }
-    let store = match connect(&args.db, false).await {
-        Ok(s) => s,
+    let backend = match Backend::open(&args.conn).await {
+        Ok(b) => b,
         Err(code) => return code,
     };
-    match store
-        .send(
-            args.run,
-            "CANCEL",
-            json!({ "reason": args.reason, "by": args.by }),
-            &args.by,
-            rein_store::INBOX_TTL_MS_DEFAULT,
-        )
-        .await
-    {
-        Ok(SendOutcome::Applied { sequence }) => {
-            println!("cancelled at sequence {sequence}");
+    let payload = json!({ "reason": args.reason, "by": args.by });
+    match backend.send(args.run, "CANCEL", payload, &args.by).await {
+        Ok(sent) if args.json => {
+            print_json(&sent);
             exit::OK
         }
-        Ok(SendOutcome::Queued { .. }) => {
-            println!("cancel queued: the worker holding the run stops its action and applies it");
+        Ok(sent) => {
+            say_sent(
+                &sent,
+                "cancelled",
+                "cancel queued: the worker holding the run stops its action and applies it",
+            );
             exit::OK
         }
-        Err(e) => report(&e),
+        Err(e) => remote::fail(&e),
     }
 }
 
 /// `rein workers`: who is alive and what they hold, by the database clock.
 pub async fn workers(args: WorkersArgs) -> u8 {
-    let store = match connect(&args.db, false).await {
-        Ok(s) => s,
+    let backend = match Backend::open(&args.conn).await {
+        Ok(b) => b,
         Err(code) => return code,
     };
-    let members = match store.members().await {
+    let members = match backend.workers().await {
         Ok(m) => m,
-        Err(e) => return report(&e),
+        Err(e) => return remote::fail(&e),
     };
     if args.json {
-        println!("{}", json!(members));
+        print_json(&members);
         return exit::OK;
     }
     println!(
         "{:<40} {:<10} {:>14} {:>7}  started",
         "id", "role", "last heard", "leases"
     );
-    for m in members {
+    for m in members.as_array().into_iter().flatten() {
+        let silent_ms = m.get("silent_ms").and_then(Value::as_f64).unwrap_or(0.0);
         println!(
             "{:<40} {:<10} {:>12.1} s {:>7}  {}",
-            m.worker_id,
-            m.role,
-            m.silent_ms / 1000.0,
-            m.leases_held,
-            m.started_at.format("%Y-%m-%d %H:%M:%S")
+            text(m, "worker_id"),
+            text(m, "role"),
+            silent_ms / 1000.0,
+            cell(m, "leases_held"),
+            short_time(text(m, "started_at"))
         );
     }
     exit::OK
+}
+
+/// `2026-11-30 04:08:21` from an RFC 3339 timestamp (the text itself if it is not one).
+pub fn short_time(rfc3339: &str) -> String {
+    chrono::DateTime::parse_from_rfc3339(rfc3339)
+        .map(|t| {
+            t.with_timezone(&chrono::Utc)
+                .format("%Y-%m-%d %H:%M:%S")
+                .to_string()
+        })
+        .unwrap_or_else(|_| rfc3339.to_owned())
 }
 
 /// Settles a run's in-doubt call by hand (SPEC M9, X7): the operator says whether it took
@@ -583,102 +603,127 @@ pub fn run_json(row: &rein_store::RunRow) -> Value {
 
 pub async fn runs(cmd: RunsCommand) -> u8 {
     match cmd {
-        RunsCommand::Show { db, run, json } => {
-            let store = match connect(&db, false).await {
-                Ok(s) => s,
+        RunsCommand::Show { conn, run, json } => {
+            let backend = match Backend::open(&conn).await {
+                Ok(b) => b,
                 Err(code) => return code,
             };
-            match store.run(run).await {
-                Ok(row) => {
-                    if json {
-                        println!("{}", run_json(&row));
-                    } else {
-                        println!("run         {}", row.run_id);
-                        println!("definition  {} v{}", row.definition, row.version);
-                        println!("state       {} ({})", row.state, row.status);
-                        println!("sequence    {}", row.last_sequence);
-                        println!("attempt     {}", row.projection.attempt);
-                        match (&row.lease_owner, row.lease_until) {
-                            (Some(w), Some(u)) => println!(
-                                "lease       {w} token {} until {u}{}",
-                                row.fencing_token,
-                                if row.lease_live { "" } else { " (expired)" }
-                            ),
-                            _ => println!("lease       none (token {})", row.fencing_token),
-                        }
-                        if let Some(reason) = &row.terminal_reason {
-                            println!("reason      {reason}");
-                        }
-                    }
-                    exit::OK
-                }
-                Err(e) => report(&e),
+            let row = match backend.run(run).await {
+                Ok(row) => row,
+                Err(e) => return remote::fail(&e),
+            };
+            if json {
+                print_json(&row);
+                return exit::OK;
             }
+            let lease = row.get("lease").cloned().unwrap_or(Value::Null);
+            println!("run         {}", text(&row, "run_id"));
+            println!(
+                "definition  {} v{}",
+                text(&row, "definition"),
+                cell(&row, "version")
+            );
+            println!(
+                "state       {} ({})",
+                text(&row, "state"),
+                text(&row, "status")
+            );
+            println!("sequence    {}", cell(&row, "sequence"));
+            println!("attempt     {}", cell(&row, "attempt"));
+            match (text(&lease, "worker"), text(&lease, "until")) {
+                ("", _) | (_, "") => println!("lease       none (token {})", cell(&lease, "token")),
+                (w, u) => println!(
+                    "lease       {w} token {} until {}{}",
+                    cell(&lease, "token"),
+                    short_time(u),
+                    if lease.get("live").and_then(Value::as_bool) == Some(true) {
+                        ""
+                    } else {
+                        " (expired)"
+                    }
+                ),
+            }
+            let reason = text(&row, "terminal_reason");
+            if !reason.is_empty() {
+                println!("reason      {reason}");
+            }
+            exit::OK
         }
-        RunsCommand::History { db, run, json } => {
-            let store = match connect(&db, false).await {
-                Ok(s) => s,
+        RunsCommand::History { conn, run, json } => {
+            let backend = match Backend::open(&conn).await {
+                Ok(b) => b,
                 Err(code) => return code,
             };
-            match store.history(run).await {
-                Ok(events) => {
-                    if json {
-                        println!(
-                            "{}",
-                            serde_json::to_string(&events).unwrap_or_else(|_| "[]".into())
-                        );
-                    } else {
-                        println!(
-                            "{:>5}  {:<26}  {:>5}  {:<28}  occurred_at",
-                            "seq", "type", "token", "worker"
-                        );
-                        for e in events {
-                            println!(
-                                "{:>5}  {:<26}  {:>5}  {:<28}  {}",
-                                e.sequence, e.kind, e.token, e.worker, e.occurred_at
-                            );
-                        }
-                    }
-                    exit::OK
-                }
-                Err(e) => report(&e),
+            let events = match backend.history(run).await {
+                Ok(events) => events,
+                Err(e) => return remote::fail(&e),
+            };
+            if json {
+                print_json(&events);
+                return exit::OK;
             }
+            println!(
+                "{:>5}  {:<26}  {:>5}  {:<28}  occurred_at",
+                "seq", "type", "token", "worker"
+            );
+            for e in events.as_array().into_iter().flatten() {
+                println!(
+                    "{:>5}  {:<26}  {:>5}  {:<28}  {}",
+                    cell(e, "sequence"),
+                    text(e, "type"),
+                    cell(e, "token"),
+                    text(e, "worker"),
+                    text(e, "occurred_at")
+                );
+            }
+            exit::OK
         }
         RunsCommand::List {
-            db,
+            conn,
             status,
             definition,
+            created_after,
+            created_before,
+            cursor,
             limit,
             json,
         } => {
-            let store = match connect(&db, false).await {
-                Ok(s) => s,
+            let backend = match Backend::open(&conn).await {
+                Ok(b) => b,
                 Err(code) => return code,
             };
-            match store
-                .list_runs(status.as_deref(), definition.as_deref(), limit)
-                .await
-            {
-                Ok(rows) => {
-                    if json {
-                        let list: Vec<Value> = rows.iter().map(run_json).collect();
-                        println!("{}", Value::Array(list));
-                    } else {
-                        println!(
-                            "{:<36}  {:<15}  {:<18}  {:<15}  {:>4}",
-                            "run", "definition", "state", "status", "seq"
-                        );
-                        for r in rows {
-                            println!(
-                                "{:<36}  {:<15}  {:<18}  {:<15}  {:>4}",
-                                r.run_id, r.definition, r.state, r.status, r.last_sequence
-                            );
-                        }
-                    }
-                    exit::OK
+            let filter = RunFilter {
+                status,
+                definition,
+                created_after,
+                created_before,
+            };
+            let (rows, next) = match backend.runs(filter, cursor, limit).await {
+                Ok(page) => page,
+                Err(e) => return remote::fail(&e),
+            };
+            if json {
+                print_json(&rows);
+            } else {
+                println!(
+                    "{:<36}  {:<15}  {:<18}  {:<15}  {:>4}",
+                    "run", "definition", "state", "status", "seq"
+                );
+                for r in rows.as_array().into_iter().flatten() {
+                    println!(
+                        "{:<36}  {:<15}  {:<18}  {:<15}  {:>4}",
+                        text(r, "run_id"),
+                        text(r, "definition"),
+                        text(r, "state"),
+                        text(r, "status"),
+                        cell(r, "sequence")
+                    );
                 }
-                Err(e) => report(&e),
             }
+            if let Some(next) = next {
+                eprintln!("more runs follow: add --cursor {next}");
+            }
+            exit::OK
         }
         RunsCommand::Verify { db, run } => {
             let store = match connect(&db, false).await {

@@ -3,16 +3,17 @@
 //! effects, approvals and inbox, timers), ending with one verdict derived from all of them.
 
 use rein_core::{ActionStatus, Definition, StateKind};
-use rein_store::{StoreError, WhyEvent, WhyFacts};
+use rein_store::{WhyEvent, WhyFacts};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::{DbArgs, exit, ops};
+use crate::exit;
+use crate::remote::{self, Backend, Conn};
 
 #[derive(clap::Args)]
 pub struct WhyArgs {
     #[command(flatten)]
-    db: DbArgs,
+    conn: Conn,
     run: Uuid,
     /// One JSON object with the same facts.
     #[arg(long)]
@@ -31,32 +32,33 @@ struct Verdict {
 }
 
 pub async fn why(args: WhyArgs) -> u8 {
-    let store = match ops::connect(&args.db, false).await {
-        Ok(s) => s,
+    let backend = match Backend::open(&args.conn).await {
+        Ok(b) => b,
         Err(code) => return code,
     };
-    let facts = match store.why(args.run).await {
-        Ok(f) => f,
-        Err(StoreError::RunNotFound(id)) => {
-            eprintln!("error: run {id} not found (`rein runs list` shows the runs there are)");
+    let diagnosis = match backend.why(args.run).await {
+        Ok(d) => d,
+        Err(e) if e.code == "not_found" => {
+            eprintln!(
+                "error: run {} not found (`rein runs list` shows the runs there are)",
+                args.run
+            );
             return exit::INPUT;
         }
-        Err(e) => return ops::report(&e),
+        Err(e) => return remote::fail(&e),
     };
-    let def = match store
-        .load_definition(&facts.run.definition, Some(facts.run.version))
-        .await
-    {
-        Ok(d) => d,
-        Err(e) => return ops::report(&e),
-    };
-    let verdict = verdict(&facts, &def);
     if args.json {
-        println!("{}", to_json(&facts, &verdict));
+        remote::print_json(&diagnosis);
     } else {
-        print_human(&facts, &verdict);
+        print_human(&diagnosis);
     }
     exit::OK
+}
+
+/// The whole diagnosis of a run as one document: what `rein why --json` prints and
+/// `GET /v1/runs/{id}/why` answers.
+pub fn diagnosis(facts: &WhyFacts, def: &Definition) -> Value {
+    to_json(facts, &verdict(facts, def))
 }
 
 /// `1.2 s`, `350 ms`, `4m 10s`, `59m`, `3h 5m`, `2d 4h`: how long, rounded for a person.
@@ -370,6 +372,10 @@ fn to_json(facts: &WhyFacts, v: &Verdict) -> Value {
         "last_rejection": facts.last_rejection.as_ref().map(rejection_json),
         "needs_operator": p.needs_operator,
         "operator_reason": operator_reason(facts),
+        "operator_required": facts.last_operator_required.as_ref().map(|e| json!({
+            "sequence": e.sequence,
+            "reason": str_of(&e.payload, "reason"),
+        })),
         "last_error": p.last_error,
         "effects": { "actions": facts.actions, "sim": facts.sim_effects },
         "approvals": facts.approvals,
@@ -390,186 +396,259 @@ fn field(label: &str, values: &[String]) {
     }
 }
 
-fn print_human(facts: &WhyFacts, v: &Verdict) {
-    let run = &facts.run;
-    let p = &run.projection;
+/// `key` of `v` as text ("" when absent).
+fn text<'v>(v: &'v Value, key: &str) -> &'v str {
+    v.get(key).and_then(Value::as_str).unwrap_or("")
+}
+
+/// `key` of `v` as a number of milliseconds (0 when absent).
+fn ms(v: &Value, key: &str) -> f64 {
+    v.get(key).and_then(Value::as_f64).unwrap_or(0.0)
+}
+
+/// `key` of `v` as it reads in prose: text without quotes, anything else as JSON.
+fn shown(v: &Value, key: &str) -> String {
+    match v.get(key) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Null) | None => String::new(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// Timestamps as the database reports them (`2026-11-30 04:08:21.085896 UTC`).
+fn at(v: &Value, key: &str) -> String {
+    chrono::DateTime::parse_from_rfc3339(text(v, key))
+        .map(|t| t.with_timezone(&chrono::Utc).to_string())
+        .unwrap_or_else(|_| shown(v, key))
+}
+
+/// Each item of the list `key`, rendered; `empty` when there is none.
+fn lines(d: &Value, key: &str, empty: &str, line: impl Fn(&Value) -> String) -> Vec<String> {
+    let items: Vec<String> = d
+        .get(key)
+        .and_then(Value::as_array)
+        .map(|list| list.iter().map(line).collect())
+        .unwrap_or_default();
+    if items.is_empty() {
+        vec![empty.to_owned()]
+    } else {
+        items
+    }
+}
+
+/// The human rendering of a diagnosis document (from the database or the API alike).
+fn print_human(d: &Value) {
+    let null = Value::Null;
     field(
         "run",
         &[format!(
             "{} ({} v{}, queue {})",
-            run.run_id, run.definition, run.version, run.queue
+            text(d, "run_id"),
+            text(d, "definition"),
+            shown(d, "version"),
+            text(d, "queue")
         )],
     );
+    let since = d.get("since").unwrap_or(&null);
     field(
         "state",
         &[format!(
             "{} ({}) since {}, {} ago; attempt {}, sequence {}",
-            run.state,
-            run.status,
-            run.state_entered_at,
-            duration(run.in_state_ms),
-            p.attempt,
-            run.last_sequence
+            text(d, "state"),
+            text(d, "status"),
+            at(since, "state_entered_at"),
+            duration(ms(since, "in_state_ms")),
+            shown(d, "attempt"),
+            shown(d, "sequence")
         )],
     );
     field(
         "last event",
-        &[match &facts.last_event {
+        &[match d.get("last_event").filter(|e| !e.is_null()) {
             Some(e) => format!(
                 "#{} {} at {} ({} ago) by {}, token {}",
-                e.sequence,
-                e.kind,
-                e.occurred_at,
-                duration(e.ago_ms),
-                e.worker,
-                e.token
+                shown(e, "sequence"),
+                text(e, "type"),
+                at(e, "occurred_at"),
+                duration(ms(e, "ago_ms")),
+                text(e, "worker"),
+                shown(e, "token")
             ),
             None => "none: nothing has happened to the run yet".into(),
         }],
     );
+    let token = shown(d, "fencing_token");
     field(
         "lease",
-        &[match (&run.lease_owner, run.lease_left_ms) {
-            (Some(owner), Some(ms)) if ms > 0.0 => format!(
-                "held by {owner}, token {}, expires in {}",
-                run.fencing_token,
-                duration(ms)
+        &[match d.get("lease").filter(|l| !l.is_null()) {
+            Some(l)
+                if l.get("left_ms")
+                    .and_then(Value::as_f64)
+                    .is_some_and(|m| m > 0.0) =>
+            {
+                format!(
+                    "held by {}, token {token}, expires in {}",
+                    text(l, "worker"),
+                    duration(ms(l, "left_ms"))
+                )
+            }
+            Some(l) if l.get("left_ms").is_some_and(|m| !m.is_null()) => format!(
+                "held by {}, token {token}, EXPIRED {} ago",
+                text(l, "worker"),
+                duration(ms(l, "left_ms"))
             ),
-            (Some(owner), Some(ms)) => format!(
-                "held by {owner}, token {}, EXPIRED {} ago",
-                run.fencing_token,
-                duration(ms)
-            ),
-            _ => format!("none (token {})", run.fencing_token),
+            _ => format!("none (token {token})"),
         }],
     );
     field(
         "pending",
-        &[match &p.action {
+        &[match d.get("pending_action").filter(|a| !a.is_null()) {
             Some(a) => {
-                let ledger = facts
-                    .actions
-                    .iter()
-                    .find(|l| l.action_id == a.action_id)
-                    .map_or("no ledger row".to_owned(), |l| {
-                        format!("ledger {} since {}", l.status, l.dispatched_at)
-                    });
+                let ledger = match a.get("ledger").filter(|l| !l.is_null()) {
+                    Some(l) => format!(
+                        "ledger {} since {}",
+                        text(l, "status"),
+                        at(l, "dispatched_at")
+                    ),
+                    None => "no ledger row".to_owned(),
+                };
+                let tool = match text(a, "tool") {
+                    "" => String::new(),
+                    t => format!(", tool {t}"),
+                };
+                let call = match text(a, "call_id") {
+                    "" => "(none open)",
+                    c => c,
+                };
                 format!(
-                    "step {} ({}) at node {}{}: {:?}, call {}, key {}; {ledger}",
-                    a.step,
-                    a.action_id,
-                    a.node,
-                    a.tool
-                        .as_deref()
-                        .map(|t| format!(", tool {t}"))
-                        .unwrap_or_default(),
-                    a.status,
-                    a.call_id.as_deref().unwrap_or("(none open)"),
-                    a.idempotency_key
+                    "step {} ({}) at node {}{tool}: {}, call {call}, key {}; {ledger}",
+                    shown(a, "step"),
+                    text(a, "action_id"),
+                    text(a, "node"),
+                    text(a, "status"),
+                    text(a, "idempotency_key")
                 )
             }
             None => "no action in flight".into(),
         }],
     );
-    if let Some(e) = &facts.last_rejection {
+    if let Some(e) = d.get("last_rejection").filter(|e| !e.is_null()) {
+        let step = match text(e, "step") {
+            "" => "?",
+            s => s,
+        };
+        let reason = match text(e, "reason") {
+            "" => "no reason recorded",
+            r => r,
+        };
         field(
             "rejected",
             &[format!(
-                "#{} at step `{}`: {} ({} ago)",
-                e.sequence,
-                str_of(&e.payload, "step").unwrap_or("?"),
-                str_of(&e.payload, "reason").unwrap_or("no reason recorded"),
-                duration(e.ago_ms)
+                "#{} at step `{step}`: {reason} ({} ago)",
+                shown(e, "sequence"),
+                duration(ms(e, "ago_ms"))
             )],
         );
     }
-    if let Some(e) = &facts.last_operator_required {
+    if let Some(e) = d.get("operator_required").filter(|e| !e.is_null()) {
+        let reason = match text(e, "reason") {
+            "" => "no reason recorded",
+            r => r,
+        };
+        let settled = if d.get("needs_operator").and_then(Value::as_bool) == Some(true) {
+            ""
+        } else {
+            " (since settled)"
+        };
         field(
             "operator",
-            &[format!(
-                "#{} {}{}",
-                e.sequence,
-                str_of(&e.payload, "reason").unwrap_or("no reason recorded"),
-                if p.needs_operator {
-                    ""
-                } else {
-                    " (since settled)"
-                }
-            )],
+            &[format!("#{} {reason}{settled}", shown(e, "sequence"))],
         );
     }
-    let mut effects: Vec<String> = facts
-        .actions
-        .iter()
+    let effects = d.get("effects").unwrap_or(&null);
+    let mut shown_effects: Vec<String> = effects
+        .get("actions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
         .map(|a| {
+            let tool = match text(a, "tool") {
+                "" => String::new(),
+                t => format!(" ({t})"),
+            };
             format!(
-                "{} step {}{}: {}",
-                a.action_id,
-                a.step,
-                a.tool
-                    .as_deref()
-                    .map(|t| format!(" ({t})"))
-                    .unwrap_or_default(),
-                a.status
+                "{} step {}{tool}: {}",
+                text(a, "action_id"),
+                shown(a, "step"),
+                text(a, "status")
             )
         })
         .collect();
-    effects.extend(facts.sim_effects.iter().map(|e| {
-        format!(
-            "sim effect applied: step {} key {} by {} at {}",
-            e.step, e.idempotency_key, e.worker, e.applied_at
-        )
-    }));
-    if effects.is_empty() {
-        effects.push("none recorded".into());
-    }
-    field("effects", &effects);
-    let approvals: Vec<String> = if facts.approvals.is_empty() {
-        vec!["none open".into()]
-    } else {
-        facts
-            .approvals
-            .iter()
-            .map(|a| {
-                format!(
-                    "{} {} {} (expires in {})",
-                    a.approval_id,
-                    a.tool,
-                    compact(&a.args),
-                    duration(a.expires_in_ms)
-                )
-            })
-            .collect()
-    };
-    field("approvals", &approvals);
-    let inbox: Vec<String> = if facts.inbox.is_empty() {
-        vec!["empty".into()]
-    } else {
-        facts
-            .inbox
-            .iter()
+    shown_effects.extend(
+        effects
+            .get("sim")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
             .map(|e| {
                 format!(
-                    "#{} {} from {} (expires {})",
-                    e.id,
-                    e.kind,
-                    e.sender,
-                    from_now(e.expires_in_ms)
+                    "sim effect applied: step {} key {} by {} at {}",
+                    shown(e, "step"),
+                    text(e, "idempotency_key"),
+                    text(e, "worker"),
+                    at(e, "applied_at")
                 )
-            })
-            .collect()
-    };
-    field("inbox", &inbox);
+            }),
+    );
+    if shown_effects.is_empty() {
+        shown_effects.push("none recorded".into());
+    }
+    field("effects", &shown_effects);
+    field(
+        "approvals",
+        &lines(d, "approvals", "none open", |a| {
+            format!(
+                "{} {} {} (expires in {})",
+                text(a, "approval_id"),
+                text(a, "tool"),
+                compact(a.get("args").unwrap_or(&null)),
+                duration(ms(a, "expires_in_ms"))
+            )
+        }),
+    );
+    field(
+        "inbox",
+        &lines(d, "inbox", "empty", |e| {
+            format!(
+                "#{} {} from {} (expires {})",
+                shown(e, "id"),
+                text(e, "type"),
+                text(e, "sender"),
+                from_now(ms(e, "expires_in_ms"))
+            )
+        }),
+    );
     field(
         "timer",
-        &[match (run.wake_at, run.wake_in_ms) {
-            (Some(at), Some(ms)) if ms >= 0.0 => format!("due in {} (at {at})", duration(ms)),
-            (Some(at), Some(ms)) => format!("overdue by {} (at {at})", duration(ms)),
-            _ => "none".into(),
+        &[match d.get("timer").filter(|t| !t.is_null()) {
+            Some(t) if ms(t, "due_in_ms") >= 0.0 => {
+                format!(
+                    "due in {} (at {})",
+                    duration(ms(t, "due_in_ms")),
+                    at(t, "wake_at")
+                )
+            }
+            Some(t) => format!(
+                "overdue by {} (at {})",
+                duration(ms(t, "due_in_ms")),
+                at(t, "wake_at")
+            ),
+            None => "none".into(),
         }],
     );
     println!(
         "waiting for: {} / what would move it: {}",
-        v.waiting_for, v.next_step
+        text(d, "waiting_for"),
+        text(d, "next_step")
     );
 }

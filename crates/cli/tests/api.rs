@@ -37,22 +37,7 @@ impl Api {
 
     /// A token made by `rein tokens create`.
     fn token(&self, subject: &str, scopes: &[&str]) -> String {
-        let mut args = vec![
-            "tokens",
-            "create",
-            "--database-url",
-            &self.url,
-            "--subject",
-            subject,
-        ];
-        for s in scopes {
-            args.extend_from_slice(&["--scope", s]);
-        }
-        let out = rein(&args);
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-        let text = stdout(&out);
-        assert_eq!(text.lines().count(), 1, "the token alone on stdout: {text}");
-        text.trim().to_owned()
+        common::token(&self.url, subject, scopes)
     }
 
     fn get(&self, path: &str, token: Option<&str>) -> reqwest::RequestBuilder {
@@ -534,6 +519,7 @@ async fn the_openapi_document_lists_every_route_served() {
         ("/v1/runs", "get"),
         ("/v1/runs", "post"),
         ("/v1/runs/{id}", "get"),
+        ("/v1/runs/{id}/why", "get"),
         ("/v1/runs/{id}/events", "get"),
         ("/v1/runs/{id}/events", "post"),
         ("/v1/approvals", "get"),

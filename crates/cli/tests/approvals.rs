@@ -276,7 +276,12 @@ async fn bad_input_is_refused_with_a_clear_error() {
 
     let unknown = Uuid::now_v7().to_string();
     let out = rein(&["approve", &unknown, "--as", "alice", "--database-url", &url]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "an unknown id is bad input: {}",
+        stderr(&out)
+    );
     let err = stderr(&out);
     assert!(err.starts_with("error: "), "{err}");
     assert!(

@@ -14,7 +14,25 @@ pub struct ApiError {
     pub code: &'static str,
     pub message: String,
     pub details: Option<Value>,
+    /// What went wrong underneath (a store error's own text). Never sent to API clients;
+    /// the CLI prints it when it runs an operation against the database itself.
+    pub cause: Option<String>,
 }
+
+/// Every error code the API answers with.
+pub const CODES: [&str; 11] = [
+    "validation_failed",
+    "invalid_transition",
+    "fenced",
+    "conflict",
+    "not_found",
+    "unauthorized",
+    "forbidden",
+    "payload_too_large",
+    "method_not_allowed",
+    "unavailable",
+    "internal",
+];
 
 /// The body of every error response.
 #[derive(Serialize, ToSchema)]
@@ -39,7 +57,13 @@ impl ApiError {
             code,
             message,
             details: None,
+            cause: None,
         }
+    }
+
+    fn caused_by(mut self, cause: &StoreError) -> ApiError {
+        self.cause = Some(cause.to_string());
+        self
     }
 
     pub fn with_details(mut self, details: Value) -> ApiError {
@@ -116,6 +140,7 @@ impl From<StoreError> for ApiError {
                     "unavailable",
                     "the database is unreachable; retry later".to_owned(),
                 )
+                .caused_by(&e)
             }
             e => {
                 tracing::error!(error = %e, "request failed in the store");
@@ -124,6 +149,7 @@ impl From<StoreError> for ApiError {
                     "internal",
                     "internal error; see the server log".to_owned(),
                 )
+                .caused_by(&e)
             }
         }
     }

@@ -2,7 +2,7 @@
 //! (SPEC Z2). Handlers live in `routes.rs`; this module holds the server, authentication, the
 //! error shape and the body limit.
 
-mod error;
+pub mod error;
 mod routes;
 
 use std::net::SocketAddr;

@@ -11,8 +11,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use chrono::{DateTime, Utc};
-use rein_core::{Definition, Format, GuardRegistry};
-use rein_store::{EnqueueRequest, INBOX_TTL_MS_DEFAULT, RunFilter, Scope, SendOutcome, StoreError};
+use rein_core::Format;
+use rein_store::{RunFilter, Scope};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::{Value, json};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -23,18 +23,11 @@ use uuid::Uuid;
 
 use super::error::ErrorBody;
 use super::{ApiError, App, Caller};
-use crate::ops::run_json;
-
-/// Page sizes accepted by list endpoints.
-const PAGE_MAX: i64 = 1000;
-const PAGE_DEFAULT: i64 = 50;
-/// Longest filter value accepted (names are at most 64 bytes).
-const FILTER_BYTES_MAX: usize = 128;
-
-/// The response header naming the next page of `GET /v1/runs`.
-const NEXT_CURSOR: &str = "rein-next-cursor";
-/// Longest cursor accepted (a real one is about 180 characters).
-const CURSOR_BYTES_MAX: usize = 512;
+use crate::remote::NEXT_CURSOR;
+use crate::service::{
+    self, DefinitionView, Delivery, EnqueueBody, EnqueueResponse, RegisterResponse, RerunResponse,
+    SendResponse,
+};
 
 type AppState = State<Arc<App>>;
 
@@ -69,6 +62,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(openapi_json))
         .routes(routes!(list_runs, enqueue_run))
         .routes(routes!(get_run))
+        .routes(routes!(why_run))
         .routes(routes!(run_events, send_event))
         .routes(routes!(list_approvals))
         .routes(routes!(grant_approval))
@@ -86,31 +80,6 @@ struct Health {
     status: String,
 }
 
-/// A new run.
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-struct EnqueueBody {
-    /// Definition name (registered in the database).
-    definition: String,
-    /// Definition version; the newest when absent.
-    version: Option<u32>,
-    /// The run's input (its initial business data).
-    #[serde(default = "empty_object")]
-    #[schema(value_type = Object)]
-    input: Value,
-    /// Queue name (default `default`).
-    queue: Option<String>,
-    /// Higher is claimed first (default 0).
-    priority: Option<i32>,
-}
-
-#[derive(Serialize, ToSchema)]
-struct EnqueueResponse {
-    run_id: Uuid,
-    /// False when the Idempotency-Key named a run that already existed.
-    created: bool,
-}
-
 /// An event sent to a run from outside.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -121,14 +90,6 @@ struct SendBody {
     #[serde(default = "empty_object")]
     #[schema(value_type = Object)]
     payload: Value,
-}
-
-#[derive(Serialize, ToSchema)]
-struct SendResponse {
-    /// `applied` (committed at `sequence`) or `queued` (waits in the run's inbox).
-    outcome: String,
-    sequence: Option<i64>,
-    inbox_id: Option<i64>,
 }
 
 /// A person's decision on an approval request.
@@ -213,6 +174,15 @@ struct ApprovalView {
     open: bool,
 }
 
+/// A decided approval request and how the decision reached its run.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+struct DecisionView {
+    #[serde(flatten)]
+    approval: ApprovalView,
+    delivery: Delivery,
+}
+
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
@@ -269,55 +239,6 @@ fn path_id(id: Result<Path<Uuid>, PathRejection>) -> Result<Uuid, ApiError> {
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     q.map(|Query(q)| q)
         .map_err(|e| ApiError::validation(format!("bad query string: {e}")))
-}
-
-fn page(limit: Option<i64>) -> Result<i64, ApiError> {
-    let limit = limit.unwrap_or(PAGE_DEFAULT);
-    if !(1..=PAGE_MAX).contains(&limit) {
-        return Err(ApiError::validation(format!(
-            "limit must be 1..={PAGE_MAX}"
-        )));
-    }
-    Ok(limit)
-}
-
-/// Lowercase hex of `rfc3339|uuid`: opaque to clients, safe in headers and query strings.
-fn encode_cursor(at: DateTime<Utc>, run_id: Uuid) -> String {
-    let text = format!(
-        "{}|{run_id}",
-        at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
-    );
-    text.bytes().map(|b| format!("{b:02x}")).collect()
-}
-
-fn decode_cursor(cursor: &str) -> Result<(DateTime<Utc>, Uuid), ApiError> {
-    let bad = || ApiError::validation("the cursor is malformed; use a Rein-Next-Cursor value");
-    if cursor.is_empty() || cursor.len() > CURSOR_BYTES_MAX || !cursor.len().is_multiple_of(2) {
-        return Err(bad());
-    }
-    let bytes = (0..cursor.len())
-        .step_by(2)
-        .map(|i| {
-            cursor
-                .get(i..i + 2)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-        })
-        .collect::<Option<Vec<u8>>>()
-        .ok_or_else(bad)?;
-    let text = String::from_utf8(bytes).map_err(|_| bad())?;
-    let (at, id) = text.split_once('|').ok_or_else(bad)?;
-    let at = DateTime::parse_from_rfc3339(at).map_err(|_| bad())?;
-    let id = Uuid::parse_str(id).map_err(|_| bad())?;
-    Ok((at.with_timezone(&Utc), id))
-}
-
-fn filter(name: &str, value: Option<String>) -> Result<Option<String>, ApiError> {
-    match value {
-        Some(v) if v.is_empty() || v.len() > FILTER_BYTES_MAX => Err(ApiError::validation(
-            format!("{name} must be 1..={FILTER_BYTES_MAX} bytes"),
-        )),
-        other => Ok(other),
-    }
 }
 
 // ---- handlers -----------------------------------------------------------------------------
@@ -391,35 +312,13 @@ async fn enqueue_run(
                 .to_owned(),
         ),
     };
-    if body.definition.is_empty() || body.definition.len() > FILTER_BYTES_MAX {
-        return Err(ApiError::validation(format!(
-            "definition must be 1..={FILTER_BYTES_MAX} bytes"
-        )));
-    }
-    let def = app
-        .store
-        .load_definition(&body.definition, body.version)
-        .await?;
-    let mut request = EnqueueRequest::new(def, body.input);
-    request.client_key = key;
-    if let Some(queue) = body.queue {
-        request.queue = queue;
-    }
-    request.priority = body.priority.unwrap_or(0);
-    let done = app.store.enqueue(request).await?;
+    let done = service::enqueue(&app.store, body, key).await?;
     let status = if done.created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    Ok((
-        status,
-        Json(EnqueueResponse {
-            run_id: done.run_id,
-            created: done.created,
-        }),
-    )
-        .into_response())
+    Ok((status, Json(done)).into_response())
 }
 
 /// Recent runs, newest first by (created_at, run_id), optionally filtered. When more runs
@@ -437,25 +336,16 @@ async fn list_runs(
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Read)?;
     let q = query(q)?;
-    let limit = page(q.limit)?;
     let filter = RunFilter {
-        status: filter("status", q.status)?,
-        definition: filter("definition", q.definition)?,
+        status: q.status,
+        definition: q.definition,
         created_after: q.created_after,
         created_before: q.created_before,
     };
-    let after = q.cursor.as_deref().map(decode_cursor).transpose()?;
-    // One row more than asked tells whether another page follows.
-    let mut rows = app.store.list_runs_page(&filter, after, limit + 1).await?;
-    let more = rows.len() as i64 > limit;
-    rows.truncate(limit as usize);
-    let next = match rows.last() {
-        Some(last) if more => Some(encode_cursor(last.created_at, last.run_id)),
-        _ => None,
-    };
-    let mut response = Json(rows.iter().map(run_json).collect::<Vec<_>>()).into_response();
+    let page = service::runs(&app.store, filter, q.cursor.as_deref(), q.limit).await?;
+    let mut response = Json(page.runs).into_response();
     // Hex digits are always a valid header value.
-    if let Some(value) = next.and_then(|n| HeaderValue::from_str(&n).ok()) {
+    if let Some(value) = page.next.and_then(|n| HeaderValue::from_str(&n).ok()) {
         response.headers_mut().insert(NEXT_CURSOR, value);
     }
     Ok(response)
@@ -474,16 +364,25 @@ async fn get_run(
     id: Result<Path<Uuid>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
     caller.require(Scope::Read)?;
-    let row = app.store.run(path_id(id)?).await?;
-    Ok(Json(run_json(&row)))
+    Ok(Json(service::run(&app.store, path_id(id)?).await?))
 }
 
-#[derive(Serialize, ToSchema)]
-struct RerunResponse {
-    /// The new run.
-    run_id: Uuid,
-    /// The finished run it repeats.
-    parent_run_id: Uuid,
+/// Why the run is where it is (what `rein why` prints): state and since when, last event,
+/// lease, pending action, rejected decisions, side effects, approvals, inbox, timer, and
+/// what it waits for and what would move it.
+#[utoipa::path(get, path = "/v1/runs/{id}/why", tag = "runs",
+    params(("id" = Uuid, Path, description = "Run id")),
+    responses((status = 200, description = "The diagnosis", body = Object),
+              (status = 401, description = "No or bad token", body = ErrorBody),
+              (status = 403, description = "Needs the read scope", body = ErrorBody),
+              (status = 404, description = "No such run", body = ErrorBody)))]
+async fn why_run(
+    State(app): AppState,
+    Extension(caller): Extension<Caller>,
+    id: Result<Path<Uuid>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require(Scope::Read)?;
+    Ok(Json(service::why(&app.store, path_id(id)?).await?))
 }
 
 /// Run a finished run again: a new run with its definition version, input, queue and
@@ -501,20 +400,8 @@ async fn rerun_run(
     id: Result<Path<Uuid>, PathRejection>,
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Operate)?;
-    let parent = path_id(id)?;
-    let run_id = match app.store.rerun(parent).await {
-        Ok(id) => id,
-        Err(rein_store::StoreError::Invalid(m)) => return Err(ApiError::conflict(m)),
-        Err(e) => return Err(e.into()),
-    };
-    Ok((
-        StatusCode::CREATED,
-        Json(RerunResponse {
-            run_id,
-            parent_run_id: parent,
-        }),
-    )
-        .into_response())
+    let done = service::rerun(&app.store, path_id(id)?).await?;
+    Ok((StatusCode::CREATED, Json(done)).into_response())
 }
 
 /// Workers and schedulers: last heartbeat (by the database clock) and leases held.
@@ -527,8 +414,7 @@ async fn list_workers(
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<Value>, ApiError> {
     caller.require(Scope::Read)?;
-    let members = app.store.members().await?;
-    Ok(Json(serde_json::json!(members)))
+    Ok(Json(json!(service::workers(&app.store).await?)))
 }
 
 /// The run's event log, in sequence order.
@@ -544,9 +430,7 @@ async fn run_events(
     id: Result<Path<Uuid>, PathRejection>,
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Read)?;
-    let id = path_id(id)?;
-    app.store.run(id).await?;
-    let events = app.store.history(id).await?;
+    let events = service::history(&app.store, path_id(id)?).await?;
     Ok(Json(events).into_response())
 }
 
@@ -571,36 +455,14 @@ async fn send_event(
     let who = caller.require(Scope::Operate)?;
     let id = path_id(id)?;
     let body: SendBody = parse_body(&body)?;
-    if body.kind.is_empty() || body.kind.len() > FILTER_BYTES_MAX {
-        return Err(ApiError::validation(format!(
-            "type must be 1..={FILTER_BYTES_MAX} bytes"
-        )));
-    }
     let sender = format!("api:{}", who.subject);
-    let outcome = app
-        .store
-        .send(id, &body.kind, body.payload, &sender, INBOX_TTL_MS_DEFAULT)
-        .await?;
-    Ok(match outcome {
-        SendOutcome::Applied { sequence } => (
-            StatusCode::OK,
-            Json(SendResponse {
-                outcome: "applied".to_owned(),
-                sequence: Some(sequence),
-                inbox_id: None,
-            }),
-        )
-            .into_response(),
-        SendOutcome::Queued { inbox_id } => (
-            StatusCode::ACCEPTED,
-            Json(SendResponse {
-                outcome: "queued".to_owned(),
-                sequence: None,
-                inbox_id: Some(inbox_id),
-            }),
-        )
-            .into_response(),
-    })
+    let sent = service::send(&app.store, id, &body.kind, body.payload, &sender).await?;
+    let status = if sent.applied() {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((status, Json(sent)).into_response())
 }
 
 /// Approval requests, newest first: the open ones unless `all`.
@@ -616,18 +478,14 @@ async fn list_approvals(
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Read)?;
     let q = query(q)?;
-    let limit = page(q.limit)?;
-    let rows = app
-        .store
-        .approvals(q.all.unwrap_or(false), q.run, limit)
-        .await?;
+    let rows = service::approvals(&app.store, q.all.unwrap_or(false), q.run, q.limit).await?;
     Ok(Json(rows).into_response())
 }
 
 /// Grant an approval request; the token's subject is recorded as the approver.
 #[utoipa::path(post, path = "/v1/approvals/{id}/grant", tag = "approvals", request_body = DecideBody,
     params(("id" = Uuid, Path, description = "Approval request id")),
-    responses((status = 200, description = "Granted; the run got its granted event", body = ApprovalView),
+    responses((status = 200, description = "Granted; `delivery` says which event the run got and whether it is applied or queued", body = DecisionView),
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the approve scope", body = ErrorBody),
               (status = 404, description = "No such request", body = ErrorBody),
@@ -645,7 +503,7 @@ async fn grant_approval(
 /// Deny an approval request; the token's subject is recorded as the approver.
 #[utoipa::path(post, path = "/v1/approvals/{id}/deny", tag = "approvals", request_body = DecideBody,
     params(("id" = Uuid, Path, description = "Approval request id")),
-    responses((status = 200, description = "Denied; the run got its denied event", body = ApprovalView),
+    responses((status = 200, description = "Denied; `delivery` says which event the run got and whether it is applied or queued", body = DecisionView),
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the approve scope", body = ErrorBody),
               (status = 404, description = "No such request", body = ErrorBody),
@@ -670,37 +528,9 @@ async fn decide(
     let who = caller.require(Scope::Approve)?;
     let id = path_id(id)?;
     let body: DecideBody = parse_body(&body)?;
-    if body
-        .comment
-        .as_ref()
-        .is_some_and(|c| c.len() > rein_store::COMMENT_BYTES_MAX)
-    {
-        return Err(ApiError::validation(format!(
-            "comment must be at most {} bytes",
-            rein_store::COMMENT_BYTES_MAX
-        )));
-    }
-    // Unknown → 404; known but no longer decidable → 409 with the store's reason.
-    let existing = match app.store.approval(id).await {
-        Ok(a) => a,
-        Err(rein_store::StoreError::Invalid(_)) => {
-            return Err(
-                ApiError::not_found(format!("approval request {id} not found"))
-                    .with_details(json!({ "approval_id": id })),
-            );
-        }
-        Err(e) => return Err(e.into()),
-    };
-    match app
-        .store
-        .decide_approval(id, grant, &who.subject, body.comment.as_deref())
-        .await
-    {
-        Ok(decided) => Ok(Json(decided).into_response()),
-        Err(rein_store::StoreError::Invalid(message)) => Err(ApiError::conflict(message)
-            .with_details(json!({ "approval_id": id, "status": existing.status }))),
-        Err(e) => Err(e.into()),
-    }
+    let decided =
+        service::decide(&app.store, id, grant, &who.subject, body.comment.as_deref()).await?;
+    Ok(Json(decided).into_response())
 }
 
 // ---- definitions --------------------------------------------------------------------------
@@ -714,25 +544,6 @@ struct DefinitionSummary {
     hash: String,
     description: String,
     created_at: DateTime<Utc>,
-}
-
-/// A definition version with its spec.
-#[derive(Serialize, ToSchema)]
-struct DefinitionView {
-    name: String,
-    version: u32,
-    hash: String,
-    /// The validated document, as `rein definitions show --format json` prints it.
-    #[schema(value_type = Object)]
-    spec: Value,
-}
-
-#[derive(Serialize, ToSchema)]
-struct RegisterResponse {
-    name: String,
-    version: u32,
-    /// False when this exact body was already registered under this version.
-    created: bool,
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -761,7 +572,7 @@ async fn list_definitions(
     Extension(caller): Extension<Caller>,
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Read)?;
-    Ok(Json(app.store.list_definitions().await?).into_response())
+    Ok(Json(service::definitions(&app.store).await?).into_response())
 }
 
 /// One definition version (the newest unless `version`) with its spec.
@@ -782,25 +593,8 @@ async fn get_definition(
     let name = name
         .map(|Path(n)| n)
         .map_err(|e| ApiError::validation(format!("bad definition name: {e}")))?;
-    let name = filter("name", Some(name))?.unwrap_or_default();
     let q = query(q)?;
-    let def = match app.store.load_definition(&name, q.version).await {
-        Ok(def) => def,
-        Err(e @ StoreError::UnknownDefinition { .. }) => {
-            return Err(ApiError::not_found(e.to_string())
-                .with_details(json!({ "definition": name, "version": q.version })));
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let spec = serde_json::to_value(def.spec())
-        .map_err(|e| ApiError::from(StoreError::Corrupt(e.to_string())))?;
-    Ok(Json(DefinitionView {
-        name: def.name().to_owned(),
-        version: def.version(),
-        hash: def.hash().to_owned(),
-        spec,
-    })
-    .into_response())
+    Ok(Json(service::definition(&app.store, &name, q.version).await?).into_response())
 }
 
 /// Register a definition version. The body is the document: TOML with
@@ -845,32 +639,11 @@ async fn register_definition(
     };
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::validation("the definition is not UTF-8"))?;
-    let def = Definition::parse(text, format, &GuardRegistry::new()).map_err(|e| {
-        let problems: Vec<Value> = e
-            .problems()
-            .into_iter()
-            .map(|p| json!({ "item": p.item, "reason": p.reason }))
-            .collect();
-        ApiError::validation(format!(
-            "the definition is invalid ({} problem{})",
-            problems.len(),
-            if problems.len() == 1 { "" } else { "s" }
-        ))
-        .with_details(json!({ "problems": problems }))
-    })?;
-    let created = app.store.register_definition(&def).await?;
-    let status = if created {
+    let done = service::register(&app.store, text, format).await?;
+    let status = if done.created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    Ok((
-        status,
-        Json(RegisterResponse {
-            name: def.name().to_owned(),
-            version: def.version(),
-            created,
-        }),
-    )
-        .into_response())
+    Ok((status, Json(done)).into_response())
 }

@@ -32,8 +32,30 @@ pub fn rein(args: &[&str]) -> Output {
     Command::new(REIN)
         .args(args)
         .env_remove("DATABASE_URL")
+        .env_remove("REIN_URL")
+        .env_remove("REIN_TOKEN")
         .output()
         .expect("run the rein binary")
+}
+
+/// A token made by `rein tokens create` on the database at `url`.
+pub fn token(url: &str, subject: &str, scopes: &[&str]) -> String {
+    let mut args = vec![
+        "tokens",
+        "create",
+        "--database-url",
+        url,
+        "--subject",
+        subject,
+    ];
+    for s in scopes {
+        args.extend_from_slice(&["--scope", s]);
+    }
+    let out = rein(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(text.lines().count(), 1, "the token alone on stdout: {text}");
+    text.trim().to_owned()
 }
 
 pub fn stdout(o: &Output) -> String {

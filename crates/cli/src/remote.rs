@@ -1,0 +1,448 @@
+//! Where operator commands go: the Rein API when `REIN_URL` is set (with `REIN_TOKEN`), the
+//! database otherwise. Either way a command gets the same JSON document back — the database
+//! side runs the very operations the API handlers run ([`crate::service`]) — so its output,
+//! `--json` or human, does not depend on the route.
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use rein_core::Format;
+use rein_store::{RunFilter, Store};
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
+use serde::Serialize;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::api::ApiError;
+use crate::service::{self, EnqueueBody};
+use crate::{DbArgs, exit, ops};
+
+/// Longest API URL accepted.
+const URL_BYTES_MAX: usize = 2048;
+/// Largest response body read from the API.
+const RESPONSE_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// The response header naming the next page of `GET /v1/runs`.
+pub const NEXT_CURSOR: &str = "rein-next-cursor";
+
+/// How an operator command reaches Rein.
+#[derive(clap::Args, Clone)]
+pub struct Conn {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Go through this Rein API (e.g. http://127.0.0.1:7878) instead of the database.
+    #[arg(long = "api-url", env = "REIN_URL", value_name = "URL")]
+    pub url: Option<String>,
+    /// Bearer token for the API (`rein tokens create` prints one).
+    #[arg(
+        long = "api-token",
+        env = "REIN_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+}
+
+/// The API over HTTP.
+pub struct Client {
+    http: reqwest::Client,
+    base: reqwest::Url,
+    token: Option<String>,
+}
+
+pub enum Backend {
+    Db(Store),
+    Api(Client),
+}
+
+impl Backend {
+    /// The API when a URL is given, the database otherwise; errors are printed and returned
+    /// as exit codes.
+    pub async fn open(conn: &Conn) -> Result<Backend, u8> {
+        let Some(url) = conn.url.as_deref().filter(|u| !u.is_empty()) else {
+            return ops::connect(&conn.db, false).await.map(Backend::Db);
+        };
+        match Client::new(url, conn.token.clone()) {
+            Ok(client) => Ok(Backend::Api(client)),
+            Err(message) => {
+                eprintln!("error: {message}");
+                Err(exit::INPUT)
+            }
+        }
+    }
+
+    pub fn is_api(&self) -> bool {
+        matches!(self, Backend::Api(_))
+    }
+
+    pub async fn enqueue(&self, body: EnqueueBody, key: Option<String>) -> Result<Value, ApiError> {
+        match self {
+            Backend::Db(store) => to_value(service::enqueue(store, body, key).await?),
+            Backend::Api(c) => {
+                let mut request = c
+                    .request(reqwest::Method::POST, &["v1", "runs"])
+                    .json(&body);
+                if let Some(key) = key {
+                    request = request.header("idempotency-key", key);
+                }
+                c.send(request).await.map(|(v, _)| v)
+            }
+        }
+    }
+
+    pub async fn run(&self, run: Uuid) -> Result<Value, ApiError> {
+        match self {
+            Backend::Db(store) => service::run(store, run).await,
+            Backend::Api(c) => c.get(&["v1", "runs", &run.to_string()], &[]).await,
+        }
+    }
+
+    /// A page of runs and the cursor of the next one.
+    pub async fn runs(
+        &self,
+        filter: RunFilter,
+        cursor: Option<String>,
+        limit: i64,
+    ) -> Result<(Value, Option<String>), ApiError> {
+        match self {
+            Backend::Db(store) => {
+                let page = service::runs(store, filter, cursor.as_deref(), Some(limit)).await?;
+                Ok((Value::Array(page.runs), page.next))
+            }
+            Backend::Api(c) => {
+                let mut query = vec![("limit", limit.to_string())];
+                query.extend(filter.status.map(|s| ("status", s)));
+                query.extend(filter.definition.map(|d| ("definition", d)));
+                query.extend(
+                    filter
+                        .created_after
+                        .map(|t| ("created_after", t.to_rfc3339())),
+                );
+                query.extend(
+                    filter
+                        .created_before
+                        .map(|t| ("created_before", t.to_rfc3339())),
+                );
+                query.extend(cursor.map(|c| ("cursor", c)));
+                let request = c
+                    .request(reqwest::Method::GET, &["v1", "runs"])
+                    .query(&query);
+                let (body, headers) = c.send(request).await?;
+                let next = headers
+                    .get(NEXT_CURSOR)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned);
+                Ok((body, next))
+            }
+        }
+    }
+
+    pub async fn history(&self, run: Uuid) -> Result<Value, ApiError> {
+        match self {
+            Backend::Db(store) => to_value(service::history(store, run).await?),
+            Backend::Api(c) => {
+                c.get(&["v1", "runs", &run.to_string(), "events"], &[])
+                    .await
+            }
+        }
+    }
+
+    /// Sends `kind` to the run. Through the API the sender is the token's subject.
+    pub async fn send(
+        &self,
+        run: Uuid,
+        kind: &str,
+        payload: Value,
+        sender: &str,
+    ) -> Result<Value, ApiError> {
+        match self {
+            Backend::Db(store) => to_value(service::send(store, run, kind, payload, sender).await?),
+            Backend::Api(c) => {
+                let request = c
+                    .request(
+                        reqwest::Method::POST,
+                        &["v1", "runs", &run.to_string(), "events"],
+                    )
+                    .json(&json!({ "type": kind, "payload": payload }));
+                c.send(request).await.map(|(v, _)| v)
+            }
+        }
+    }
+
+    pub async fn rerun(&self, run: Uuid) -> Result<Value, ApiError> {
+        match self {
+            Backend::Db(store) => to_value(service::rerun(store, run).await?),
+            Backend::Api(c) => {
+                let request = c.request(
+                    reqwest::Method::POST,
+                    &["v1", "runs", &run.to_string(), "rerun"],
+                );
+                c.send(request).await.map(|(v, _)| v)
+            }
+        }
+    }
+
+    pub async fn workers(&self) -> Result<Value, ApiError> {
+        match self {
+            Backend::Db(store) => to_value(service::workers(store).await?),
+            Backend::Api(c) => c.get(&["v1", "workers"], &[]).await,
+        }
+    }
+
+    pub async fn approvals(
+        &self,
+        all: bool,
+        run: Option<Uuid>,
+        limit: i64,
+    ) -> Result<Value, ApiError> {
+        match self {
+            Backend::Db(store) => to_value(service::approvals(store, all, run, Some(limit)).await?),
+            Backend::Api(c) => {
+                let mut query = vec![("all", all.to_string()), ("limit", limit.to_string())];
+                query.extend(run.map(|r| ("run", r.to_string())));
+                c.get(&["v1", "approvals"], &query).await
+            }
+        }
+    }
+
+    /// Grants or denies. Through the API the approver is the token's subject, not `approver`.
+    pub async fn decide(
+        &self,
+        approval: Uuid,
+        grant: bool,
+        approver: &str,
+        comment: Option<&str>,
+    ) -> Result<Value, ApiError> {
+        match self {
+            Backend::Db(store) => {
+                to_value(service::decide(store, approval, grant, approver, comment).await?)
+            }
+            Backend::Api(c) => {
+                let verb = if grant { "grant" } else { "deny" };
+                let request = c
+                    .request(
+                        reqwest::Method::POST,
+                        &["v1", "approvals", &approval.to_string(), verb],
+                    )
+                    .json(&json!({ "comment": comment }));
+                c.send(request).await.map(|(v, _)| v)
+            }
+        }
+    }
+
+    pub async fn definitions(&self) -> Result<Value, ApiError> {
+        match self {
+            Backend::Db(store) => to_value(service::definitions(store).await?),
+            Backend::Api(c) => c.get(&["v1", "definitions"], &[]).await,
+        }
+    }
+
+    pub async fn definition(&self, name: &str, version: Option<u32>) -> Result<Value, ApiError> {
+        match self {
+            Backend::Db(store) => to_value(service::definition(store, name, version).await?),
+            Backend::Api(c) => {
+                let query: Vec<(&str, String)> = version
+                    .map(|v| ("version", v.to_string()))
+                    .into_iter()
+                    .collect();
+                c.get(&["v1", "definitions", name], &query).await
+            }
+        }
+    }
+
+    pub async fn register(&self, text: String, format: Format) -> Result<Value, ApiError> {
+        match self {
+            Backend::Db(store) => to_value(service::register(store, &text, format).await?),
+            Backend::Api(c) => {
+                let (format, content_type) = match format {
+                    Format::Toml => ("toml", "application/toml"),
+                    Format::Json => ("json", "application/json"),
+                };
+                let request = c
+                    .request(reqwest::Method::POST, &["v1", "definitions"])
+                    .query(&[("format", format)])
+                    .header(CONTENT_TYPE, content_type)
+                    .body(text);
+                c.send(request).await.map(|(v, _)| v)
+            }
+        }
+    }
+
+    pub async fn why(&self, run: Uuid) -> Result<Value, ApiError> {
+        match self {
+            Backend::Db(store) => service::why(store, run).await,
+            Backend::Api(c) => c.get(&["v1", "runs", &run.to_string(), "why"], &[]).await,
+        }
+    }
+}
+
+fn to_value(value: impl Serialize) -> Result<Value, ApiError> {
+    serde_json::to_value(value).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("cannot encode the result as JSON: {e}"),
+        )
+    })
+}
+
+impl Client {
+    fn new(url: &str, token: Option<String>) -> Result<Client, String> {
+        if url.len() > URL_BYTES_MAX {
+            return Err(format!("REIN_URL is longer than {URL_BYTES_MAX} bytes"));
+        }
+        let base = reqwest::Url::parse(url).map_err(|e| {
+            format!("REIN_URL `{url}` is not a URL ({e}); e.g. http://127.0.0.1:7878")
+        })?;
+        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
+            return Err(format!(
+                "REIN_URL `{url}` must be an http:// or https:// address of `rein api`"
+            ));
+        }
+        let token = token.filter(|t| !t.is_empty());
+        if token
+            .as_deref()
+            .is_some_and(|t| t.len() > 1024 || t.chars().any(|c| c.is_control() || c == ' '))
+        {
+            return Err("REIN_TOKEN is not a token (too long, or has spaces or control characters); use the line `rein tokens create` printed".into());
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| format!("cannot set up an HTTP client: {e}"))?;
+        Ok(Client { http, base, token })
+    }
+
+    /// A request to the base URL plus `segments` (each percent-encoded).
+    fn request(&self, method: reqwest::Method, segments: &[&str]) -> reqwest::RequestBuilder {
+        let mut url = self.base.clone();
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop_if_empty().extend(segments);
+        }
+        let request = self.http.request(method, url);
+        match &self.token {
+            Some(token) => request.header(AUTHORIZATION, format!("Bearer {token}")),
+            None => request,
+        }
+    }
+
+    async fn get(&self, segments: &[&str], query: &[(&str, String)]) -> Result<Value, ApiError> {
+        let request = self.request(reqwest::Method::GET, segments).query(query);
+        self.send(request).await.map(|(v, _)| v)
+    }
+
+    /// Sends and reads a JSON body; an error response becomes the API's own error.
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<(Value, reqwest::header::HeaderMap), ApiError> {
+        let unreachable = |e: reqwest::Error| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                format!(
+                    "cannot reach the Rein API at {}: {e} (is `rein api` running there? check REIN_URL)",
+                    self.base
+                ),
+            )
+        };
+        let mut response = request.send().await.map_err(unreachable)?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(unreachable)? {
+            if body.len() + chunk.len() > RESPONSE_BYTES_MAX {
+                return Err(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "internal",
+                    format!("the API answered more than {RESPONSE_BYTES_MAX} bytes"),
+                ));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let value: Option<Value> = serde_json::from_slice(&body).ok();
+        if status.is_success() {
+            return value.map(|v| (v, headers)).ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "internal",
+                    format!(
+                        "the API answered {status} without a JSON body; is {} a Rein API?",
+                        self.base
+                    ),
+                )
+            });
+        }
+        Err(remote_error(status.as_u16(), value, &self.base))
+    }
+}
+
+/// The API's error document as an [`ApiError`]; anything else as an error naming the status.
+fn remote_error(status: u16, body: Option<Value>, base: &reqwest::Url) -> ApiError {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let error = body.as_ref().and_then(|b| b.get("error"));
+    let Some(error) = error else {
+        return ApiError::new(
+            status,
+            "internal",
+            format!("the API at {base} answered {status} without an error document"),
+        );
+    };
+    let code = error.get("code").and_then(Value::as_str).unwrap_or("");
+    let code = crate::api::error::CODES
+        .iter()
+        .find(|c| **c == code)
+        .copied()
+        .unwrap_or("internal");
+    let mut message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or("no message")
+        .to_owned();
+    if code == "unauthorized" {
+        message.push_str(" (set REIN_TOKEN to a token from `rein tokens create`)");
+    }
+    let mut e = ApiError::new(status, code, message);
+    if let Some(details) = error.get("details").filter(|d| !d.is_null()) {
+        e = e.with_details(details.clone());
+    }
+    e
+}
+
+/// Prints an error and picks its exit code: refusals 2, an unreachable or failing service 3,
+/// authentication 4, bad input 1.
+pub fn fail(e: &ApiError) -> u8 {
+    eprintln!("error: {}", e.message);
+    if let Some(cause) = &e.cause {
+        eprintln!("       ({cause})");
+    }
+    if let Some(problems) = e
+        .details
+        .as_ref()
+        .and_then(|d| d.get("problems"))
+        .and_then(Value::as_array)
+    {
+        for p in problems {
+            eprintln!(
+                "  {}: {}",
+                p.get("item").and_then(Value::as_str).unwrap_or("?"),
+                p.get("reason").and_then(Value::as_str).unwrap_or("?")
+            );
+        }
+    }
+    exit_code(e.code)
+}
+
+pub fn exit_code(code: &str) -> u8 {
+    match code {
+        "invalid_transition" | "fenced" | "conflict" => exit::REFUSED,
+        "unavailable" | "internal" => exit::DATABASE,
+        "unauthorized" | "forbidden" => exit::AUTH,
+        _ => exit::INPUT,
+    }
+}
+
+/// Prints a JSON document on one line.
+pub fn print_json(value: &Value) {
+    println!("{value}");
+}

@@ -1,0 +1,472 @@
+//! The operator operations, once: the API handlers call them after authenticating the caller,
+//! and the CLI calls them directly when it talks to the database. Both print what these
+//! return, so `rein … --json` is the same document through `REIN_URL` as through
+//! `DATABASE_URL`. Errors come back in the API's shape ([`ApiError`]) with its stable codes.
+
+use chrono::{DateTime, Utc};
+use rein_core::{Definition, Format, GuardRegistry};
+use rein_store::{
+    Approval, DefinitionRow, EnqueueRequest, INBOX_TTL_MS_DEFAULT, Member, RunFilter, SendOutcome,
+    Store, StoreError, StoredEvent,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use crate::api::ApiError;
+use crate::ops::run_json;
+
+/// Page sizes accepted by list operations.
+pub const PAGE_MAX: i64 = 1000;
+pub const PAGE_DEFAULT: i64 = 50;
+/// Longest name or filter value accepted (names are at most 64 bytes).
+pub const NAME_BYTES_MAX: usize = 128;
+/// Longest cursor accepted (a real one is about 180 characters).
+const CURSOR_BYTES_MAX: usize = 512;
+/// Longest approver name recorded with a decision.
+pub const APPROVER_BYTES_MAX: usize = 256;
+
+// ---- shapes -------------------------------------------------------------------------------
+
+/// A new run.
+#[derive(Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnqueueBody {
+    /// Definition name (registered in the database).
+    pub definition: String,
+    /// Definition version; the newest when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<u32>,
+    /// The run's input (its initial business data).
+    #[serde(default = "empty_object")]
+    #[schema(value_type = Object)]
+    pub input: Value,
+    /// Queue name (default `default`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// Higher is claimed first (default 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct EnqueueResponse {
+    pub run_id: Uuid,
+    /// False when the Idempotency-Key named a run that already existed.
+    pub created: bool,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct SendResponse {
+    /// `applied` (committed at `sequence`) or `queued` (waits in the run's inbox).
+    pub outcome: String,
+    pub sequence: Option<i64>,
+    pub inbox_id: Option<i64>,
+}
+
+impl SendResponse {
+    pub fn applied(&self) -> bool {
+        self.outcome == "applied"
+    }
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct RerunResponse {
+    /// The new run.
+    pub run_id: Uuid,
+    /// The finished run it repeats.
+    pub parent_run_id: Uuid,
+}
+
+/// A definition version with its spec.
+#[derive(Serialize, ToSchema)]
+pub struct DefinitionView {
+    pub name: String,
+    pub version: u32,
+    pub hash: String,
+    /// The validated document, as `rein definitions show --format json` prints it.
+    #[schema(value_type = Object)]
+    pub spec: Value,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct RegisterResponse {
+    pub name: String,
+    pub version: u32,
+    /// False when this exact body was already registered under this version.
+    pub created: bool,
+}
+
+/// How a decision reached its run.
+#[derive(Serialize, ToSchema)]
+pub struct Delivery {
+    /// `applied` (in the run's log at `sequence`) or `queued` (in the run's inbox, for the
+    /// worker holding its lease).
+    pub outcome: String,
+    /// The event the run was sent (its waiting state's granted or denied event).
+    pub event: Option<String>,
+    pub sequence: Option<i64>,
+    /// The run's state after the decision.
+    pub state: Option<String>,
+}
+
+/// A decided approval request and what the run got.
+#[derive(Serialize)]
+pub struct Decision {
+    #[serde(flatten)]
+    pub approval: Approval,
+    pub delivery: Delivery,
+}
+
+/// One page of runs, newest first; `next` continues after its last run.
+pub struct RunsPage {
+    pub runs: Vec<Value>,
+    pub next: Option<String>,
+}
+
+fn empty_object() -> Value {
+    json!({})
+}
+
+// ---- input checks -------------------------------------------------------------------------
+
+/// `limit` when given, checked against [`PAGE_MAX`].
+pub fn page(limit: Option<i64>) -> Result<i64, ApiError> {
+    let limit = limit.unwrap_or(PAGE_DEFAULT);
+    if !(1..=PAGE_MAX).contains(&limit) {
+        return Err(ApiError::validation(format!(
+            "limit must be 1..={PAGE_MAX}"
+        )));
+    }
+    Ok(limit)
+}
+
+/// A filter value or name: 1..=[`NAME_BYTES_MAX`] bytes when given.
+pub fn name(what: &str, value: Option<String>) -> Result<Option<String>, ApiError> {
+    match value {
+        Some(v) if v.is_empty() || v.len() > NAME_BYTES_MAX => Err(ApiError::validation(format!(
+            "{what} must be 1..={NAME_BYTES_MAX} bytes"
+        ))),
+        other => Ok(other),
+    }
+}
+
+/// Lowercase hex of `rfc3339|uuid`: opaque to clients, safe in headers and query strings.
+pub fn encode_cursor(at: DateTime<Utc>, run_id: Uuid) -> String {
+    let text = format!(
+        "{}|{run_id}",
+        at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    );
+    text.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn decode_cursor(cursor: &str) -> Result<(DateTime<Utc>, Uuid), ApiError> {
+    let bad = || ApiError::validation("the cursor is malformed; use a Rein-Next-Cursor value");
+    if cursor.is_empty() || cursor.len() > CURSOR_BYTES_MAX || !cursor.len().is_multiple_of(2) {
+        return Err(bad());
+    }
+    let bytes = (0..cursor.len())
+        .step_by(2)
+        .map(|i| {
+            cursor
+                .get(i..i + 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        })
+        .collect::<Option<Vec<u8>>>()
+        .ok_or_else(bad)?;
+    let text = String::from_utf8(bytes).map_err(|_| bad())?;
+    let (at, id) = text.split_once('|').ok_or_else(bad)?;
+    let at = DateTime::parse_from_rfc3339(at).map_err(|_| bad())?;
+    let id = Uuid::parse_str(id).map_err(|_| bad())?;
+    Ok((at.with_timezone(&Utc), id))
+}
+
+/// An approver's name, trimmed: non-empty, at most [`APPROVER_BYTES_MAX`] bytes, no control
+/// characters.
+pub fn approver(name: &str) -> Result<&str, String> {
+    let name = name.trim();
+    if name.is_empty() {
+        return Err("the approver's name is empty".into());
+    }
+    if name.len() > APPROVER_BYTES_MAX {
+        return Err(format!(
+            "the approver's name is {} bytes; at most {APPROVER_BYTES_MAX}",
+            name.len()
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err("the approver's name contains control characters".into());
+    }
+    Ok(name)
+}
+
+// ---- operations ---------------------------------------------------------------------------
+
+/// Creates a run (or finds the one `key` already created).
+pub async fn enqueue(
+    store: &Store,
+    body: EnqueueBody,
+    key: Option<String>,
+) -> Result<EnqueueResponse, ApiError> {
+    let definition = name("definition", Some(body.definition))?.unwrap_or_default();
+    let def = store.load_definition(&definition, body.version).await?;
+    let mut request = EnqueueRequest::new(def, body.input);
+    request.client_key = key;
+    if let Some(queue) = name("queue", body.queue)? {
+        request.queue = queue;
+    }
+    request.priority = body.priority.unwrap_or(0);
+    let done = store.enqueue(request).await?;
+    Ok(EnqueueResponse {
+        run_id: done.run_id,
+        created: done.created,
+    })
+}
+
+pub async fn run(store: &Store, run_id: Uuid) -> Result<Value, ApiError> {
+    Ok(run_json(&store.run(run_id).await?))
+}
+
+/// One page of runs matching `filter`, after the run `cursor` names.
+pub async fn runs(
+    store: &Store,
+    filter: RunFilter,
+    cursor: Option<&str>,
+    limit: Option<i64>,
+) -> Result<RunsPage, ApiError> {
+    let limit = page(limit)?;
+    let filter = RunFilter {
+        status: name("status", filter.status)?,
+        definition: name("definition", filter.definition)?,
+        ..filter
+    };
+    let after = cursor.map(decode_cursor).transpose()?;
+    // One row more than asked tells whether another page follows.
+    let mut rows = store.list_runs_page(&filter, after, limit + 1).await?;
+    let more = rows.len() as i64 > limit;
+    rows.truncate(limit as usize);
+    let next = match rows.last() {
+        Some(last) if more => Some(encode_cursor(last.created_at, last.run_id)),
+        _ => None,
+    };
+    Ok(RunsPage {
+        runs: rows.iter().map(run_json).collect(),
+        next,
+    })
+}
+
+/// The run's events in sequence order; not found when there is no such run.
+pub async fn history(store: &Store, run_id: Uuid) -> Result<Vec<StoredEvent>, ApiError> {
+    store.run(run_id).await?;
+    Ok(store.history(run_id).await?)
+}
+
+/// Sends an event from outside: applied now, or queued in the run's inbox.
+pub async fn send(
+    store: &Store,
+    run_id: Uuid,
+    kind: &str,
+    payload: Value,
+    sender: &str,
+) -> Result<SendResponse, ApiError> {
+    name("type", Some(kind.to_owned()))?;
+    Ok(
+        match store
+            .send(run_id, kind, payload, sender, INBOX_TTL_MS_DEFAULT)
+            .await?
+        {
+            SendOutcome::Applied { sequence } => SendResponse {
+                outcome: "applied".to_owned(),
+                sequence: Some(sequence),
+                inbox_id: None,
+            },
+            SendOutcome::Queued { inbox_id } => SendResponse {
+                outcome: "queued".to_owned(),
+                sequence: None,
+                inbox_id: Some(inbox_id),
+            },
+        },
+    )
+}
+
+/// A new run like a finished one, linked to it (SPEC E6); conflict while it runs.
+pub async fn rerun(store: &Store, parent: Uuid) -> Result<RerunResponse, ApiError> {
+    match store.rerun(parent).await {
+        Ok(run_id) => Ok(RerunResponse {
+            run_id,
+            parent_run_id: parent,
+        }),
+        Err(StoreError::Invalid(m)) => Err(ApiError::conflict(m)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub async fn workers(store: &Store) -> Result<Vec<Member>, ApiError> {
+    Ok(store.members().await?)
+}
+
+pub async fn approvals(
+    store: &Store,
+    all: bool,
+    run: Option<Uuid>,
+    limit: Option<i64>,
+) -> Result<Vec<Approval>, ApiError> {
+    Ok(store.approvals(all, run, page(limit)?).await?)
+}
+
+/// Grants or denies a request as `approver` and says what the run got. Unknown requests are
+/// not found; ones that can no longer be decided conflict, with the store's reason.
+pub async fn decide(
+    store: &Store,
+    approval_id: Uuid,
+    grant: bool,
+    approver_name: &str,
+    comment: Option<&str>,
+) -> Result<Decision, ApiError> {
+    let approver_name = approver(approver_name).map_err(ApiError::validation)?;
+    if comment.is_some_and(|c| c.len() > rein_store::COMMENT_BYTES_MAX) {
+        return Err(ApiError::validation(format!(
+            "the comment must be at most {} bytes",
+            rein_store::COMMENT_BYTES_MAX
+        )));
+    }
+    let comment = comment.filter(|c| !c.trim().is_empty());
+    let existing = match store.approval(approval_id).await {
+        Ok(a) => a,
+        Err(StoreError::Invalid(_)) => {
+            return Err(ApiError::not_found(format!(
+                "no approval request {approval_id} (`rein approvals list --all` shows them)"
+            ))
+            .with_details(json!({ "approval_id": approval_id })));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // Where the run's log stood before the decision, to find the event it is sent.
+    let before = store.run(existing.run_id).await?.last_sequence;
+    let decided = match store
+        .decide_approval(approval_id, grant, approver_name, comment)
+        .await
+    {
+        Ok(decided) => decided,
+        Err(StoreError::Invalid(message)) => {
+            return Err(ApiError::conflict(message)
+                .with_details(json!({ "approval_id": approval_id, "status": existing.status })));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let delivery = delivery(store, &decided, before, grant).await?;
+    Ok(Decision {
+        approval: decided,
+        delivery,
+    })
+}
+
+/// Which event the run got: in its log after `before` (applied), or waiting in its inbox for
+/// the lease holder (queued; the event named from the waiting state's policy).
+async fn delivery(
+    store: &Store,
+    decided: &Approval,
+    before: i64,
+    grant: bool,
+) -> Result<Delivery, ApiError> {
+    let id = decided.approval_id.to_string();
+    let events = store.history_after(decided.run_id, before).await?;
+    let run = store.run(decided.run_id).await?;
+    if let Some(e) = events
+        .iter()
+        .find(|e| e.payload.get("approval_id").and_then(Value::as_str) == Some(id.as_str()))
+    {
+        return Ok(Delivery {
+            outcome: "applied".to_owned(),
+            event: Some(e.kind.clone()),
+            sequence: Some(e.sequence),
+            state: Some(run.state),
+        });
+    }
+    let def = store
+        .load_definition(&run.definition, Some(run.version))
+        .await?;
+    let event = def
+        .state(&run.state)
+        .and_then(|s| s.approval.as_ref())
+        .map(|policy| {
+            if grant {
+                policy.granted_event().to_owned()
+            } else {
+                policy.denied_event().to_owned()
+            }
+        });
+    Ok(Delivery {
+        outcome: "queued".to_owned(),
+        event,
+        sequence: None,
+        state: Some(run.state),
+    })
+}
+
+pub async fn definitions(store: &Store) -> Result<Vec<DefinitionRow>, ApiError> {
+    Ok(store.list_definitions().await?)
+}
+
+/// One registered version (the newest unless `version`) with its spec.
+pub async fn definition(
+    store: &Store,
+    definition: &str,
+    version: Option<u32>,
+) -> Result<DefinitionView, ApiError> {
+    let definition = name("name", Some(definition.to_owned()))?.unwrap_or_default();
+    let def = match store.load_definition(&definition, version).await {
+        Ok(def) => def,
+        Err(e @ StoreError::UnknownDefinition { .. }) => {
+            return Err(ApiError::not_found(e.to_string())
+                .with_details(json!({ "definition": definition, "version": version })));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let spec = serde_json::to_value(def.spec())
+        .map_err(|e| ApiError::from(StoreError::Corrupt(e.to_string())))?;
+    Ok(DefinitionView {
+        name: def.name().to_owned(),
+        version: def.version(),
+        hash: def.hash().to_owned(),
+        spec,
+    })
+}
+
+/// Validates a definition document and stores it as a version; every problem is listed in
+/// `details.problems` with its location.
+pub async fn register(
+    store: &Store,
+    text: &str,
+    format: Format,
+) -> Result<RegisterResponse, ApiError> {
+    let def = Definition::parse(text, format, &GuardRegistry::new()).map_err(|e| {
+        let problems: Vec<Value> = e
+            .problems()
+            .into_iter()
+            .map(|p| json!({ "item": p.item, "reason": p.reason }))
+            .collect();
+        ApiError::validation(format!(
+            "the definition is invalid ({} problem{})",
+            problems.len(),
+            if problems.len() == 1 { "" } else { "s" }
+        ))
+        .with_details(json!({ "problems": problems }))
+    })?;
+    let created = store.register_definition(&def).await?;
+    Ok(RegisterResponse {
+        name: def.name().to_owned(),
+        version: def.version(),
+        created,
+    })
+}
+
+/// The diagnosis of `rein why` (seed 000 §16) as one document.
+pub async fn why(store: &Store, run_id: Uuid) -> Result<Value, ApiError> {
+    let facts = store.why(run_id).await?;
+    let def = store
+        .load_definition(&facts.run.definition, Some(facts.run.version))
+        .await?;
+    Ok(crate::why::diagnosis(&facts, &def))
+}
