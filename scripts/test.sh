@@ -4,8 +4,8 @@
 #   scripts/test.sh                 # everything
 #   scripts/test.sh -p rein-core    # extra args go to `cargo test`
 #
-# Phases: tools, services, fmt, clippy, test, alerts. Each prints its duration;
-# a summary follows at the end. fmt/clippy/test/alerts keep going after a
+# Phases: tools, services, fmt, clippy, test, deploy. Each prints its duration;
+# a summary follows at the end. fmt/clippy/test/deploy keep going after a
 # failure so one run shows every problem; tools/services failures stop the run
 # because nothing after them could pass. Exit status is non-zero if any phase
 # failed.
@@ -122,6 +122,10 @@ missing_packages() {
     pkgs+=(redis-tools)
   fi
   command -v promtool >/dev/null || pkgs+=(prometheus)
+  # Deployment checks (scripts/validate-deploy.sh): shellcheck and a compose client.
+  command -v shellcheck >/dev/null || pkgs+=(shellcheck)
+  { docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null; } ||
+    pkgs+=(docker-compose)
   echo "${pkgs[*]}"
 }
 
@@ -314,31 +318,11 @@ phase_test() {
   fi
 }
 
-# ---------------------------------------------------------------- alerts
-phase_alerts() {
-  local dir=deploy/prometheus rules tests
-  if [[ ! -d $dir ]]; then
-    note "$dir does not exist yet; no alert rules to check"
-    return "$SKIPPED"
-  fi
-  shopt -s nullglob
-  rules=("$dir"/*.rules.yml)
-  tests=("$dir"/tests/*.yml)
-  if [[ ${#rules[@]} == 0 ]]; then
-    note "no $dir/*.rules.yml yet; nothing to check"
-    return "$SKIPPED"
-  fi
-  if ! command -v promtool >/dev/null; then
-    note "promtool missing (Debian package: prometheus)"
-    [[ $CI == true ]] && return 1
-    return "$SKIPPED"
-  fi
-  promtool check rules "${rules[@]}" || return 1
-  if [[ ${#tests[@]} -gt 0 ]]; then
-    promtool test rules "${tests[@]}" || return 1
-  else
-    note "no $dir/tests/*.yml; rule unit tests skipped"
-  fi
+# ---------------------------------------------------------------- deploy
+# Alert rules (promtool check + unit tests), compose file, Kubernetes manifests, dashboard
+# and scripts under deploy/: scripts/validate-deploy.sh prints one line per check.
+phase_deploy() {
+  scripts/validate-deploy.sh || return 1
 }
 
 # ---------------------------------------------------------------- main
@@ -351,7 +335,7 @@ main() {
     run_phase fmt phase_fmt
     run_phase clippy phase_clippy
     run_phase test phase_test "$@"
-    run_phase alerts phase_alerts
+    run_phase deploy phase_deploy
   fi
   summary
   return "$FAILED"
