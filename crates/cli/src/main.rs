@@ -12,6 +12,7 @@ mod privdb;
 mod procs;
 mod remote;
 mod service;
+mod telemetry;
 mod tokens;
 mod why;
 
@@ -170,9 +171,16 @@ pub fn init_logging(json: bool) {
     init_logging_at(json, "info,sqlx=warn");
 }
 
-/// Like [`init_logging`] with another default filter (`REIN_LOG` still wins).
+/// Like [`init_logging`] with another default filter (`REIN_LOG` still wins). `json` asks
+/// for JSON lines, which a terminal gets in human format instead; `REIN_LOG_FORMAT=json` or
+/// `text` decides outright.
 pub fn init_logging_at(json: bool, default_filter: &str) {
     use tracing_subscriber::EnvFilter;
+    let json = match std::env::var("REIN_LOG_FORMAT").as_deref() {
+        Ok("json") => true,
+        Ok("text") => false,
+        _ => json && !std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    };
     let filter =
         EnvFilter::try_from_env("REIN_LOG").unwrap_or_else(|_| EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()

@@ -36,6 +36,9 @@ pub struct WorkerArgs {
     /// Queues to claim from (repeat or comma-separate).
     #[arg(long, value_delimiter = ',', default_value = "default")]
     queue: Vec<String>,
+    /// Serve Prometheus `/metrics`, `/healthz` and `/readyz` on this address.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(clap::Args)]
@@ -46,6 +49,10 @@ pub struct SchedulerArgs {
     tick_ms: u64,
     #[arg(long)]
     id: Option<String>,
+    /// Serve Prometheus `/metrics` (with the fleet gauges read from the database),
+    /// `/healthz` and `/readyz` on this address.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(clap::Args)]
@@ -307,9 +314,16 @@ pub async fn worker(args: WorkerArgs) -> u8 {
         eprintln!("error: {e}");
         return exit::INPUT;
     }
+    let stop = shutdown_signal();
+    if let Some(addr) = args.metrics_listen {
+        crate::telemetry::install("worker");
+        if let Err(code) = crate::telemetry::serve(addr, store.clone(), stop.clone()).await {
+            return code;
+        }
+    }
     let registry = rein_worker::builtin_registry(store.clone());
     let worker = Worker::new(store, config, registry);
-    match worker.run(shutdown_signal()).await {
+    match worker.run(stop).await {
         Ok(()) => exit::OK,
         Err(e) => report(&e),
     }
@@ -323,8 +337,16 @@ pub async fn scheduler(args: SchedulerArgs) -> u8 {
     };
     let mut config = SchedulerConfig::new(args.id.unwrap_or_else(|| default_id("scheduler")));
     config.tick_ms = args.tick_ms.clamp(10, 60_000);
+    let stop = shutdown_signal();
+    if let Some(addr) = args.metrics_listen {
+        crate::telemetry::install("scheduler");
+        if let Err(code) = crate::telemetry::serve(addr, store.clone(), stop.clone()).await {
+            return code;
+        }
+        tokio::spawn(crate::telemetry::fleet_gauges(store.clone(), stop.clone()));
+    }
     let mut scheduler = Scheduler::new(store, config);
-    match scheduler.run(shutdown_signal()).await {
+    match scheduler.run(stop).await {
         Ok(()) => exit::OK,
         Err(e) => report(&e),
     }

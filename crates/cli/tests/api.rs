@@ -515,6 +515,7 @@ async fn the_openapi_document_lists_every_route_served() {
     let served = [
         ("/healthz", "get"),
         ("/readyz", "get"),
+        ("/metrics", "get"),
         ("/openapi.json", "get"),
         ("/v1/runs", "get"),
         ("/v1/runs", "post"),
@@ -546,6 +547,14 @@ async fn the_openapi_document_lists_every_route_served() {
     );
     // Each documented route answers (no 404 from the router).
     for (path, method) in served {
+        if path == "/metrics" {
+            // Prometheus text, not JSON, and public like the probes.
+            let r = api.get(path, None).send().await.unwrap();
+            assert_eq!(r.status(), StatusCode::OK);
+            let text = r.text().await.unwrap();
+            assert!(text.contains("rein_build_info"), "{text}");
+            continue;
+        }
         let url = path.replace("{id}", &Uuid::now_v7().to_string());
         let r = match method {
             "get" => api.get(&url, Some(&token)).send().await.unwrap(),

@@ -165,6 +165,10 @@ impl Scheduler {
             info!(run_id = %row.run_id, worker = ?row.lease_owner, state = %state.state, "recovered expired lease");
             self.stats.leases_recovered.fetch_add(1, Ordering::Relaxed);
             let _ = self.store.add_counter(counters::LEASES_RECOVERED, 1).await;
+            metrics::counter!(rein_store::metrics::LEASE_EXPIRIES).increment(1);
+            if let Some(seconds) = row.expired_for_s() {
+                metrics::histogram!(rein_store::metrics::RECOVERY).record(seconds);
+            }
         }
         Ok(recovered)
     }
@@ -188,6 +192,8 @@ impl Scheduler {
                 if fired {
                     debug!(run_id = %row.run_id, event = %kind, "timer fired");
                     self.stats.timers_fired.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!(rein_store::metrics::TIMERS_FIRED, "kind" => kind.clone())
+                        .increment(1);
                 }
                 return Ok(fired);
             }

@@ -22,7 +22,7 @@ t AS (SELECT clock_timestamp() AS now),
 -- queue behind each other instead of deadlocking. The update only reaches a row this has
 -- already locked.
 locked AS (
-    SELECT r.run_id FROM rein_runs r
+    SELECT r.run_id, r.state, r.state_entered_at FROM rein_runs r
     WHERE r.run_id IN (SELECT run_id FROM req)
     ORDER BY r.run_id
     FOR UPDATE
@@ -63,7 +63,10 @@ upd AS (
           SELECT 1 FROM rein_approvals a
           WHERE a.approval_id = q.approval_id AND a.run_id = q.run_id
             AND a.status = 'granted' AND a.consumed_at IS NULL))
-    RETURNING r.run_id, r.fencing_token, r.last_sequence, q.bump, q.base_seq
+    RETURNING r.run_id, r.fencing_token, r.last_sequence, q.bump, q.base_seq,
+        -- How long the run was in the state it leaves (none when it stays).
+        (SELECT extract(epoch FROM t.now - l.state_entered_at)::float8
+         FROM locked l WHERE l.run_id = r.run_id AND l.state <> q.state) AS left_after_s
 ),
 ins AS (
     INSERT INTO rein_events (run_id, sequence, event_id, type, payload, node, fencing_token, worker)
@@ -107,6 +110,7 @@ SELECT q.run_id,
        upd.run_id IS NOT NULL AS committed,
        upd.fencing_token AS new_token,
        upd.last_sequence AS new_sequence,
+       upd.left_after_s,
        r.fencing_token AS current_token,
        r.last_sequence AS current_sequence,
        r.lease_owner AS current_owner,

@@ -83,6 +83,12 @@ pub struct CommitRequest {
     /// A granted approval this commit consumes (SPEC H2): the commit lands only if the grant
     /// is still granted and unused, and uses it up in the same statement.
     pub approval: Option<Uuid>,
+    /// The control state the run leaves with this commit (for the time-in-state metric).
+    pub left_state: Option<String>,
+    /// Retries of the current step this commit begins.
+    pub retries: u32,
+    /// How the run ends, when this commit ends it.
+    pub finish: Option<crate::metrics::Finish>,
 }
 
 /// Options of [`plan_commit`].
@@ -108,9 +114,21 @@ pub fn plan_commit(
 ) -> Result<CommitRequest, InvalidTransition> {
     let mut state = base.clone();
     let mut ledger: Vec<LedgerOp> = Vec::new();
+    let mut retries = 0;
     for e in &events {
         let event = Event::new(state.sequence + 1, e.kind.clone(), e.payload.clone());
-        let next = apply(def, &state, &event)?;
+        let next = match apply(def, &state, &event) {
+            Ok(next) => next,
+            Err(refused) => {
+                crate::metrics::invalid_transition(def.name(), &e.kind);
+                tracing::warn!(%run_id, token, event = %e.kind, state = %state.state,
+                    sequence = state.sequence + 1, reason = %refused, "transition refused");
+                return Err(refused);
+            }
+        };
+        if next.attempt > state.attempt {
+            retries += next.attempt - state.attempt;
+        }
         if let Some(op) = ledger_op(&state, &next, &event) {
             ledger.retain(|o| o.action_id != op.action_id);
             ledger.push(op);
@@ -124,6 +142,22 @@ pub fn plan_commit(
     // A short log replays in no time: its final state needs no snapshot of its own.
     let long_log_ends = status == RunStatus::Terminal && state.sequence >= CHECKPOINT_EVERY;
     let checkpoint = long_log_ends || (!events.is_empty() && crossed);
+    let finish = (status == RunStatus::Terminal && !def.is_terminal(&base.state)).then(|| {
+        let ending = events.last().map(|e| (&e.kind, &e.payload));
+        if state.state == def.cancel_state() {
+            crate::metrics::Finish::Cancelled
+        } else if ending.is_some_and(|(kind, payload)| {
+            payload.get("error").is_some()
+                || def
+                    .states()
+                    .any(|s| s.backoff.as_ref().is_some_and(|b| b.exhausted == **kind))
+        }) {
+            crate::metrics::Finish::Failed
+        } else {
+            crate::metrics::Finish::Succeeded
+        }
+    });
+    let left_state = (state.state != base.state).then(|| base.state.clone());
     Ok(CommitRequest {
         run_id,
         token,
@@ -138,6 +172,9 @@ pub fn plan_commit(
         checkpoint,
         state,
         approval: None,
+        left_state,
+        retries,
+        finish,
     })
 }
 
@@ -438,13 +475,27 @@ pub(crate) async fn commit_on(
         .bind(&q.ck_state)
         .bind(&q.approvals)
         .fetch_all(&mut *conn)
-        .await?;
+        .await
+        .inspect_err(|e| {
+            tracing::error!(error = %e, worker, runs = requests.len(),
+                "commit failed; nothing was written (the runs stay where they were)");
+        })?;
 
     let mut by_run: HashMap<Uuid, CommitOutcome> = HashMap::with_capacity(rows.len());
     let mut failed: Vec<Uuid> = Vec::new();
     for row in rows {
         let run_id: Uuid = row.try_get("run_id")?;
         let committed: bool = row.try_get("committed")?;
+        if committed && let Some(request) = requests.iter().find(|r| r.run_id == run_id) {
+            crate::metrics::committed(request, row.try_get("left_after_s")?);
+            let token: i64 = row.try_get("new_token")?;
+            for (i, e) in request.events.iter().enumerate() {
+                tracing::info!(%run_id, sequence = request.base_sequence + 1 + i as u64,
+                    event = %e.kind, node = e.node.as_deref().unwrap_or(""), worker,
+                    token, from = request.left_state.as_deref().unwrap_or(&request.state.state),
+                    to = %request.state.state, "transition");
+            }
+        }
         let outcome = if committed {
             CommitOutcome::Committed(Committed {
                 token: row.try_get("new_token")?,
@@ -483,6 +534,19 @@ pub(crate) async fn commit_on(
                 .await?;
         for (run_id, sequence) in stored {
             by_run.insert(run_id, CommitOutcome::AlreadyCommitted { sequence });
+        }
+        for r in requests {
+            if let Some(CommitOutcome::Fenced {
+                current_token,
+                owner,
+                ..
+            }) = by_run.get(&r.run_id)
+            {
+                crate::metrics::fenced();
+                tracing::warn!(run_id = %r.run_id, worker, token = r.token, current_token,
+                    owner = owner.as_deref().unwrap_or(""),
+                    "fenced write refused: the token is no longer current");
+            }
         }
     }
     requests

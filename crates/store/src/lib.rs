@@ -10,6 +10,8 @@ mod audit;
 mod bench;
 mod commit;
 mod error;
+mod gauges;
+pub mod metrics;
 mod operate;
 mod reads;
 mod send;
@@ -30,6 +32,7 @@ pub use commit::{
     Writer, plan_commit,
 };
 pub use error::{StoreError, is_unreachable};
+pub use gauges::{FleetGauges, RETRYING_ATTEMPTS_MIN};
 pub use operate::Member;
 pub use reads::{DefinitionRow, RunFilter, RunRow, StoredEvent};
 pub use send::{

@@ -106,6 +106,17 @@ pub struct StoredEvent {
     pub occurred_at: DateTime<Utc>,
 }
 
+impl RunRow {
+    /// Seconds since the run's lease expired, by the database clock of the read (none while
+    /// it is live or when no lease is held).
+    pub fn expired_for_s(&self) -> Option<f64> {
+        let until = self.lease_until.filter(|_| !self.lease_live)?;
+        let now = self.state_entered_at
+            + chrono::Duration::microseconds((self.in_state_ms * 1000.0) as i64);
+        Some(((now - until).num_microseconds()? as f64 / 1e6).max(0.0))
+    }
+}
+
 impl StoredEvent {
     pub fn as_event(&self) -> Event {
         Event::new(

@@ -101,6 +101,7 @@ pub const CLAIM_SAMPLES_MAX: usize = 200_000;
 impl WorkerStats {
     fn record_claim(&self, elapsed: Duration) {
         self.claim_queries.fetch_add(1, Ordering::Relaxed);
+        metrics::histogram!(rein_store::metrics::CLAIM_LATENCY).record(elapsed.as_secs_f64());
         if let Ok(mut samples) = self.claim_us.lock()
             && samples.len() < CLAIM_SAMPLES_MAX
         {
@@ -268,6 +269,8 @@ impl Worker {
                 match claimed {
                     Ok(runs) => {
                         claimed_any = !runs.is_empty();
+                        metrics::counter!(rein_store::metrics::LEASE_CLAIMS)
+                            .increment(runs.len() as u64);
                         for run in runs {
                             inner.stats.claimed.fetch_add(1, Ordering::Relaxed);
                             let inner = inner.clone();
@@ -370,6 +373,8 @@ async fn renewer(inner: Arc<Inner>) {
             .await
         {
             Ok(renewed) => {
+                metrics::counter!(rein_store::metrics::LEASE_RENEWALS)
+                    .increment(renewed.len() as u64);
                 let renewed: HashMap<Uuid, rein_store::Renewed> =
                     renewed.into_iter().map(|r| (r.run_id, r)).collect();
                 let Ok(map) = inner.held.lock() else { return };
@@ -394,6 +399,7 @@ async fn renewer(inner: Arc<Inner>) {
                         None => {
                             warn!(%run_id, token = held.token, "lease lost; cancelling its action");
                             inner.stats.leases_lost.fetch_add(1, Ordering::Relaxed);
+                            metrics::counter!(rein_store::metrics::LEASES_LOST).increment(1);
                             held.lost.cancel();
                         }
                     }
@@ -616,6 +622,7 @@ impl Driver {
             .map(|t| Duration::from_millis(t.after_ms))
             .unwrap_or(Duration::from_secs(3600));
         let cancel = ctx.cancel.clone();
+        let in_flight = rein_store::metrics::InFlight::start();
         let outcome = tokio::select! {
             outcome = handler.run(ctx) => Some(outcome),
             _ = self.held.lost.cancelled() => { cancel.cancel(); return Err(Stop::Lost) }
@@ -630,6 +637,7 @@ impl Driver {
                 }
             }
         };
+        drop(in_flight);
         self.inner.stats.steps.fetch_add(1, Ordering::Relaxed);
         let Some(outcome) = outcome else {
             return self.interrupted(side_effect, &call_id).await;
@@ -899,6 +907,7 @@ impl Driver {
         }
         let timeout = Duration::from_millis(call.timeout_ms.unwrap_or(3_600_000));
         let cancel = ctx.cancel.clone();
+        let in_flight = rein_store::metrics::InFlight::start();
         let outcome = tokio::select! {
             outcome = handler.run(ctx) => outcome,
             _ = self.held.lost.cancelled() => { cancel.cancel(); return Err(Stop::Lost) }
@@ -911,6 +920,7 @@ impl Driver {
                 Outcome::InDoubt(format!("tool `{}` timed out after {} ms", call.tool, timeout.as_millis()))
             }
         };
+        drop(in_flight);
         self.inner.stats.steps.fetch_add(1, Ordering::Relaxed);
         match outcome {
             Outcome::Events(candidates) => {

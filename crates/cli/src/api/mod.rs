@@ -22,8 +22,9 @@ pub use error::ApiError;
 /// Request bodies larger than this are refused with 413 unless `--body-limit-bytes` says
 /// otherwise.
 pub const BODY_LIMIT_DEFAULT: u64 = 1024 * 1024;
-/// Routes anyone may call: liveness and readiness probes.
-const PUBLIC_PATHS: [&str; 2] = ["/healthz", "/readyz"];
+/// Routes anyone may call: liveness and readiness probes, and Prometheus metrics (counts
+/// and ages, no run data).
+const PUBLIC_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 /// The subject recorded for calls made with `--insecure-dev`.
 const INSECURE_SUBJECT: &str = "insecure-dev";
 
@@ -118,6 +119,7 @@ pub async fn serve(args: ApiArgs) -> u8 {
         let _ = std::io::stdout().flush();
     }
     tracing::info!(address = %bound, auth = !args.insecure_dev, "rein api listening");
+    crate::telemetry::install("api");
     let app = router(store, args.insecure_dev, args.body_limit_bytes as usize);
     let stop = ops::shutdown_signal();
     match axum::serve(listener, app)

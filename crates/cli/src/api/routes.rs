@@ -58,6 +58,7 @@ impl Modify for BearerAuth {
 pub fn router() -> OpenApiRouter<Arc<App>> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(healthz))
+        .routes(routes!(metrics))
         .routes(routes!(readyz))
         .routes(routes!(openapi_json))
         .routes(routes!(list_runs, enqueue_run))
@@ -250,6 +251,15 @@ async fn healthz() -> Json<Health> {
     Json(Health {
         status: "ok".to_owned(),
     })
+}
+
+/// Prometheus metrics of this process, in the text exposition format.
+#[utoipa::path(get, path = "/metrics", tag = "health", security(()),
+    responses((status = 200, description = "Metrics", content_type = "text/plain", body = String)))]
+async fn metrics(State(app): AppState) -> Response {
+    crate::telemetry::metrics_handler(&app.store)
+        .await
+        .into_response()
 }
 
 /// Readiness: the database is reachable and its schema matches this binary.

@@ -1,0 +1,168 @@
+//! Prometheus metrics for every role (SPEC O2): the exporter (metrics-exporter-prometheus,
+//! rendering on request, no HTTP server of its own), the `--metrics-listen` endpoint of
+//! workers and schedulers (`/metrics`, `/healthz`, `/readyz`), and the fleet gauges a
+//! scheduler reads from the database.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use metrics::gauge;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use rein_store::Store;
+use rein_store::metrics as m;
+use tokio_util::sync::CancellationToken;
+
+use crate::exit;
+
+/// Histogram buckets in seconds, from a fast claim (1 ms) to a long approval wait (4 h).
+const BUCKETS_S: [f64; 19] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    300.0, 1800.0, 3600.0, 14_400.0,
+];
+
+/// How often a scheduler reads the fleet gauges from the database.
+pub const FLEET_GAUGES_EVERY: Duration = Duration::from_secs(5);
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the process-wide recorder (once) and records `rein_build_info` for `role`.
+pub fn install(role: &str) -> Option<&'static PrometheusHandle> {
+    if HANDLE.get().is_none() {
+        let built = PrometheusBuilder::new()
+            .set_buckets(&BUCKETS_S)
+            .map(|b| b.install_recorder());
+        match built {
+            Ok(Ok(handle)) => {
+                let _ = HANDLE.set(handle);
+            }
+            Ok(Err(e)) | Err(e) => {
+                tracing::warn!(error = %e, "metrics are off: cannot install the exporter");
+                return None;
+            }
+        }
+    }
+    gauge!(m::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "role" => role.to_owned())
+        .set(1.0);
+    HANDLE.get()
+}
+
+/// The Prometheus text of everything recorded so far (empty when no recorder is installed),
+/// with the pool gauges of `store` read now.
+pub fn render(store: &Store) -> String {
+    m::record_pool(store);
+    HANDLE
+        .get()
+        .map(PrometheusHandle::render)
+        .unwrap_or_default()
+}
+
+/// `GET /metrics` in the Prometheus text format.
+pub async fn metrics_handler(store: &Store) -> impl IntoResponse + use<> {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        render(store),
+    )
+}
+
+/// Binds `addr` and serves `/metrics`, `/healthz` and `/readyz` until `stop`; logs the bound
+/// address. Errors are printed and returned as exit codes.
+pub async fn serve(addr: SocketAddr, store: Store, stop: CancellationToken) -> Result<(), u8> {
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        eprintln!("error: cannot listen for metrics on {addr}: {e}");
+        exit::INPUT
+    })?;
+    let bound = listener.local_addr().map_err(|e| {
+        eprintln!("error: cannot read the metrics address: {e}");
+        exit::INPUT
+    })?;
+    tracing::info!(address = %bound, "metrics, /healthz and /readyz listening");
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(|State(store): State<Store>| async move { metrics_handler(&store).await }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(|State(store): State<Store>| async move {
+                match store.check_schema().await {
+                    Ok(()) => (StatusCode::OK, "ready".to_owned()),
+                    Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}")),
+                }
+            }),
+        )
+        .with_state(store);
+    tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "the metrics endpoint stopped");
+        }
+    });
+    Ok(())
+}
+
+/// Reads the fleet gauges every [`FLEET_GAUGES_EVERY`] until `stop`. A label set that
+/// disappears (no run left in that state) is set to 0 rather than left at its last value.
+pub async fn fleet_gauges(store: Store, stop: CancellationToken) {
+    let mut seen: BTreeSet<(&'static str, Vec<(&'static str, String)>)> = BTreeSet::new();
+    loop {
+        match store.fleet_gauges().await {
+            Ok(g) => {
+                let mut now: BTreeSet<(&'static str, Vec<(&'static str, String)>)> =
+                    BTreeSet::new();
+                let mut set = |name: &'static str, labels: Vec<(&'static str, String)>, v: f64| {
+                    gauge!(name, to_labels(&labels)).set(v);
+                    now.insert((name, labels));
+                };
+                for (d, s, n) in &g.runs {
+                    set(
+                        m::RUNS,
+                        vec![("definition", d.clone()), ("status", s.clone())],
+                        *n as f64,
+                    );
+                }
+                for (d, s, secs) in &g.oldest_in_state {
+                    set(
+                        m::RUNS_OLDEST_IN_STATE,
+                        vec![("definition", d.clone()), ("status", s.clone())],
+                        *secs,
+                    );
+                }
+                for (d, n) in &g.retrying {
+                    set(m::RUNS_RETRYING, vec![("definition", d.clone())], *n as f64);
+                }
+                for (q, depth, age) in &g.queues {
+                    set(m::QUEUE_DEPTH, vec![("queue", q.clone())], *depth as f64);
+                    set(m::QUEUE_OLDEST_AGE, vec![("queue", q.clone())], *age);
+                }
+                set(m::APPROVALS_PENDING, Vec::new(), g.approvals_pending as f64);
+                set(m::APPROVALS_OLDEST_AGE, Vec::new(), g.approvals_oldest_s);
+                for (name, labels) in seen.difference(&now) {
+                    gauge!(*name, to_labels(labels)).set(0.0);
+                }
+                seen = now;
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read the fleet gauges; retrying"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(FLEET_GAUGES_EVERY) => {}
+        }
+    }
+}
+
+fn to_labels(labels: &[(&'static str, String)]) -> Vec<metrics::Label> {
+    labels
+        .iter()
+        .map(|(k, v)| metrics::Label::new(*k, v.clone()))
+        .collect()
+}

@@ -1,0 +1,208 @@
+//! `/metrics` of real `rein worker` and `rein scheduler` processes: the counters add up to
+//! what the database holds, and the fleet gauges read from it.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Fleet;
+use rein_store::EnqueueRequest;
+use serde_json::json;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// The sum of the samples of `name` whose labels contain every one of `labels`
+/// (`key="value"` text), from Prometheus text.
+fn sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn scrape(port: u16, path: &str) -> (u16, String) {
+    let r = reqwest::get(format!("http://127.0.0.1:{port}{path}"))
+        .await
+        .unwrap_or_else(|e| panic!("GET {path} on {port}: {e}"));
+    (r.status().as_u16(), r.text().await.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_and_scheduler_metrics_add_up_to_the_database() {
+    let (url, store) = common::fresh_store("metrics").await;
+    let mut fleet = Fleet::new(&url, "metrics");
+    let def = store.load_definition("lifecycle", None).await.unwrap();
+    const RUNS: usize = 12;
+    // A slow run that a first worker holds when it is killed: its lease expires, the
+    // scheduler recovers it and the metrics worker runs it again.
+    let slow = store
+        .enqueue(EnqueueRequest::new(
+            def.clone(),
+            json!({ "sim": { "work_ms": 3_000 } }),
+        ))
+        .await
+        .unwrap()
+        .run_id;
+    let (w_port, s_port) = (free_port(), free_port());
+    let (w_addr, s_addr) = (format!("127.0.0.1:{w_port}"), format!("127.0.0.1:{s_port}"));
+    fleet.spawn(
+        "victim",
+        &[
+            "worker",
+            "--lease-ttl-ms",
+            "1500",
+            "--poll-interval-ms",
+            "20",
+        ],
+    );
+    common::wait_for(
+        "the victim to hold the slow run",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || async {
+            store
+                .run(slow)
+                .await
+                .is_ok_and(|r| r.lease_owner.as_deref() == Some("victim"))
+        },
+    )
+    .await;
+    fleet.kill("victim");
+    let requests: Vec<EnqueueRequest> = (0..RUNS)
+        .map(|i| {
+            let sim = if i % 3 == 0 {
+                json!({ "work_ms": 5, "transient_failures": 1 })
+            } else {
+                json!({ "work_ms": 5 })
+            };
+            EnqueueRequest::new(def.clone(), json!({ "sim": sim }))
+        })
+        .collect();
+    store.enqueue_batch(&requests).await.unwrap();
+    fleet.spawn(
+        "metrics-worker",
+        &[
+            "worker",
+            "--lease-ttl-ms",
+            "1500",
+            "--poll-interval-ms",
+            "20",
+            "--metrics-listen",
+            &w_addr,
+        ],
+    );
+    fleet.spawn(
+        "metrics-scheduler",
+        &["scheduler", "--tick-ms", "50", "--metrics-listen", &s_addr],
+    );
+    common::wait_for(
+        "every run to finish",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            store
+                .count_by_state()
+                .await
+                .is_ok_and(|c| c.iter().all(|(_, _, status, _)| status == "terminal"))
+        },
+    )
+    .await;
+
+    for port in [w_port, s_port] {
+        assert_eq!(scrape(port, "/healthz").await.0, 200);
+        assert_eq!(scrape(port, "/readyz").await.0, 200);
+    }
+    // The fleet gauges are read every few seconds: wait for a reading with every run done.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let scheduler_text = loop {
+        let text = scrape(s_port, "/metrics").await.1;
+        if sum(&text, "rein_runs", &["status=\"terminal\""]) == (RUNS + 1) as f64 {
+            break text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fleet gauges never showed every run finished:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let (_, worker_text) = scrape(w_port, "/metrics").await;
+
+    // Every event the two processes wrote is counted as a transition by the process that
+    // wrote it (the victim's died with it).
+    let events: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM rein_events WHERE worker IN ('metrics-worker', 'metrics-scheduler')",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    let counted = sum(&worker_text, "rein_transitions_total", &[])
+        + sum(&scheduler_text, "rein_transitions_total", &[]);
+    assert_eq!(
+        counted, events as f64,
+        "transitions counted by the processes = events they wrote\n{worker_text}\n{scheduler_text}"
+    );
+    assert!(
+        sum(
+            &worker_text,
+            "rein_transitions_total",
+            &["definition=\"lifecycle\"", "event=\"complete\""]
+        ) > 0.0
+    );
+    let finished = sum(&worker_text, "rein_runs_finished_total", &[])
+        + sum(&scheduler_text, "rein_runs_finished_total", &[]);
+    assert_eq!(finished, (RUNS + 1) as f64, "{worker_text}");
+    // A retry is lifecycle's `retry` event (it increments the attempt).
+    let retry_events: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM rein_events WHERE type = 'retry'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert!(retry_events >= (RUNS / 3) as i64);
+    let retries = sum(&worker_text, "rein_retries_total", &[])
+        + sum(&scheduler_text, "rein_retries_total", &[]);
+    assert_eq!(
+        retries, retry_events as f64,
+        "{worker_text}\n{scheduler_text}"
+    );
+    assert!(sum(&worker_text, "rein_lease_claims_total", &[]) >= RUNS as f64);
+    assert!(sum(&worker_text, "rein_claim_latency_seconds_count", &[]) > 0.0);
+    assert!(
+        sum(
+            &worker_text,
+            "rein_time_in_state_seconds_count",
+            &["definition=\"lifecycle\""]
+        ) > 0.0
+    );
+    assert_eq!(sum(&worker_text, "rein_actions_in_flight", &[]), 0.0);
+    assert_eq!(
+        sum(&worker_text, "rein_build_info", &["role=\"worker\""]),
+        1.0
+    );
+    assert!(sum(&worker_text, "rein_db_pool_max", &[]) >= 1.0);
+    assert_eq!(
+        sum(&scheduler_text, "rein_lease_expiries_total", &[]),
+        1.0,
+        "{scheduler_text}"
+    );
+    assert_eq!(
+        sum(&scheduler_text, "rein_recovery_seconds_count", &[]),
+        1.0
+    );
+    assert!(sum(&scheduler_text, "rein_timers_fired_total", &[]) >= (RUNS / 3) as f64);
+    assert_eq!(sum(&scheduler_text, "rein_queue_depth", &[]), 0.0);
+    assert_eq!(sum(&scheduler_text, "rein_approvals_pending", &[]), 0.0);
+    assert_eq!(
+        sum(&scheduler_text, "rein_build_info", &["role=\"scheduler\""]),
+        1.0
+    );
+}
