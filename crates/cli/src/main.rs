@@ -163,6 +163,7 @@ fn main() -> ExitCode {
             })
         }
     };
+    telemetry::flush_traces();
     ExitCode::from(code)
 }
 
@@ -176,6 +177,8 @@ pub fn init_logging(json: bool) {
 /// `text` decides outright.
 pub fn init_logging_at(json: bool, default_filter: &str) {
     use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let json = match std::env::var("REIN_LOG_FORMAT").as_deref() {
         Ok("json") => true,
         Ok("text") => false,
@@ -183,12 +186,16 @@ pub fn init_logging_at(json: bool, default_filter: &str) {
     };
     let filter =
         EnvFilter::try_from_env("REIN_LOG").unwrap_or_else(|_| EnvFilter::new(default_filter));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = if json {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
-    };
+    let fmt_json = json.then(|| {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+    });
+    let fmt_text = (!json).then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr));
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt_json)
+        .with(fmt_text)
+        .with(telemetry::otel_layer())
+        .try_init();
 }

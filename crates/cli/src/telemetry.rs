@@ -1,7 +1,8 @@
 //! Prometheus metrics for every role (SPEC O2): the exporter (metrics-exporter-prometheus,
 //! rendering on request, no HTTP server of its own), the `--metrics-listen` endpoint of
 //! workers and schedulers (`/metrics`, `/healthz`, `/readyz`), and the fleet gauges a
-//! scheduler reads from the database.
+//! scheduler reads from the database. And traces (SPEC O3): OTLP export of the worker's
+//! spans when the standard `OTEL_EXPORTER_OTLP_ENDPOINT` variable is set.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -165,4 +166,67 @@ fn to_labels(labels: &[(&'static str, String)]) -> Vec<metrics::Label> {
         .iter()
         .map(|(k, v)| metrics::Label::new(*k, v.clone()))
         .collect()
+}
+
+static TRACER: OnceLock<opentelemetry_sdk::trace::SdkTracerProvider> = OnceLock::new();
+
+/// The OpenTelemetry layer exporting spans over OTLP/HTTP, when
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set;
+/// `OTEL_EXPORTER_OTLP_PROTOCOL` picks `http/protobuf` (default) or `http/json`, and
+/// `OTEL_SERVICE_NAME` names the service (default `rein`). Spans go out in batches from a
+/// thread of their own; [`flush_traces`] sends what is left at exit.
+pub fn otel_layer<S>() -> Option<impl tracing_subscriber::Layer<S>>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_otlp::{Protocol, WithExportConfig};
+    let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
+    if !set("OTEL_EXPORTER_OTLP_ENDPOINT") && !set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
+        return None;
+    }
+    let protocol = match std::env::var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        .as_deref()
+    {
+        Ok("http/json") => Protocol::HttpJson,
+        Ok("http/protobuf") | Err(_) => Protocol::HttpBinary,
+        Ok(other) => {
+            eprintln!(
+                "warning: OTEL_EXPORTER_OTLP_PROTOCOL={other} is not supported; exporting traces as http/protobuf"
+            );
+            Protocol::HttpBinary
+        }
+    };
+    let exporter = match opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(protocol)
+        .build()
+    {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("warning: traces are off: cannot set up the OTLP exporter: {e}");
+            return None;
+        }
+    };
+    let mut resource = opentelemetry_sdk::Resource::builder();
+    if !set("OTEL_SERVICE_NAME") {
+        resource = resource.with_service_name("rein");
+    }
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource.build())
+        .build();
+    let tracer = provider.tracer("rein");
+    let _ = TRACER.set(provider);
+    Some(tracing_opentelemetry::layer().with_tracer(tracer))
+}
+
+/// Sends the spans still buffered (at exit).
+pub fn flush_traces() {
+    if let Some(provider) = TRACER.get()
+        && let Err(e) = provider.shutdown()
+    {
+        eprintln!("warning: could not send the last traces: {e}");
+    }
 }

@@ -17,7 +17,6 @@ use rein_core::EngineEvent;
 use rein_core::definition::HttpSpec;
 use rein_core::retry::ErrorClass;
 use serde_json::{Map, Value, json};
-use uuid::Uuid;
 
 use crate::handler::{ActionContext, BoxFuture, NodeHandler, Outcome, Reconciled};
 
@@ -163,13 +162,10 @@ fn with_headers(request: reqwest::RequestBuilder, ctx: &ActionContext) -> reqwes
         .header("Rein-Fencing-Token", ctx.fencing_token.to_string())
         .header("Rein-Run-Id", ctx.run_id.to_string())
         .header("Rein-Call-Id", &ctx.call_id)
-        .header("traceparent", traceparent(ctx.run_id, rand::random()))
-}
-
-/// A W3C `traceparent`: version 00, the run id as trace id (so every call of a run is one
-/// trace), the given span id (never zero) and the sampled flag.
-pub fn traceparent(run_id: Uuid, span_id: u64) -> String {
-    format!("00-{}-{:016x}-01", run_id.simple(), span_id.max(1))
+        .header(
+            "traceparent",
+            crate::trace::current_traceparent(ctx.run_id, rand::random()),
+        )
 }
 
 /// The request body: the run context and a short resume brief (SPEC D3), at most
@@ -538,17 +534,6 @@ pub fn parse_reconcile_reply(bytes: &[u8]) -> Result<Reconciled, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn traceparent_is_w3c_version_00_with_the_run_as_trace() {
-        let run = Uuid::parse_str("0190f2a4-1b2c-7d3e-8f40-5a6b7c8d9e0f").unwrap();
-        assert_eq!(
-            traceparent(run, 0xab),
-            "00-0190f2a41b2c7d3e8f405a6b7c8d9e0f-00000000000000ab-01"
-        );
-        // An all-zero span id is invalid in W3C trace context.
-        assert!(traceparent(run, 0).ends_with("-0000000000000001-01"));
-    }
 
     #[test]
     fn retry_after_takes_seconds_or_an_http_date() {

@@ -5,6 +5,7 @@ pub mod handler;
 pub mod http;
 pub mod runtime;
 pub mod sim;
+pub mod trace;
 
 pub use handler::{ActionContext, BoxFuture, NodeHandler, Outcome, Reconciled, Registry};
 pub use runtime::{Worker, WorkerConfig, WorkerStats};

@@ -16,7 +16,7 @@ use rein_store::{
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{Instrument, debug, error, info, warn};
 use uuid::Uuid;
 
 use crate::handler::{ActionContext, Outcome, Reconciled, Registry};
@@ -498,7 +498,18 @@ impl Driver {
                 return self.release().await;
             }
             steps += 1;
-            let step_result = self.step().await;
+            let span = tracing::info_span!(
+                "rein.step",
+                run_id = %self.run_id,
+                definition = %self.def.name(),
+                state = %self.state.state,
+                sequence = self.state.sequence,
+                attempt = self.state.attempt,
+                worker = %self.inner.config.worker_id,
+                token = self.token,
+            );
+            crate::trace::link_to_run(&span, self.run_id);
+            let step_result = self.step().instrument(span).await;
             if let Err(stop) = step_result {
                 return stop;
             }
@@ -623,8 +634,10 @@ impl Driver {
             .unwrap_or(Duration::from_secs(3600));
         let cancel = ctx.cancel.clone();
         let in_flight = rein_store::metrics::InFlight::start();
+        let attempt_span = tracing::info_span!("rein.action", node = %node, action = %action,
+            step = self.state.steps_completed + 1, attempt = self.state.attempt);
         let outcome = tokio::select! {
-            outcome = handler.run(ctx) => Some(outcome),
+            outcome = handler.run(ctx).instrument(attempt_span) => Some(outcome),
             _ = self.held.lost.cancelled() => { cancel.cancel(); return Err(Stop::Lost) }
             _ = self.held.interrupt.cancelled() => { cancel.cancel(); None }
             _ = tokio::time::sleep(timeout) => {
@@ -908,8 +921,10 @@ impl Driver {
         let timeout = Duration::from_millis(call.timeout_ms.unwrap_or(3_600_000));
         let cancel = ctx.cancel.clone();
         let in_flight = rein_store::metrics::InFlight::start();
+        let attempt_span = tracing::info_span!("rein.action", tool = %call.tool,
+            step = self.state.steps_completed + 1, attempt = self.state.attempt);
         let outcome = tokio::select! {
-            outcome = handler.run(ctx) => outcome,
+            outcome = handler.run(ctx).instrument(attempt_span) => outcome,
             _ = self.held.lost.cancelled() => { cancel.cancel(); return Err(Stop::Lost) }
             _ = self.held.interrupt.cancelled() => {
                 cancel.cancel();

@@ -117,12 +117,18 @@ impl Fleet {
     /// Starts `rein ARGS --database-url URL --id ID`; stdout and stderr go to files named
     /// after `id` in the log directory. Returns the index of the process.
     pub fn spawn(&mut self, id: &str, args: &[&str]) -> usize {
+        self.spawn_env(id, args, &[])
+    }
+
+    /// [`Fleet::spawn`] with extra environment variables.
+    pub fn spawn_env(&mut self, id: &str, args: &[&str], env: &[(&str, &str)]) -> usize {
         let out = File::create(self.log_dir.join(format!("{id}.out"))).expect("log file");
         let err = File::create(self.log_dir.join(format!("{id}.err"))).expect("log file");
         let child = Command::new(REIN)
             .args(args)
             .args(["--database-url", &self.url, "--id", id])
             .env("REIN_LOG", "info,sqlx=warn")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -174,6 +180,20 @@ impl Fleet {
             .iter_mut()
             .find(|p| p.name == id)
             .unwrap_or_else(|| panic!("no process {id}"))
+    }
+
+    /// Sends SIGTERM and waits (at most `within`) for the process to exit; its exit code.
+    pub fn terminate(&mut self, id: &str, within: Duration) -> Option<i32> {
+        let p = self.proc(id);
+        p.signal(libc::SIGTERM);
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("{id} did not exit within {within:?} of SIGTERM");
     }
 
     /// Kills (SIGKILL) and reaps one process.
