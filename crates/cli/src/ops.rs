@@ -268,18 +268,20 @@ fn default_id(role: &str) -> String {
     format!("{role}-{}-{}", host.trim(), std::process::id())
 }
 
-/// A token cancelled by SIGTERM or SIGINT.
+/// A token cancelled by SIGTERM or SIGINT. The handlers are installed before this returns,
+/// so a signal that arrives as soon as the process says it is ready is not fatal.
 pub fn shutdown_signal() -> CancellationToken {
+    use tokio::signal::unix::{SignalKind, signal};
     let token = CancellationToken::new();
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot install signal handlers; SIGTERM will stop this process at once");
+        return token;
+    };
     let t = token.clone();
     tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            return;
-        };
         tokio::select! {
             _ = term.recv() => {}
             _ = int.recv() => {}
