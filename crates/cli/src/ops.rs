@@ -200,20 +200,13 @@ pub enum RunsCommand {
     },
 }
 
-/// Connects (and migrates when `migrate`), mapping failures to exit codes.
+/// Connects, mapping failures to exit codes. With `migrate` (roles that start work) the
+/// schema is migrated only when it is missing or behind, so a database user that may not
+/// change the schema starts against a current one; otherwise the schema must be current.
 pub async fn connect(db: &DbArgs, migrate: bool) -> Result<Store, u8> {
-    let Some(url) = db.database_url.as_deref() else {
-        eprintln!(
-            "error: no database: set DATABASE_URL or pass --database-url (or run `rein demo`, which starts its own)"
-        );
-        return Err(exit::INPUT);
-    };
-    let store = match Store::connect_without_migrating(url, db.db_pool_max).await {
-        Ok(s) => s,
-        Err(e) => return Err(report(&e)),
-    };
+    let store = open(db).await?;
     let checked = if migrate {
-        store.migrate().await
+        store.prepare_schema().await.map(|_| ())
     } else {
         store.check_schema().await
     };
@@ -221,6 +214,19 @@ pub async fn connect(db: &DbArgs, migrate: bool) -> Result<Store, u8> {
         Ok(()) => Ok(store),
         Err(e) => Err(report(&e)),
     }
+}
+
+/// A pool on the database, schema unchecked.
+async fn open(db: &DbArgs) -> Result<Store, u8> {
+    let Some(url) = db.database_url.as_deref() else {
+        eprintln!(
+            "error: no database: set DATABASE_URL or pass --database-url (or run `rein demo`, which starts its own)"
+        );
+        return Err(exit::INPUT);
+    };
+    Store::connect_without_migrating(url, db.db_pool_max)
+        .await
+        .map_err(|e| report(&e))
 }
 
 /// How many of `events` (type, count) have one of `names` as their type.
@@ -254,12 +260,22 @@ fn parse_json(what: &str, text: &str) -> Result<Value, u8> {
 }
 
 pub async fn migrate(db: DbArgs) -> u8 {
-    match connect(&db, true).await {
-        Ok(_) => {
+    let store = match open(&db).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    match store.migrate().await {
+        Ok(()) => {
             println!("migrations applied");
             exit::OK
         }
-        Err(code) => code,
+        Err(e) if e.is_permission_denied() => {
+            eprintln!(
+                "error: {e}\nthis database user may not change the schema: run `rein migrate` as the schema owner (rein_owner)"
+            );
+            exit::DATABASE
+        }
+        Err(e) => report(&e),
     }
 }
 
