@@ -46,6 +46,10 @@ pub struct SchedulerArgs {
     tick_ms: u64,
     #[arg(long)]
     id: Option<String>,
+    /// Leader lease TTL: only the leading scheduler scans; another takes over within about
+    /// this long when it dies.
+    #[arg(long, default_value_t = rein_scheduler::LEADER_TTL_MS_DEFAULT)]
+    leader_ttl_ms: u64,
 }
 
 #[derive(clap::Args)]
@@ -335,12 +339,17 @@ pub async fn worker(args: WorkerArgs) -> u8 {
 
 pub async fn scheduler(args: SchedulerArgs) -> u8 {
     init_logging(true);
+    let mut config = SchedulerConfig::new(args.id.unwrap_or_else(|| default_id("scheduler")));
+    config.tick_ms = args.tick_ms.clamp(10, 60_000);
+    config.leader_ttl_ms = args.leader_ttl_ms;
+    if let Err(e) = config.validate() {
+        eprintln!("error: {e}");
+        return exit::INPUT;
+    }
     let store = match connect(&args.db, true).await {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let mut config = SchedulerConfig::new(args.id.unwrap_or_else(|| default_id("scheduler")));
-    config.tick_ms = args.tick_ms.clamp(10, 60_000);
     let mut scheduler = Scheduler::new(store, config);
     match scheduler.run(shutdown_signal()).await {
         Ok(()) => exit::OK,
@@ -492,15 +501,21 @@ pub async fn workers(args: WorkersArgs) -> u8 {
         return exit::OK;
     }
     println!(
-        "{:<40} {:<10} {:>14} {:>7}  started",
+        "{:<40} {:<18} {:>14} {:>7}  started",
         "id", "role", "last heard", "leases"
     );
     for m in members.as_array().into_iter().flatten() {
         let silent_ms = m.get("silent_ms").and_then(Value::as_f64).unwrap_or(0.0);
-        println!(
-            "{:<40} {:<10} {:>12.1} s {:>7}  {}",
-            text(m, "worker_id"),
+        let leads = m.get("leader").and_then(Value::as_bool) == Some(true);
+        let role = format!(
+            "{}{}",
             text(m, "role"),
+            if leads { " (leader)" } else { "" }
+        );
+        println!(
+            "{:<40} {:<18} {:>12.1} s {:>7}  {}",
+            text(m, "worker_id"),
+            role,
             silent_ms / 1000.0,
             cell(m, "leases_held"),
             short_time(text(m, "started_at"))

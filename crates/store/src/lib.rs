@@ -10,6 +10,7 @@ mod audit;
 mod bench;
 mod commit;
 mod error;
+mod leader;
 mod operate;
 mod reads;
 mod send;
@@ -30,6 +31,7 @@ pub use commit::{
     Writer, plan_commit,
 };
 pub use error::{StoreError, is_unreachable};
+pub use leader::{LEADER_TTL_MS_MAX, LEADER_TTL_MS_MIN, LeaderInfo, LeaderLease};
 pub use operate::Member;
 pub use reads::{DefinitionRow, RunFilter, RunRow, StoredEvent};
 pub use send::{
