@@ -13,6 +13,7 @@ mod error;
 mod leader;
 mod operate;
 mod reads;
+mod retention;
 mod send;
 mod sim;
 mod tokens;
@@ -34,6 +35,7 @@ pub use error::{StoreError, is_unreachable};
 pub use leader::{LEADER_TTL_MS_MAX, LEADER_TTL_MS_MIN, LeaderInfo, LeaderLease};
 pub use operate::Member;
 pub use reads::{DefinitionRow, RunFilter, RunRow, StoredEvent};
+pub use retention::{ARCHIVE_BATCH_MAX, ArchiveCandidates, ArchivedBatch, EventsTableSize};
 pub use send::{
     EnqueueRequest, Enqueued, INBOX_TTL_MS_DEFAULT, InboxEntry, SendOutcome, jitter_from,
     plan_inbox,
