@@ -415,7 +415,8 @@ fn mb(bytes: u64) -> f64 {
     (bytes as f64 / (1024.0 * 1024.0) * 10.0).round() / 10.0
 }
 
-fn bar(len: u64, template: &str) -> ProgressBar {
+/// A progress bar on stderr, hidden when stderr is not a terminal.
+pub(crate) fn bar(len: u64, template: &str) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }

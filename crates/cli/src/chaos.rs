@@ -569,6 +569,15 @@ impl<'a> Harness<'a> {
         (FLEET_CONNECTIONS_MAX / (self.args.workers + SCHEDULERS as u64)).clamp(3, 8)
     }
 
+    /// The schedulers' leader lease: the worker lease TTL, within what `rein scheduler`
+    /// accepts for the tick.
+    fn leader_ttl_ms(&self) -> u64 {
+        self.args
+            .lease_ttl_ms
+            .max(3 * self.args.scheduler_tick_ms)
+            .clamp(rein_store::LEADER_TTL_MS_MIN, rein_store::LEADER_TTL_MS_MAX)
+    }
+
     fn spawn_worker(&mut self) -> Result<String, u8> {
         self.spawned_workers += 1;
         let id = format!("chaos-w{}", self.spawned_workers);
@@ -598,6 +607,8 @@ impl<'a> Harness<'a> {
             &id,
             &[
                 ("--tick-ms", self.args.scheduler_tick_ms.to_string()),
+                // A killed leading scheduler is replaced as fast as a killed worker's runs.
+                ("--leader-ttl-ms", self.leader_ttl_ms().to_string()),
                 ("--db-pool-max", self.child_pool_max().to_string()),
             ],
         );

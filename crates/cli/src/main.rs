@@ -11,6 +11,7 @@ mod ops;
 mod privdb;
 mod procs;
 mod remote;
+mod retention;
 mod service;
 mod telemetry;
 mod tokens;
@@ -107,6 +108,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run a real fleet under seeded faults and check every invariant afterwards.
     Chaos(chaos::ChaosArgs),
+    /// Event history retention: archive the logs of runs that finished long ago.
+    #[command(subcommand)]
+    Retention(retention::RetentionCommand),
 }
 
 fn main() -> ExitCode {
@@ -158,6 +162,7 @@ fn main() -> ExitCode {
                     Command::Demo(args) => demo::demo(args).await,
                     Command::Bench(args) => bench::bench(args).await,
                     Command::Chaos(args) => chaos::chaos(args).await,
+                    Command::Retention(cmd) => retention::retention(cmd).await,
                     Command::Replay(_) => exit::INPUT,
                 }
             })

@@ -53,6 +53,10 @@ pub struct SchedulerArgs {
     /// `/healthz` and `/readyz` on this address.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Leader lease TTL: only the leading scheduler scans; another takes over within about
+    /// this long when it dies.
+    #[arg(long, default_value_t = rein_scheduler::LEADER_TTL_MS_DEFAULT)]
+    leader_ttl_ms: u64,
 }
 
 #[derive(clap::Args)]
@@ -207,20 +211,13 @@ pub enum RunsCommand {
     },
 }
 
-/// Connects (and migrates when `migrate`), mapping failures to exit codes.
+/// Connects, mapping failures to exit codes. With `migrate` (roles that start work) the
+/// schema is migrated only when it is missing or behind, so a database user that may not
+/// change the schema starts against a current one; otherwise the schema must be current.
 pub async fn connect(db: &DbArgs, migrate: bool) -> Result<Store, u8> {
-    let Some(url) = db.database_url.as_deref() else {
-        eprintln!(
-            "error: no database: set DATABASE_URL or pass --database-url (or run `rein demo`, which starts its own)"
-        );
-        return Err(exit::INPUT);
-    };
-    let store = match Store::connect_without_migrating(url, db.db_pool_max).await {
-        Ok(s) => s,
-        Err(e) => return Err(report(&e)),
-    };
+    let store = open(db).await?;
     let checked = if migrate {
-        store.migrate().await
+        store.prepare_schema().await.map(|_| ())
     } else {
         store.check_schema().await
     };
@@ -228,6 +225,19 @@ pub async fn connect(db: &DbArgs, migrate: bool) -> Result<Store, u8> {
         Ok(()) => Ok(store),
         Err(e) => Err(report(&e)),
     }
+}
+
+/// A pool on the database, schema unchecked.
+async fn open(db: &DbArgs) -> Result<Store, u8> {
+    let Some(url) = db.database_url.as_deref() else {
+        eprintln!(
+            "error: no database: set DATABASE_URL or pass --database-url (or run `rein demo`, which starts its own)"
+        );
+        return Err(exit::INPUT);
+    };
+    Store::connect_without_migrating(url, db.db_pool_max)
+        .await
+        .map_err(|e| report(&e))
 }
 
 /// How many of `events` (type, count) have one of `names` as their type.
@@ -261,12 +271,22 @@ fn parse_json(what: &str, text: &str) -> Result<Value, u8> {
 }
 
 pub async fn migrate(db: DbArgs) -> u8 {
-    match connect(&db, true).await {
-        Ok(_) => {
+    let store = match open(&db).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    match store.migrate().await {
+        Ok(()) => {
             println!("migrations applied");
             exit::OK
         }
-        Err(code) => code,
+        Err(e) if e.is_permission_denied() => {
+            eprintln!(
+                "error: {e}\nthis database user may not change the schema: run `rein migrate` as the schema owner (rein_owner)"
+            );
+            exit::DATABASE
+        }
+        Err(e) => report(&e),
     }
 }
 
@@ -275,18 +295,20 @@ fn default_id(role: &str) -> String {
     format!("{role}-{}-{}", host.trim(), std::process::id())
 }
 
-/// A token cancelled by SIGTERM or SIGINT.
+/// A token cancelled by SIGTERM or SIGINT. The handlers are installed before this returns,
+/// so a signal that arrives as soon as the process says it is ready is not fatal.
 pub fn shutdown_signal() -> CancellationToken {
+    use tokio::signal::unix::{SignalKind, signal};
     let token = CancellationToken::new();
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot install signal handlers; SIGTERM will stop this process at once");
+        return token;
+    };
     let t = token.clone();
     tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            return;
-        };
         tokio::select! {
             _ = term.recv() => {}
             _ = int.recv() => {}
@@ -331,12 +353,17 @@ pub async fn worker(args: WorkerArgs) -> u8 {
 
 pub async fn scheduler(args: SchedulerArgs) -> u8 {
     init_logging(true);
+    let mut config = SchedulerConfig::new(args.id.unwrap_or_else(|| default_id("scheduler")));
+    config.tick_ms = args.tick_ms.clamp(10, 60_000);
+    config.leader_ttl_ms = args.leader_ttl_ms;
+    if let Err(e) = config.validate() {
+        eprintln!("error: {e}");
+        return exit::INPUT;
+    }
     let store = match connect(&args.db, true).await {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let mut config = SchedulerConfig::new(args.id.unwrap_or_else(|| default_id("scheduler")));
-    config.tick_ms = args.tick_ms.clamp(10, 60_000);
     let stop = shutdown_signal();
     if let Some(addr) = args.metrics_listen {
         crate::telemetry::install("scheduler");
@@ -496,15 +523,21 @@ pub async fn workers(args: WorkersArgs) -> u8 {
         return exit::OK;
     }
     println!(
-        "{:<40} {:<10} {:>14} {:>7}  started",
+        "{:<40} {:<18} {:>14} {:>7}  started",
         "id", "role", "last heard", "leases"
     );
     for m in members.as_array().into_iter().flatten() {
         let silent_ms = m.get("silent_ms").and_then(Value::as_f64).unwrap_or(0.0);
-        println!(
-            "{:<40} {:<10} {:>12.1} s {:>7}  {}",
-            text(m, "worker_id"),
+        let leads = m.get("leader").and_then(Value::as_bool) == Some(true);
+        let role = format!(
+            "{}{}",
             text(m, "role"),
+            if leads { " (leader)" } else { "" }
+        );
+        println!(
+            "{:<40} {:<18} {:>12.1} s {:>7}  {}",
+            text(m, "worker_id"),
+            role,
             silent_ms / 1000.0,
             cell(m, "leases_held"),
             short_time(text(m, "started_at"))

@@ -5,6 +5,8 @@
 //! when no live lease is held and only if the token is still the one it read; so any number
 //! of schedulers may run at once, and firing twice is harmless (the loser is refused).
 
+mod leader;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -17,12 +19,17 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+pub use leader::{LEADER_LEASE, LEADER_TTL_MS_DEFAULT, Leadership};
+
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
     pub scheduler_id: String,
     pub tick_ms: u64,
     /// Most runs handled per kind of work per tick.
     pub batch: i64,
+    /// Leader lease TTL (SPEC S3): only the leader scans; a follower takes over within
+    /// this plus a tick of the leader's death.
+    pub leader_ttl_ms: u64,
 }
 
 impl SchedulerConfig {
@@ -31,7 +38,22 @@ impl SchedulerConfig {
             scheduler_id: id.into(),
             tick_ms: 200,
             batch: 200,
+            leader_ttl_ms: LEADER_TTL_MS_DEFAULT,
         }
+    }
+
+    /// The lease must outlive a few ticks, or leadership would flap between renewals.
+    pub fn validate(&self) -> Result<(), String> {
+        let min = (3 * self.tick_ms).max(rein_store::LEADER_TTL_MS_MIN);
+        if !(min..=rein_store::LEADER_TTL_MS_MAX).contains(&self.leader_ttl_ms) {
+            return Err(format!(
+                "--leader-ttl-ms {} must be in {min}..={} (at least 3 ticks of {} ms)",
+                self.leader_ttl_ms,
+                rein_store::LEADER_TTL_MS_MAX,
+                self.tick_ms
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -48,15 +70,18 @@ pub struct Scheduler {
     store: Store,
     config: SchedulerConfig,
     definitions: HashMap<(String, u32), Definition>,
+    leadership: Leadership,
     pub stats: SchedulerStats,
 }
 
 impl Scheduler {
     pub fn new(store: Store, config: SchedulerConfig) -> Scheduler {
+        let leadership = Leadership::new(&config.scheduler_id, config.leader_ttl_ms);
         Scheduler {
             store,
             config,
             definitions: HashMap::new(),
+            leadership,
             stats: SchedulerStats::default(),
         }
     }
@@ -65,6 +90,9 @@ impl Scheduler {
         info!(scheduler = %self.config.scheduler_id, "scheduler started");
         let mut ticks = 0u64;
         loop {
+            if shutdown.is_cancelled() {
+                break;
+            }
             if ticks.is_multiple_of(10) {
                 let _ = self
                     .store
@@ -72,19 +100,27 @@ impl Scheduler {
                     .await;
             }
             ticks += 1;
-            match self.tick().await {
-                Ok(n) if n > 0 => continue,
-                Ok(_) => {}
-                Err(e) => warn!(error = %e, "scheduler tick failed; retrying"),
+            if self.leadership.check(&self.store).await {
+                match self.tick().await {
+                    Ok(n) if n > 0 => continue,
+                    Ok(_) => {}
+                    Err(e) => warn!(error = %e, "scheduler tick failed; retrying"),
+                }
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tokio::time::sleep(Duration::from_millis(self.config.tick_ms)) => {}
             }
         }
+        self.leadership.release(&self.store).await;
         let _ = self.store.deregister(&self.config.scheduler_id).await;
         info!(scheduler = %self.config.scheduler_id, "scheduler stopped");
         Ok(())
+    }
+
+    /// Whether this scheduler led at its last check.
+    pub fn leads(&self) -> bool {
+        self.leadership.leads()
     }
 
     /// One pass over expired leases, due timers and inboxes; returns how much it did.

@@ -53,6 +53,8 @@ upd AS (
       AND r.run_id IN (SELECT run_id FROM locked)
       AND r.fencing_token = q.token
       AND r.last_sequence = q.base_seq
+      -- An archived run's log has left rein_events for good: nothing is appended to it.
+      AND r.archived_at IS NULL
       AND CASE WHEN q.bump THEN (r.lease_owner IS NULL OR r.lease_until <= clock_timestamp())
                ELSE (r.lease_owner = $17 AND r.lease_until > clock_timestamp()) END
       AND NOT EXISTS (

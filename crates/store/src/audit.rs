@@ -49,14 +49,14 @@ const SEQUENCE_GAPS: &str = "
 SELECT count(*)
 FROM rein_runs r
 LEFT JOIN (SELECT run_id, count(*) AS n, max(sequence) AS last
-           FROM rein_events GROUP BY run_id) e USING (run_id)
+           FROM rein_events_all GROUP BY run_id) e USING (run_id)
 WHERE COALESCE(e.n, 0) <> r.last_sequence OR COALESCE(e.last, 0) <> r.last_sequence";
 
 /// The grant in force for event N is the one with the highest token among the run's grants
 /// made at a sequence below N.
 const STALE_TOKEN_EVENTS: &str = "
 SELECT count(*)
-FROM rein_events e
+FROM rein_events_all e
 LEFT JOIN LATERAL (
     SELECT g.fencing_token FROM rein_lease_grants g
     WHERE g.run_id = e.run_id AND g.at_sequence < e.sequence
@@ -80,7 +80,7 @@ FROM rein_runs r
 WHERE r.status = 'terminal'
   AND EXISTS (
       SELECT 1
-      FROM rein_events d
+      FROM rein_events_all d
       JOIN rein_sim_effects s ON s.run_id = d.run_id AND s.applied_at > d.occurred_at
       WHERE d.run_id = r.run_id AND d.type IN ('approval_denied', 'REJECTED'))";
 

@@ -48,6 +48,20 @@ impl StoreError {
         }
     }
 
+    /// True when PostgreSQL refused the statement for lack of a privilege (SQLSTATE 42501),
+    /// e.g. a worker's database user asked to change the schema.
+    pub fn is_permission_denied(&self) -> bool {
+        let db_error = match self {
+            StoreError::Db(e) => e.as_database_error(),
+            StoreError::Migrate(sqlx::migrate::MigrateError::Execute(e))
+            | StoreError::Migrate(sqlx::migrate::MigrateError::ExecuteMigration(e, _)) => {
+                e.as_database_error()
+            }
+            _ => None,
+        };
+        db_error.and_then(|d| d.code()).as_deref() == Some("42501")
+    }
+
     /// True for errors that a retry after a pause may cure (connection lost, server
     /// restarting, serialization failure).
     pub fn is_transient(&self) -> bool {

@@ -11,9 +11,11 @@ mod bench;
 mod commit;
 mod error;
 mod gauges;
+mod leader;
 pub mod metrics;
 mod operate;
 mod reads;
+mod retention;
 mod send;
 mod sim;
 mod tokens;
@@ -33,8 +35,10 @@ pub use commit::{
 };
 pub use error::{StoreError, is_unreachable};
 pub use gauges::{FleetGauges, RETRYING_ATTEMPTS_MIN};
+pub use leader::{LEADER_TTL_MS_MAX, LEADER_TTL_MS_MIN, LeaderInfo, LeaderLease};
 pub use operate::Member;
 pub use reads::{DefinitionRow, RunFilter, RunRow, StoredEvent};
+pub use retention::{ARCHIVE_BATCH_MAX, ArchiveCandidates, ArchivedBatch, EventsTableSize};
 pub use send::{
     EnqueueRequest, Enqueued, INBOX_TTL_MS_DEFAULT, InboxEntry, SendOutcome, jitter_from,
     plan_inbox,
@@ -44,6 +48,19 @@ pub use why::{
     HEARTBEAT_FRESH_MS, WHY_ROWS_MAX, WhyAction, WhyApproval, WhyEvent, WhyFacts, WhyFleet,
     WhyInbox, WhyRun, WhySimEffect,
 };
+
+/// The database's schema against this binary's migrations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchemaState {
+    /// No Rein schema at all (a new database).
+    Missing,
+    /// Migrations this binary knows are not applied yet.
+    Older,
+    /// Exactly this binary's migrations.
+    Current,
+    /// Migrations this binary does not know are applied: a newer Rein migrated it.
+    Newer,
+}
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 
@@ -102,27 +119,99 @@ impl Store {
         self.register_builtins().await
     }
 
-    /// Fails with [`StoreError::SchemaMismatch`] when the database was migrated by another
-    /// version of Rein (too old or too new for this binary).
-    pub async fn check_schema(&self) -> Result<(), StoreError> {
-        let applied: Vec<i64> = sqlx::query_scalar(
+    /// Where the database's schema stands against this binary's migrations.
+    pub async fn schema_state(&self) -> Result<SchemaState, StoreError> {
+        let applied: Vec<i64> = match sqlx::query_scalar(
             "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version",
         )
         .fetch_all(&self.pool)
         .await
-        .map_err(|_| {
-            StoreError::SchemaMismatch("no Rein schema found: run `rein migrate`".into())
-        })?;
+        {
+            Ok(applied) => applied,
+            Err(e) if is_unreachable(&e) => return Err(e.into()),
+            Err(_) => return Ok(SchemaState::Missing),
+        };
         let known: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
-        if applied.iter().any(|v| !known.contains(v)) {
-            return Err(StoreError::SchemaMismatch(
+        Ok(if applied.iter().any(|v| !known.contains(v)) {
+            SchemaState::Newer
+        } else if known.iter().any(|v| !applied.contains(v)) {
+            SchemaState::Older
+        } else {
+            SchemaState::Current
+        })
+    }
+
+    /// Fails with [`StoreError::SchemaMismatch`] when the database was migrated by another
+    /// version of Rein (too old or too new for this binary).
+    pub async fn check_schema(&self) -> Result<(), StoreError> {
+        match self.schema_state().await? {
+            SchemaState::Current => Ok(()),
+            SchemaState::Missing => Err(StoreError::SchemaMismatch(
+                "no Rein schema found: run `rein migrate`".into(),
+            )),
+            SchemaState::Newer => Err(StoreError::SchemaMismatch(
                 "the database schema is newer than this binary: upgrade rein".into(),
-            ));
-        }
-        if known.iter().any(|v| !applied.contains(v)) {
-            return Err(StoreError::SchemaMismatch(
+            )),
+            SchemaState::Older => Err(StoreError::SchemaMismatch(
                 "the database schema is older than this binary: run `rein migrate`".into(),
-            ));
+            )),
+        }
+    }
+
+    /// Makes the schema current for a role that starts work (worker, scheduler): migrates
+    /// only when the schema is missing or behind, so a role that may use the tables but not
+    /// change them starts against a current schema. Returns whether it migrated. A role that
+    /// may not migrate a schema that needs it is told to run `rein migrate` as the owner.
+    pub async fn prepare_schema(&self) -> Result<bool, StoreError> {
+        match self.schema_state().await? {
+            SchemaState::Current => {
+                self.register_missing_builtins().await?;
+                Ok(false)
+            }
+            SchemaState::Newer => self.check_schema().await.map(|()| false),
+            SchemaState::Missing | SchemaState::Older => match self.migrate().await {
+                Ok(()) => Ok(true),
+                Err(e) if e.is_permission_denied() => Err(StoreError::SchemaMismatch(format!(
+                    "the database schema is missing or older than this binary and this database \
+                     user may not change it ({e}): run `rein migrate` as the schema owner \
+                     (rein_owner), then start this process again"
+                ))),
+                Err(e) => Err(e),
+            },
+        }
+    }
+
+    /// Registers the built-in definitions this binary ships that the database lacks (a new
+    /// built-in version needs no migration). Nothing to do is the usual case and needs only
+    /// SELECT; a role that may not insert is told who may.
+    async fn register_missing_builtins(&self) -> Result<(), StoreError> {
+        let stored: Vec<(String, i32)> =
+            sqlx::query_as("SELECT name, version FROM rein_definitions")
+                .fetch_all(&self.pool)
+                .await?;
+        for (name, _) in rein_core::builtin::ALL {
+            let Some(Ok(def)) = rein_core::builtin::load(name) else {
+                continue;
+            };
+            let known = stored
+                .iter()
+                .any(|(n, v)| n == def.name() && *v == def.version() as i32);
+            if known {
+                continue;
+            }
+            match self.register_definition(&def).await {
+                Ok(_) => {}
+                Err(e) if e.is_permission_denied() => {
+                    return Err(StoreError::SchemaMismatch(format!(
+                        "built-in definition {} version {} is not registered and this database \
+                         user may not register it: run `rein migrate` as the schema owner \
+                         (rein_owner)",
+                        def.name(),
+                        def.version()
+                    )));
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }

@@ -19,6 +19,8 @@ pub struct Member {
     pub silent_ms: f64,
     /// Runs it holds a live lease on right now.
     pub leases_held: i64,
+    /// Whether it holds a live leader lease (a scheduler doing the scanning).
+    pub leader: bool,
     pub info: Value,
 }
 
@@ -33,6 +35,9 @@ impl Store {
                     (SELECT count(*) FROM rein_runs r
                      WHERE r.lease_owner = w.worker_id AND r.lease_until > clock_timestamp())
                         AS leases_held,
+                    EXISTS (SELECT 1 FROM rein_leader_leases l
+                            WHERE l.holder = w.worker_id AND l.expires_at > clock_timestamp())
+                        AS leader,
                     w.info
              FROM rein_workers w
              ORDER BY w.heartbeat_at DESC

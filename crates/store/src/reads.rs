@@ -166,7 +166,7 @@ impl Store {
         after: i64,
     ) -> Result<Vec<StoredEvent>, StoreError> {
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {EVENT_COLUMNS} FROM rein_events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence"
+            "SELECT {EVENT_COLUMNS} FROM rein_events_all WHERE run_id = $1 AND sequence > $2 ORDER BY sequence"
         )))
         .bind(run_id)
         .bind(after)

@@ -171,7 +171,7 @@ impl Store {
 
         let newest_of = |kind: Option<&'static str>| {
             sqlx::query(sqlx::AssertSqlSafe(format!(
-                "SELECT {WHY_EVENT_COLUMNS} FROM rein_events
+                "SELECT {WHY_EVENT_COLUMNS} FROM rein_events_all
                  WHERE run_id = $1 AND ($2::text IS NULL OR type = $2)
                  ORDER BY sequence DESC LIMIT 1"
             )))

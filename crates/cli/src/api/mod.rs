@@ -113,6 +113,8 @@ pub async fn serve(args: ApiArgs) -> u8 {
             return exit::INPUT;
         }
     };
+    // Before the address is printed: from then on SIGTERM means a graceful stop.
+    let stop = ops::shutdown_signal();
     println!("http://{bound}");
     {
         use std::io::Write;
@@ -121,7 +123,6 @@ pub async fn serve(args: ApiArgs) -> u8 {
     tracing::info!(address = %bound, auth = !args.insecure_dev, "rein api listening");
     crate::telemetry::install("api");
     let app = router(store, args.insecure_dev, args.body_limit_bytes as usize);
-    let stop = ops::shutdown_signal();
     match axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .await

@@ -175,6 +175,20 @@ impl Fleet {
         line.trim().to_owned()
     }
 
+    /// Starts `rein worker` with lease TTL `lease_ttl_ms` polling every 20 ms.
+    pub fn spawn_worker(&mut self, id: &str, lease_ttl_ms: &str) -> usize {
+        self.spawn(
+            id,
+            &[
+                "worker",
+                "--lease-ttl-ms",
+                lease_ttl_ms,
+                "--poll-interval-ms",
+                "20",
+            ],
+        )
+    }
+
     pub fn proc(&mut self, id: &str) -> &mut Proc {
         self.procs
             .iter_mut()
@@ -241,6 +255,42 @@ pub async fn wait_for<F, Fut>(
         );
         tokio::time::sleep(every).await;
     }
+}
+
+/// Enqueues `n` runs of the newest version of `definition` with `input` on `queue`; their ids.
+pub async fn enqueue_many(
+    store: &rein_store::Store,
+    definition: &str,
+    input: serde_json::Value,
+    queue: &str,
+    n: usize,
+) -> Vec<uuid::Uuid> {
+    let def = store.load_definition(definition, None).await.expect("def");
+    let requests: Vec<rein_store::EnqueueRequest> = (0..n)
+        .map(|_| {
+            let mut r = rein_store::EnqueueRequest::new(def.clone(), input.clone());
+            r.queue = queue.to_owned();
+            r
+        })
+        .collect();
+    store
+        .enqueue_batch(&requests)
+        .await
+        .expect("enqueue")
+        .iter()
+        .map(|e| e.run_id)
+        .collect()
+}
+
+/// Waits until every run in the database is terminal.
+pub async fn await_all_terminal(store: &rein_store::Store, deadline_after: Duration) {
+    wait_for(
+        "every run terminal",
+        deadline_after,
+        Duration::from_millis(20),
+        || async { store.run_totals().await.is_ok_and(|(n, t)| n == t) },
+    )
+    .await;
 }
 
 /// A database holding a few finished runs, each kept for one planted violation.
