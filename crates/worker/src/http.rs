@@ -172,7 +172,8 @@ pub fn traceparent(run_id: Uuid, span_id: u64) -> String {
     format!("00-{}-{:016x}-01", run_id.simple(), span_id.max(1))
 }
 
-/// The request body: the run context and a short resume brief (SPEC D3), at most
+/// The request body: the run context, the resume brief (SPEC D3, `brief`) and its older short
+/// form (`resume`), at most
 /// [`REQUEST_BYTES_MAX`] bytes. Older results are left out (`results_truncated`) when the
 /// full list would not fit; run data that alone does not fit is an error.
 fn request_body(ctx: &ActionContext) -> Result<Vec<u8>, String> {
@@ -184,6 +185,7 @@ fn request_body(ctx: &ActionContext) -> Result<Vec<u8>, String> {
             "the run's data is {data_len} bytes; an http node sends at most {REQUEST_BYTES_MAX}"
         ));
     }
+    let brief = ctx.resume_brief();
     let results = &ctx.run.results;
     let last = |n: usize| &results[results.len().saturating_sub(n)..];
     let body = |results: &[Value], truncated: bool| {
@@ -201,6 +203,7 @@ fn request_body(ctx: &ActionContext) -> Result<Vec<u8>, String> {
             "data": ctx.run.data,
             "results": results,
             "results_truncated": truncated,
+            "brief": brief,
             "resume": {
                 "steps_completed": ctx.run.steps_completed,
                 "attempt": ctx.run.attempt,
