@@ -4,6 +4,7 @@
 mod api;
 mod approvals;
 mod bench;
+mod brief;
 mod chaos;
 mod demo;
 mod offline;
@@ -89,6 +90,8 @@ enum Command {
     /// Why a run is where it is: state, last event, lease, pending action, rejections, side
     /// effects, approvals, timers, and what would move it.
     Why(why::WhyArgs),
+    /// The resume brief of a run: task, steps done and their results, pending step.
+    Brief(brief::BriefArgs),
     /// List approval requests waiting for a person.
     #[command(subcommand)]
     Approvals(approvals::ApprovalsCommand),
@@ -154,6 +157,7 @@ fn main() -> ExitCode {
                     Command::Workers(args) => ops::workers(args).await,
                     Command::Runs(cmd) => ops::runs(cmd).await,
                     Command::Why(args) => why::why(args).await,
+                    Command::Brief(args) => brief::brief(args).await,
                     Command::Approvals(cmd) => approvals::approvals(cmd).await,
                     Command::Approve(args) => approvals::decide(args, true).await,
                     Command::Deny(args) => approvals::decide(args, false).await,

@@ -9,6 +9,29 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+/// A worker with the built-in actions in this process; cancel the token to stop it.
+fn start_worker(
+    store: &rein_store::Store,
+    id: &str,
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), rein_store::StoreError>>,
+) {
+    let mut config = rein_worker::WorkerConfig::new(id);
+    config.poll_interval_ms = 20;
+    let worker = rein_worker::Worker::new(
+        store.clone(),
+        config,
+        rein_worker::builtin_registry(store.clone()),
+    );
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { worker.run(shutdown).await }
+    });
+    (shutdown, task)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_show_send_and_history_through_the_cli() {
     let url = common::fresh_database("cli_db");
@@ -64,18 +87,7 @@ async fn enqueue_show_send_and_history_through_the_cli() {
 
     // A worker takes the run to `paused`, where it waits for the approval.
     let store = rein_store::Store::connect(&url, 4).await.expect("connect");
-    let mut config = rein_worker::WorkerConfig::new("cli-db-worker");
-    config.poll_interval_ms = 20;
-    let worker = rein_worker::Worker::new(
-        store.clone(),
-        config,
-        rein_worker::builtin_registry(store.clone()),
-    );
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { worker.run(shutdown).await }
-    });
+    let (shutdown, task) = start_worker(&store, "cli-db-worker");
     common::wait_for(
         "the run to wait for approval",
         Duration::from_secs(30),
@@ -262,4 +274,68 @@ async fn cancel_rerun_and_workers_from_the_cli() {
     assert_eq!(w["role"], "worker");
     assert!(w["silent_ms"].as_f64().is_some_and(|ms| ms < 60_000.0));
     assert_eq!(w["leases_held"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brief_prints_the_steps_done_and_the_pending_step_the_same_each_time() {
+    let (url, store) = common::fresh_store("cli_brief").await;
+    let def = rein_core::builtin::refund_agent();
+    let script = serde_json::json!({ "agent": { "script": [
+        { "decision": "call_tool", "tool": "lookup_order", "args": { "order_id": "B7" } },
+        { "decision": "call_tool", "tool": "refund", "args": { "order_id": "B7", "amount": 420 } },
+        { "decision": "FINISH" }] }, "task": "refund order B7" });
+    let run = store
+        .enqueue(rein_store::EnqueueRequest::new(def, script))
+        .await
+        .expect("enqueue")
+        .run_id;
+    let (shutdown, task) = start_worker(&store, "cli-brief-worker");
+    common::wait_for(
+        "the refund to wait for approval",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || {
+            let store = store.clone();
+            async move {
+                store
+                    .run(run)
+                    .await
+                    .is_ok_and(|r| r.state == "WAITING_APPROVAL")
+            }
+        },
+    )
+    .await;
+    shutdown.cancel();
+    task.await.expect("worker task").expect("worker");
+
+    let args = ["brief", &run.to_string(), "--database-url", &url, "--json"];
+    let first = rein(&args);
+    assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+    let second = rein(&args);
+    assert_eq!(
+        stdout(&first),
+        stdout(&second),
+        "the brief is deterministic"
+    );
+    let brief: Value = serde_json::from_str(&stdout(&first)).expect("JSON");
+    assert_eq!(brief["task"], "refund order B7");
+    assert_eq!(brief["steps_completed"], 1);
+    let done = brief["steps_done"].as_array().expect("steps_done");
+    assert_eq!(done.len(), 1, "{brief}");
+    assert_eq!(done[0]["result"]["order"]["order_id"], "B7");
+    assert_eq!(brief["pending"]["status"], "waiting");
+    assert_eq!(brief["pending"]["node"], "WAITING_APPROVAL");
+    assert_eq!(brief["pending"]["step"], 2);
+
+    let human = rein(&["brief", &run.to_string(), "--database-url", &url]);
+    assert_eq!(human.status.code(), Some(0), "{}", stderr(&human));
+    let text = stdout(&human);
+    assert!(text.contains("done      1 step(s)"), "{text}");
+    assert!(
+        text.contains("pending   step 2 at WAITING_APPROVAL (waiting"),
+        "{text}"
+    );
+
+    let unknown = rein(&["brief", &Uuid::nil().to_string(), "--database-url", &url]);
+    assert_eq!(unknown.status.code(), Some(1), "{}", stderr(&unknown));
 }

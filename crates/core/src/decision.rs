@@ -339,6 +339,7 @@ fn needs_approval(
                 payload: &payload,
                 retry: serde_json::to_value(def.retry_policy(&run.state)).unwrap_or_default(),
                 constants: serde_json::to_value(def.constants()).unwrap_or_default(),
+                budget: def.budget_view(),
             };
             Ok(program.eval(&input).unwrap_or(true))
         }

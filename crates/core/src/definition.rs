@@ -44,6 +44,80 @@ pub struct DefinitionSpec {
     /// Constants visible to guards as `def.NAME`.
     #[serde(default)]
     pub constants: BTreeMap<String, serde_json::Value>,
+    /// Per-run limits on model usage, wall time and steps; exhausting one fires `event`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetSpec>,
+}
+
+/// Per-run budgets (declared limits are optional; at least one is needed). Usage is what
+/// handlers report in `payload.usage = {tokens, cost}` of the events they produce, and steps
+/// are the definition events applied; guards see `run.tokens_used`, `run.cost_used`,
+/// `run.steps_used` and `budget.NAME`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
+    /// Measured by the database clock from the run's creation; the scheduler fires it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall_time_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<u64>,
+    /// The event committed when a budget is exhausted, instead of the run spending on.
+    pub event: String,
+}
+
+/// A waiting state that fans out into named branches (SPEC P1): entering it starts one child
+/// run per branch, and the state's join policy decides when to go on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FanOutSpec {
+    pub branches: Vec<BranchSpec>,
+    pub join: JoinSpec,
+    /// Committed when the join policy is met.
+    pub joined_event: String,
+    /// Committed when the join policy can no longer be met.
+    pub failed_event: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BranchSpec {
+    pub name: String,
+    /// The definition the branch's child run follows.
+    pub definition: String,
+    /// Its version; the newest registered one when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u32>,
+    /// The child's input; the parent's `data.branch_inputs.NAME` (an object) is merged in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<serde_json::Value>,
+    /// Terminal states of the child that count as success; any other end is a failure.
+    pub succeed_on: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JoinPolicy {
+    /// Every branch succeeds; one failure fails the join.
+    All,
+    /// At least `k` branches succeed.
+    AtLeast,
+    /// `guard` (CEL over `run`, with `run.data.branches`) holds; failed once every branch
+    /// finished without it holding.
+    Guard,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinSpec {
+    pub policy: JoinPolicy,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -94,6 +168,9 @@ pub struct StateSpec {
     /// without it the run waits for an operator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_rejected_decision: Option<String>,
+    /// Parallel branches started on entering this (waiting) state, and their join.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fan_out: Option<FanOutSpec>,
 }
 
 /// An `http` node: Rein POSTs the run context to `url` and commits what the reply says.
@@ -348,6 +425,8 @@ struct Inner {
     schemas: HashMap<(String, String), Arc<jsonschema::Validator>>,
     /// Compiled approval rules (guard expressions) by (state, tool), built once.
     approval_rules: HashMap<(String, String), Arc<crate::guard::Expr>>,
+    /// Compiled join guards by fan-out state.
+    join_guards: HashMap<String, Arc<crate::guard::Expr>>,
 }
 
 impl fmt::Debug for Definition {
@@ -879,6 +958,17 @@ impl Definition {
             }
         }
 
+        let mut join_guards: HashMap<String, Arc<crate::guard::Expr>> = HashMap::new();
+        for (i, state) in spec.states.iter().enumerate() {
+            if let Some(fan_out) = &state.fan_out {
+                let item = format!("states[{i}] ({}).fan_out", state.name);
+                check_fan_out(&mut p, &item, state, fan_out, &leaves, &mut join_guards);
+            }
+        }
+        if let Some(budget) = &spec.budget {
+            check_budget(&mut p, budget, &events, &table);
+        }
+
         // Reachability from the initial state. CANCEL reaches the cancel state.
         if let [initial] = initials.as_slice() {
             let mut seen = BTreeSet::new();
@@ -930,8 +1020,40 @@ impl Definition {
                 spec,
                 schemas,
                 approval_rules,
+                join_guards,
             }),
         })
+    }
+
+    /// The compiled join guard of fan-out state `state`, when its policy is `guard`.
+    pub fn join_guard(&self, state: &str) -> Option<&crate::guard::Expr> {
+        self.inner.join_guards.get(state).map(|e| e.as_ref())
+    }
+
+    pub fn budget(&self) -> Option<&BudgetSpec> {
+        self.inner.spec.budget.as_ref()
+    }
+
+    /// The declared budget limits as guards see them (`budget.tokens`, ...); `{}` without a
+    /// budget.
+    pub fn budget_view(&self) -> serde_json::Value {
+        let Some(b) = self.budget() else {
+            return serde_json::json!({});
+        };
+        let mut view = serde_json::Map::new();
+        if let Some(t) = b.tokens {
+            view.insert("tokens".into(), t.into());
+        }
+        if let Some(c) = b.cost {
+            view.insert("cost".into(), c.into());
+        }
+        if let Some(w) = b.wall_time_ms {
+            view.insert("wall_time_ms".into(), w.into());
+        }
+        if let Some(s) = b.steps {
+            view.insert("steps".into(), s.into());
+        }
+        serde_json::Value::Object(view)
     }
 
     pub fn name(&self) -> &str {
@@ -1067,6 +1189,165 @@ impl Definition {
             out.push_str(&format!("    {} --> [*]\n", s.name));
         }
         out
+    }
+}
+
+fn check_fan_out(
+    p: &mut impl FnMut(String, String),
+    item: &str,
+    state: &StateSpec,
+    fan_out: &FanOutSpec,
+    leaves: &impl Fn(&str, &str) -> bool,
+    join_guards: &mut HashMap<String, Arc<crate::guard::Expr>>,
+) {
+    if state.kind != StateKind::Waiting {
+        p(
+            item.to_owned(),
+            "a fan-out state waits for its branches: make it a `waiting` state".into(),
+        );
+    }
+    if state.initial {
+        p(
+            item.to_owned(),
+            "the initial state cannot fan out: branches start when a run enters the state".into(),
+        );
+    }
+    let n = fan_out.branches.len();
+    if n == 0 || n > limits::BRANCHES_MAX {
+        p(
+            format!("{item}.branches"),
+            format!("{n} branches; a fan-out has 1 to {}", limits::BRANCHES_MAX),
+        );
+    }
+    let mut names = BTreeSet::new();
+    for (b, branch) in fan_out.branches.iter().enumerate() {
+        let branch_item = format!("{item}.branches[{b}] ({})", branch.name);
+        check_name(p, &branch_item, &branch.name);
+        if !names.insert(branch.name.as_str()) {
+            p(
+                branch_item.clone(),
+                format!("duplicate branch `{}`", branch.name),
+            );
+        }
+        check_name(p, &format!("{branch_item}.definition"), &branch.definition);
+        if branch.version == Some(0) {
+            p(
+                format!("{branch_item}.version"),
+                "must be 1 or greater".into(),
+            );
+        }
+        if branch.input.as_ref().is_some_and(|v| !v.is_object()) {
+            p(
+                format!("{branch_item}.input"),
+                "a branch input is an object".into(),
+            );
+        }
+        if branch.succeed_on.is_empty() {
+            p(
+                format!("{branch_item}.succeed_on"),
+                "name the child's terminal states that count as success".into(),
+            );
+        }
+        for (s, name) in branch.succeed_on.iter().enumerate() {
+            check_name(p, &format!("{branch_item}.succeed_on[{s}]"), name);
+        }
+    }
+    let join = &fan_out.join;
+    match join.policy {
+        JoinPolicy::All => {}
+        JoinPolicy::AtLeast => match join.k {
+            None => p(
+                format!("{item}.join.k"),
+                "policy `at_least` needs `k`".into(),
+            ),
+            Some(k) if k == 0 || k as usize > n => p(
+                format!("{item}.join.k"),
+                format!("k = {k} but the state has {n} branches: k must be 1 to {n}"),
+            ),
+            Some(_) => {}
+        },
+        JoinPolicy::Guard => match &join.guard {
+            None => p(
+                format!("{item}.join.guard"),
+                "policy `guard` needs `guard`".into(),
+            ),
+            Some(expr) => match crate::guard::compile_expr(expr) {
+                Ok(e) => {
+                    join_guards.insert(state.name.clone(), Arc::new(e));
+                }
+                Err(reason) => p(format!("{item}.join.guard"), reason),
+            },
+        },
+    }
+    if join.k.is_some() && join.policy != JoinPolicy::AtLeast {
+        p(
+            format!("{item}.join.k"),
+            "`k` goes with policy `at_least`".into(),
+        );
+    }
+    if join.guard.is_some() && join.policy != JoinPolicy::Guard {
+        p(
+            format!("{item}.join.guard"),
+            "`guard` goes with policy `guard`".into(),
+        );
+    }
+    for (what, event) in [
+        ("joined_event", &fan_out.joined_event),
+        ("failed_event", &fan_out.failed_event),
+    ] {
+        if !leaves(&state.name, event) {
+            p(
+                format!("{item}.{what}"),
+                format!("event `{event}` does not leave state `{}`", state.name),
+            );
+        }
+    }
+}
+
+fn check_budget(
+    p: &mut impl FnMut(String, String),
+    budget: &BudgetSpec,
+    events: &BTreeSet<String>,
+    table: &HashMap<(String, String), Vec<Transition>>,
+) {
+    if budget.tokens.is_none()
+        && budget.cost.is_none()
+        && budget.wall_time_ms.is_none()
+        && budget.steps.is_none()
+    {
+        p(
+            "budget".into(),
+            "declare at least one of tokens, cost, wall_time_ms, steps".into(),
+        );
+    }
+    for (what, value) in [
+        ("tokens", budget.tokens),
+        ("wall_time_ms", budget.wall_time_ms),
+        ("steps", budget.steps),
+    ] {
+        if value == Some(0) {
+            p(format!("budget.{what}"), "must be greater than 0".into());
+        }
+    }
+    if budget.cost.is_some_and(|c| !c.is_finite() || c <= 0.0) {
+        p(
+            "budget.cost".into(),
+            "must be a finite number greater than 0".into(),
+        );
+    }
+    if !events.contains(&budget.event) {
+        p(
+            format!("budget.event ({})", budget.event),
+            format!("unknown event `{}`: declare it in `events`", budget.event),
+        );
+    } else if !table.keys().any(|(_, e)| e == &budget.event) {
+        p(
+            format!("budget.event ({})", budget.event),
+            format!(
+                "no transition takes `{}`: a run could never stop on its budget",
+                budget.event
+            ),
+        );
     }
 }
 

@@ -47,10 +47,17 @@ pub enum EngineEvent {
     ApprovalDecided,
     LeaseExpired,
     InboxExpired,
+    /// A branch's child run ended in one of its success states: `{branch, fan_out,
+    /// child_run_id, state, reason, result}`. Delivered by storage with the child's end.
+    BranchSucceeded,
+    /// A branch's child run ended otherwise (same payload).
+    BranchFailed,
+    /// A branch result that arrived after its join fired (or twice): recorded, not applied.
+    BranchRejected,
 }
 
 impl EngineEvent {
-    pub const ALL: [EngineEvent; 11] = [
+    pub const ALL: [EngineEvent; 14] = [
         EngineEvent::Cancel,
         EngineEvent::ActionDispatched,
         EngineEvent::ActionResultInDoubt,
@@ -62,6 +69,9 @@ impl EngineEvent {
         EngineEvent::ApprovalDecided,
         EngineEvent::LeaseExpired,
         EngineEvent::InboxExpired,
+        EngineEvent::BranchSucceeded,
+        EngineEvent::BranchFailed,
+        EngineEvent::BranchRejected,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -77,11 +87,26 @@ impl EngineEvent {
             EngineEvent::ApprovalDecided => "APPROVAL_DECIDED",
             EngineEvent::LeaseExpired => "LEASE_EXPIRED",
             EngineEvent::InboxExpired => "INBOX_EXPIRED",
+            EngineEvent::BranchSucceeded => "BRANCH_SUCCEEDED",
+            EngineEvent::BranchFailed => "BRANCH_FAILED",
+            EngineEvent::BranchRejected => "BRANCH_REJECTED",
         }
     }
 
     pub fn parse(name: &str) -> Option<EngineEvent> {
         EngineEvent::ALL.into_iter().find(|e| e.as_str() == name)
+    }
+
+    /// Events only the engine writes: a branch's result comes from its child run's end.
+    pub fn is_engine_only(name: &str) -> bool {
+        matches!(
+            EngineEvent::parse(name),
+            Some(
+                EngineEvent::BranchSucceeded
+                    | EngineEvent::BranchFailed
+                    | EngineEvent::BranchRejected
+            )
+        )
     }
 
     pub fn is_reserved(name: &str) -> bool {

@@ -11,7 +11,9 @@
 //! - `event`: `type` and `payload`; `payload` is also bound on its own, and `args` is
 //!   `payload.args` (or `{}`) for safety guards over tool arguments;
 //! - `retry`: the retry policy in force in the source state (`max_retries`, ...);
-//! - `def`: the definition's constants.
+//! - `def`: the definition's constants;
+//! - `budget`: the definition's budget limits; `run.tokens_used`, `run.cost_used` and
+//!   `run.steps_used` are what the run has used.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -162,6 +164,7 @@ impl Expr {
         );
         ctx.add_variable_from_value("retry", to_cel(&input.retry));
         ctx.add_variable_from_value("def", to_cel(&input.constants));
+        ctx.add_variable_from_value("budget", to_cel(&input.budget));
         match self.program.execute(&ctx) {
             Ok(cel::Value::Bool(b)) => Ok(b),
             Ok(other) => Err(format!("evaluated to {other:?}, not a boolean")),
@@ -199,6 +202,8 @@ pub struct GuardInput<'a> {
     pub payload: &'a serde_json::Value,
     pub retry: serde_json::Value,
     pub constants: serde_json::Value,
+    /// The definition's budget limits (`{}` without a budget).
+    pub budget: serde_json::Value,
 }
 
 pub type GuardFn = Arc<dyn Fn(&GuardInput<'_>) -> bool + Send + Sync>;

@@ -6,8 +6,13 @@
 //!
 //! Reading order: [`definition`] (what a state machine is and how it is validated),
 //! [`state`] and [`event`] (the run projection and the facts that change it), [`reducer`]
-//! (the pure `R(X, e)`), [`guard`], [`retry`], [`hash`], [`checkpoint`], [`builtin`].
+//! (the pure `R(X, e)`), [`guard`], [`retry`], [`hash`], [`checkpoint`], [`builtin`];
+//! [`blob`] (large payloads by reference), [`brief`] (the resume brief), [`join`] (parallel
+//! branches) and [`budget`] (usage limits).
 
+pub mod blob;
+pub mod brief;
+pub mod budget;
 pub mod builtin;
 pub mod checkpoint;
 pub mod decision;
@@ -15,6 +20,7 @@ pub mod definition;
 pub mod event;
 pub mod guard;
 pub mod hash;
+pub mod join;
 pub mod limits;
 pub mod reducer;
 pub mod retry;
@@ -24,5 +30,5 @@ pub mod timer;
 pub use definition::{Definition, DefinitionError, DefinitionProblem, Format, StateKind};
 pub use event::{EngineEvent, Event};
 pub use guard::{GuardInput, GuardKind, GuardRegistry};
-pub use reducer::{InvalidTransition, RejectReason, apply, decide, replay};
-pub use state::{ActionSlot, ActionStatus, RunState, RunStatus};
+pub use reducer::{InvalidTransition, RejectReason, apply, decide, follow_up, replay};
+pub use state::{ActionSlot, ActionStatus, JoinState, RunState, RunStatus, Usage};

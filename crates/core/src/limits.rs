@@ -15,9 +15,16 @@ pub const GUARD_EXPR_LEN_MAX: usize = 2048;
 pub const GUARD_EXPR_DEPTH_MAX: usize = 32;
 /// Largest serialized payload of a single event, in bytes.
 pub const EVENT_PAYLOAD_BYTES_MAX: usize = 256 * 1024;
+/// Payload fields larger than this (canonical JSON) are stored as content-addressed blobs
+/// by default; workers may set another threshold.
+pub const PAYLOAD_INLINE_BYTES_DEFAULT: usize = 64 * 1024;
+/// Largest single value stored as a blob.
+pub const BLOB_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Most results a run keeps in its projection (older ones are still in the event log).
 pub const RESULTS_KEPT_MAX: usize = 1000;
 /// Longest URL an `http` node may call.
 pub const URL_LEN_MAX: usize = 2048;
 /// Largest model decision (JSON) the engine parses.
 pub const DECISION_BYTES_MAX: usize = 256 * 1024;
+/// Most branches one fan-out state starts.
+pub const BRANCHES_MAX: usize = 64;

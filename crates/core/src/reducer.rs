@@ -48,6 +48,9 @@ pub enum RejectReason {
     },
     /// An engine event whose payload lacks what it needs.
     BadPayload { message: String },
+    /// A branch result for a fan-out that is no longer open (the join fired), or for a branch
+    /// that already has its result (SPEC P1).
+    BranchResultRejected { branch: String, why: String },
 }
 
 impl fmt::Display for RejectReason {
@@ -72,6 +75,9 @@ impl fmt::Display for RejectReason {
                 pending.as_deref().unwrap_or("(none)")
             ),
             RejectReason::BadPayload { message } => write!(f, "bad payload: {message}"),
+            RejectReason::BranchResultRejected { branch, why } => {
+                write!(f, "result of branch `{branch}` rejected: {why}")
+            }
         }
     }
 }
@@ -87,6 +93,7 @@ impl RejectReason {
             RejectReason::GuardError { .. } => "guard_error",
             RejectReason::CallMismatch { .. } => "call_mismatch",
             RejectReason::BadPayload { .. } => "bad_payload",
+            RejectReason::BranchResultRejected { .. } => "branch_result_rejected",
         }
     }
 }
@@ -132,7 +139,19 @@ pub fn apply(
         }
     }
     let transition = select(def, run, event, candidates).map_err(reject)?;
-    Ok(fire(def, run, event, transition, is_call_result))
+    let mut next = fire(def, run, event, transition, is_call_result);
+    crate::budget::account(def, &mut next, event, true).map_err(reject)?;
+    Ok(next)
+}
+
+/// The event the engine itself commits after `run`'s latest event, if any: the joined or
+/// failed event of a decided join, else the budget event of a used-up budget. Storage
+/// appends it to the same commit when the definition accepts it.
+pub fn follow_up(def: &Definition, run: &RunState) -> Option<(String, serde_json::Value)> {
+    if def.is_terminal(&run.state) {
+        return None;
+    }
+    crate::join::decided_event(def, run).or_else(|| crate::budget::exhausted_event(def, run))
 }
 
 /// The first candidate (highest priority) whose guards all hold.
@@ -148,6 +167,7 @@ fn select<'d>(
         payload: &event.payload,
         retry: serde_json::to_value(def.retry_policy(&run.state)).unwrap_or_default(),
         constants: serde_json::to_value(def.constants()).unwrap_or_default(),
+        budget: def.budget_view(),
     };
     let mut first_failure = None;
     'candidates: for transition in candidates {
@@ -194,6 +214,9 @@ fn fire(
     }
     next.state = t.to.clone();
     merge_data(&mut next.data, &event.payload);
+    if t.to != run.state {
+        crate::join::on_enter(def, &mut next, event.sequence);
+    }
     if let Some(error) = event.payload.get("error") {
         next.last_error = Some(error.clone());
     }
@@ -296,6 +319,7 @@ fn apply_engine(
                     _ => "cancelled".to_owned(),
                 });
             next.needs_operator = false;
+            next.join = None;
         }
         EngineEvent::ActionDispatched => {
             if def.is_terminal(&run.state) {
@@ -361,8 +385,17 @@ fn apply_engine(
         | EngineEvent::ApprovalReminder
         | EngineEvent::ApprovalDecided
         | EngineEvent::LeaseExpired
-        | EngineEvent::InboxExpired => {}
+        | EngineEvent::InboxExpired
+        | EngineEvent::BranchRejected => {}
+        EngineEvent::BranchSucceeded | EngineEvent::BranchFailed => {
+            if def.is_terminal(&run.state) {
+                return Err(RejectReason::Terminal);
+            }
+            let succeeded = engine == EngineEvent::BranchSucceeded;
+            crate::join::record(def, &mut next, &event.payload, succeeded)?;
+        }
     }
+    crate::budget::account(def, &mut next, event, false)?;
     Ok(next)
 }
 

@@ -40,6 +40,43 @@ pub struct RunState {
     /// Approval reminders already sent in the current state.
     #[serde(default)]
     pub reminders_sent: u32,
+    /// Usage against the definition's budgets; kept only when the definition declares one.
+    #[serde(default, skip_serializing_if = "Usage::is_zero")]
+    pub usage: Usage,
+    /// The open fan-out, while the run waits in a fan-out state for its branches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub join: Option<JoinState>,
+}
+
+/// Accumulated usage (SPEC budgets): `payload.usage = {tokens, cost}` of applied events, and
+/// definition events applied as steps.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    #[serde(default)]
+    pub tokens: u64,
+    #[serde(default)]
+    pub cost: f64,
+    #[serde(default)]
+    pub steps: u64,
+    /// The budget whose event was applied (`tokens`, `cost`, `steps`, `wall_time_ms`): the
+    /// budget event fires once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exhausted: Option<String>,
+}
+
+impl Usage {
+    pub fn is_zero(&self) -> bool {
+        *self == Usage::default()
+    }
+}
+
+/// An open fan-out: its branches' results land in `data.branches.NAME`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinState {
+    /// The fan-out state the run waits in.
+    pub state: String,
+    /// Sequence of the event that entered it; names this fan-out in its children's results.
+    pub fan_out: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,6 +151,8 @@ impl RunState {
             needs_operator: false,
             entered_at_sequence: 0,
             reminders_sent: 0,
+            usage: Usage::default(),
+            join: None,
         }
     }
 
@@ -144,6 +183,9 @@ impl RunState {
             "results": self.results,
             "pending_call": self.pending_call(),
             "data": self.data,
+            "tokens_used": self.usage.tokens,
+            "cost_used": self.usage.cost,
+            "steps_used": self.usage.steps,
         })
     }
 }

@@ -1,5 +1,6 @@
-//! The scheduler role (SPEC S1–S3): fires timers of parked runs, recovers runs whose lease
-//! expired, and applies or expires inbox entries of unleased runs.
+//! The scheduler role (SPEC S1–S3): fires timers of parked runs and wall-time budgets,
+//! recovers runs whose lease expired, and applies or expires inbox entries of unleased runs
+//! (which is also how a branch's result reaches its waiting parent).
 //!
 //! Every firing is an ordinary guarded, sequenced commit that takes the fencing token only
 //! when no live lease is held and only if the token is still the one it read; so any number
@@ -131,6 +132,17 @@ impl Scheduler {
         }
         for row in self.store.due_timers(self.config.batch).await? {
             done += usize::from(self.fire(row).await?);
+        }
+        for run_id in self.store.due_deadlines(self.config.batch).await? {
+            if self
+                .store
+                .fire_deadline(run_id, &self.config.scheduler_id)
+                .await?
+            {
+                debug!(%run_id, "wall-time budget fired");
+                self.stats.timers_fired.fetch_add(1, Ordering::Relaxed);
+                done += 1;
+            }
         }
         for run_id in self.store.runs_with_inbox(self.config.batch).await? {
             let row = self.store.run(run_id).await?;

@@ -3,7 +3,7 @@
 -- continues the log, and either
 --   * the writer holds a live lease (bump = false), or
 --   * no live lease is held and the writer takes the token itself (bump = true, SPEC X3a).
--- Events, the grant, the ledger, consumed inbox entries and checkpoints are written only for
+-- Events, the grant, the ledger, consumed inbox entries, blobs and checkpoints are written only for
 -- runs whose update matched, so one fenced run never aborts the others in its batch.
 WITH req AS (
     SELECT *
@@ -47,6 +47,7 @@ upd AS (
         terminal_reason = COALESCE(q.terminal_reason, r.terminal_reason),
         finished_at = CASE WHEN q.status = 'terminal' AND r.finished_at IS NULL
                            THEN clock_timestamp() ELSE r.finished_at END,
+        deadline_at = CASE WHEN q.status = 'terminal' THEN NULL ELSE r.deadline_at END,
         updated_at = clock_timestamp()
     FROM req q, t
     WHERE r.run_id = q.run_id
@@ -65,7 +66,7 @@ upd AS (
           SELECT 1 FROM rein_approvals a
           WHERE a.approval_id = q.approval_id AND a.run_id = q.run_id
             AND a.status = 'granted' AND a.consumed_at IS NULL))
-    RETURNING r.run_id, r.fencing_token, r.last_sequence, q.bump, q.base_seq,
+    RETURNING r.run_id, r.fencing_token, r.last_sequence, q.bump, q.base_seq, r.queue, r.priority,
         -- How long the run was in the state it leaves (none when it stays).
         (SELECT extract(epoch FROM t.now - l.state_entered_at)::float8
          FROM locked l WHERE l.run_id = r.run_id AND l.state <> q.state) AS left_after_s
@@ -99,6 +100,53 @@ approvals_used AS (
     UPDATE rein_approvals a SET consumed_at = clock_timestamp()
     FROM req q JOIN upd ON upd.run_id = q.run_id
     WHERE a.approval_id = q.approval_id
+),
+-- Large payload values the events refer to by hash (SPEC E5): stored once, by content.
+blobs AS (
+    INSERT INTO rein_blobs (sha256, size_bytes, content)
+    SELECT DISTINCT ON (b.sha256) b.sha256, octet_length(b.content), b.content
+    FROM unnest($36::uuid[], $37::text[], $38::bytea[]) AS b(run_id, sha256, content)
+    JOIN upd ON upd.run_id = b.run_id
+    ORDER BY b.sha256
+    ON CONFLICT (sha256) DO NOTHING
+),
+-- Child runs of a fan-out the commit opens (SPEC P1): same queue and priority as the parent;
+-- their ids are a function of (parent, fan-out, branch), so a retried commit adds none.
+children AS (
+    INSERT INTO rein_runs (run_id, definition, version, state, status, projection, input, priority, queue,
+                           parent_run_id, branch, wake_at, deadline_at)
+    SELECT c.run_id, c.definition, c.version, c.state, c.status, c.projection, c.input, upd.priority, upd.queue,
+           c.parent_run_id, c.branch,
+           clock_timestamp() + c.timer_ms * interval '1 millisecond',
+           now() + c.deadline_ms * interval '1 millisecond'
+    FROM unnest($39::uuid[], $40::uuid[], $41::text[], $42::int[], $43::text[], $44::text[], $45::jsonb[],
+                $46::jsonb[], $47::jsonb[], $48::bigint[], $49::bigint[])
+        AS c(run_id, parent_run_id, definition, version, state, status, projection, input, branch, timer_ms, deadline_ms)
+    JOIN upd ON upd.run_id = c.parent_run_id
+    ON CONFLICT (run_id) DO NOTHING
+),
+-- A branch's child that ends delivers its result to the parent's inbox in this same
+-- statement, so the result cannot be lost between the child's end and the parent's join.
+-- The event id is a function of the child: delivered once.
+branch_results AS (
+    INSERT INTO rein_inbox (run_id, event_id, type, payload, sender, expires_at)
+    SELECT c.parent_run_id,
+           md5('rein/branch-result/' || q.run_id::text)::uuid,
+           CASE WHEN (c.branch->'succeed_on') @> to_jsonb(q.state)
+                THEN 'BRANCH_SUCCEEDED' ELSE 'BRANCH_FAILED' END,
+           jsonb_build_object(
+               'branch', c.branch->'name', 'fan_out', c.branch->'fan_out', 'child_run_id', q.run_id,
+               'state', q.state, 'reason', q.terminal_reason,
+               'result', CASE WHEN octet_length(COALESCE(q.projection->'data'->'result', 'null'::jsonb)::text) <= $50
+                              THEN q.projection->'data'->'result'
+                              ELSE jsonb_build_object('too_large_bytes',
+                                       octet_length((q.projection->'data'->'result')::text)) END),
+           $17, clock_timestamp() + interval '30 days'
+    FROM req q
+    JOIN upd ON upd.run_id = q.run_id
+    JOIN rein_runs c ON c.run_id = q.run_id
+    WHERE q.status = 'terminal' AND c.branch IS NOT NULL AND c.parent_run_id IS NOT NULL
+    ON CONFLICT (run_id, event_id) DO NOTHING
 ),
 checkpoints AS (
     INSERT INTO rein_checkpoints (run_id, sequence, definition, version, state)

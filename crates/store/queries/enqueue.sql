@@ -1,10 +1,11 @@
 -- Creates runs; $11 (client keys, NULL for none) make enqueue idempotent: the same key
--- returns the run it created first.
+-- returns the run it created first. $13: the wall-time budget in ms, NULL for none.
 WITH req AS (
     SELECT *
     FROM unnest($1::uuid[], $2::text[], $3::int[], $4::text[], $5::text[], $6::jsonb[], $7::jsonb[],
-                $8::int[], $9::text[], $10::uuid[], $11::text[], $12::bigint[]) WITH ORDINALITY
-        AS r(run_id, definition, version, state, status, projection, input, priority, queue, parent_run_id, client_key, timer_ms, ord)
+                $8::int[], $9::text[], $10::uuid[], $11::text[], $12::bigint[], $13::bigint[]) WITH ORDINALITY
+        AS r(run_id, definition, version, state, status, projection, input, priority, queue, parent_run_id, client_key, timer_ms,
+             deadline_ms, ord)
 ),
 keys AS (
     INSERT INTO rein_enqueue_keys (client_key, run_id)
@@ -13,9 +14,12 @@ keys AS (
     RETURNING client_key, run_id
 ),
 created AS (
-    INSERT INTO rein_runs (run_id, definition, version, state, status, projection, input, priority, queue, parent_run_id, wake_at)
+    INSERT INTO rein_runs (run_id, definition, version, state, status, projection, input, priority, queue, parent_run_id, wake_at,
+                           deadline_at)
     SELECT q.run_id, q.definition, q.version, q.state, q.status, q.projection, q.input, q.priority, q.queue, q.parent_run_id,
-           clock_timestamp() + q.timer_ms * interval '1 millisecond'
+           clock_timestamp() + q.timer_ms * interval '1 millisecond',
+           -- created_at + the wall-time budget (both now(): the same instant)
+           now() + q.deadline_ms * interval '1 millisecond'
     FROM req q
     WHERE q.client_key IS NULL OR q.run_id IN (SELECT run_id FROM keys)
     RETURNING run_id

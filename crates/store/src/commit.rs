@@ -16,6 +16,9 @@ pub const CHECKPOINT_EVERY: u64 = 64;
 pub const COMMIT_BATCH_MAX: usize = 512;
 /// Most events one run may commit at once.
 pub const EVENTS_PER_COMMIT_MAX: usize = 64;
+/// Largest `data.result` of a branch's child delivered to its parent; a larger one arrives
+/// as `{"too_large_bytes": N}` (store it as a blob instead).
+pub const BRANCH_RESULT_BYTES_MAX: i32 = 64 * 1024;
 
 /// Who is writing, which decides the fencing check (SPEC X3, X3a).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +92,10 @@ pub struct CommitRequest {
     pub retries: u32,
     /// How the run ends, when this commit ends it.
     pub finish: Option<crate::metrics::Finish>,
+    /// Content the events refer to by hash (SPEC E5); stored once, with the commit.
+    pub blobs: Vec<rein_core::blob::Blob>,
+    /// Child runs of a fan-out this commit opens (SPEC P1), created only if it lands.
+    pub children: Vec<rein_core::join::ChildRun>,
 }
 
 /// Options of [`plan_commit`].
@@ -135,6 +142,22 @@ pub fn plan_commit(
         }
         state = next;
     }
+    // What the engine commits on its own after these events (a decided join, a used-up
+    // budget) goes in the same commit, so a join fires atomically with the result that
+    // decides it. One of each at most.
+    let mut events = events;
+    for _ in 0..2 {
+        let Some((kind, payload)) = rein_core::follow_up(def, &state) else {
+            break;
+        };
+        let event = Event::new(state.sequence + 1, kind.clone(), payload.clone());
+        let Ok(next) = apply(def, &state, &event) else {
+            break;
+        };
+        events.push(NewEvent::new(kind, payload));
+        state = next;
+    }
+    let children = rein_core::join::children(def, run_id, base.sequence, &state);
     let status = state.status(def);
     let timer_ms =
         rein_core::timer::next_timer(def, &state, plan.jitter_sample).map(|t| t.after_ms);
@@ -175,6 +198,8 @@ pub fn plan_commit(
         left_state,
         retries,
         finish,
+        blobs: Vec::new(),
+        children,
     })
 }
 
@@ -375,6 +400,17 @@ pub(crate) async fn commit_on(
                 r.run_id
             )));
         }
+        for e in &r.events {
+            let size = rein_core::hash::canonical_json(&e.payload).len();
+            if size > rein_core::limits::EVENT_PAYLOAD_BYTES_MAX {
+                return Err(StoreError::Invalid(format!(
+                    "{} event of run {} has a {size}-byte payload; the limit is {} bytes (large fields belong in blobs)",
+                    e.kind,
+                    r.run_id,
+                    rein_core::limits::EVENT_PAYLOAD_BYTES_MAX
+                )));
+            }
+        }
         // Pair assertion with the reducer: the projection is exactly base + events.
         assert_eq!(
             r.state.sequence,
@@ -384,8 +420,67 @@ pub(crate) async fn commit_on(
         );
     }
 
+    // Content already stored is not sent again: only its reference travels.
+    let hashes: Vec<&str> = requests
+        .iter()
+        .flat_map(|r| r.blobs.iter().map(|b| b.sha256.as_str()))
+        .collect();
+    let stored: std::collections::HashSet<String> = if hashes.is_empty() {
+        Default::default()
+    } else {
+        sqlx::query_scalar("SELECT sha256 FROM rein_blobs WHERE sha256 = ANY($1)")
+            .bind(&hashes)
+            .fetch_all(&mut *conn)
+            .await?
+            .into_iter()
+            .collect()
+    };
+
+    let mut child_defs: HashMap<(String, Option<u32>), Definition> = HashMap::new();
+    for c in requests.iter().flat_map(|r| r.children.iter()) {
+        let key = (c.definition.clone(), c.version);
+        if child_defs.contains_key(&key) {
+            continue;
+        }
+        let def = crate::load_definition_with(&mut *conn, &c.definition, c.version)
+            .await
+            .map_err(|e| StoreError::Invalid(format!("branch `{}` cannot start: {e}", c.branch)))?;
+        child_defs.insert(key, def);
+    }
+
     let mut q = Columns::default();
     for r in requests {
+        for c in &r.children {
+            let Some(def) = child_defs.get(&(c.definition.clone(), c.version)) else {
+                continue;
+            };
+            let state = RunState::initial(def, c.input.clone());
+            q.c_run.push(c.run_id);
+            q.c_parent.push(r.run_id);
+            q.c_def.push(def.name().to_owned());
+            q.c_ver.push(def.version() as i32);
+            q.c_status.push(state.status(def).as_str().to_owned());
+            q.c_state.push(state.state.clone());
+            q.c_projection.push(
+                serde_json::to_value(&state).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            );
+            q.c_input.push(c.input.clone());
+            q.c_branch.push(serde_json::json!({
+                "name": c.branch, "fan_out": c.fan_out, "succeed_on": c.succeed_on,
+            }));
+            q.c_timer
+                .push(rein_core::timer::next_timer(def, &state, 0.5).map(|t| t.after_ms as i64));
+            q.c_deadline.push(
+                def.budget()
+                    .and_then(|b| b.wall_time_ms)
+                    .map(|ms| ms as i64),
+            );
+        }
+        for b in r.blobs.iter().filter(|b| !stored.contains(&b.sha256)) {
+            q.blob_run.push(r.run_id);
+            q.blob_hash.push(b.sha256.clone());
+            q.blob_content.push(b.content.clone());
+        }
         q.run_ids.push(r.run_id);
         q.tokens.push(r.token);
         q.base_seqs.push(r.base_sequence as i64);
@@ -474,6 +569,21 @@ pub(crate) async fn commit_on(
         .bind(&q.ck_ver)
         .bind(&q.ck_state)
         .bind(&q.approvals)
+        .bind(&q.blob_run)
+        .bind(&q.blob_hash)
+        .bind(&q.blob_content)
+        .bind(&q.c_run)
+        .bind(&q.c_parent)
+        .bind(&q.c_def)
+        .bind(&q.c_ver)
+        .bind(&q.c_state)
+        .bind(&q.c_status)
+        .bind(&q.c_projection)
+        .bind(&q.c_input)
+        .bind(&q.c_branch)
+        .bind(&q.c_timer)
+        .bind(&q.c_deadline)
+        .bind(BRANCH_RESULT_BYTES_MAX)
         .fetch_all(&mut *conn)
         .await
         .inspect_err(|e| {
@@ -595,4 +705,18 @@ struct Columns {
     ck_def: Vec<String>,
     ck_ver: Vec<i32>,
     ck_state: Vec<Value>,
+    blob_run: Vec<Uuid>,
+    blob_hash: Vec<String>,
+    blob_content: Vec<Vec<u8>>,
+    c_run: Vec<Uuid>,
+    c_parent: Vec<Uuid>,
+    c_def: Vec<String>,
+    c_ver: Vec<i32>,
+    c_state: Vec<String>,
+    c_status: Vec<String>,
+    c_projection: Vec<Value>,
+    c_input: Vec<Value>,
+    c_branch: Vec<Value>,
+    c_timer: Vec<Option<i64>>,
+    c_deadline: Vec<Option<i64>>,
 }

@@ -8,6 +8,7 @@
 mod approvals;
 mod audit;
 mod bench;
+mod blobs;
 mod commit;
 mod error;
 mod gauges;
@@ -29,6 +30,7 @@ use sqlx::{ConnectOptions, PgPool};
 pub use approvals::{Approval, ApprovalAsk, COMMENT_BYTES_MAX};
 pub use audit::*;
 pub use bench::{Percentiles, QueueStats};
+pub use blobs::BlobStats;
 pub use commit::{
     ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, Committed, LedgerOp, NewEvent, Renewed,
     Writer, plan_commit,
@@ -269,32 +271,7 @@ impl Store {
         name: &str,
         version: Option<u32>,
     ) -> Result<rein_core::Definition, StoreError> {
-        let row: Option<(serde_json::Value,)> = match version {
-            Some(v) => {
-                sqlx::query_as("SELECT body FROM rein_definitions WHERE name = $1 AND version = $2")
-                    .bind(name)
-                    .bind(v as i32)
-                    .fetch_optional(&self.pool)
-                    .await?
-            }
-            None => sqlx::query_as(
-                "SELECT body FROM rein_definitions WHERE name = $1 ORDER BY version DESC LIMIT 1",
-            )
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await?,
-        };
-        let Some((body,)) = row else {
-            return Err(StoreError::UnknownDefinition {
-                name: name.to_owned(),
-                version,
-            });
-        };
-        let spec: rein_core::definition::DefinitionSpec = serde_json::from_value(body)
-            .map_err(|e| StoreError::Corrupt(format!("definition {name}: {e}")))?;
-        rein_core::Definition::from_spec(spec, &rein_core::GuardRegistry::new()).map_err(|e| {
-            StoreError::Corrupt(format!("stored definition {name} no longer validates: {e}"))
-        })
+        load_definition_with(&self.pool, name, version).await
     }
 
     /// Adds `n` to a named counter (fenced writes refused, ...). Rare path: not batched.
@@ -346,6 +323,34 @@ impl Store {
         .await?;
         Ok(())
     }
+}
+
+/// [`Store::load_definition`] on any executor (a transaction's connection too).
+pub(crate) async fn load_definition_with<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    name: &str,
+    version: Option<u32>,
+) -> Result<rein_core::Definition, StoreError> {
+    let body: Option<serde_json::Value> = sqlx::query_scalar(
+        "SELECT body FROM rein_definitions
+         WHERE name = $1 AND ($2::int IS NULL OR version = $2)
+         ORDER BY version DESC LIMIT 1",
+    )
+    .bind(name)
+    .bind(version.map(|v| v as i32))
+    .fetch_optional(executor)
+    .await?;
+    let Some(body) = body else {
+        return Err(StoreError::UnknownDefinition {
+            name: name.to_owned(),
+            version,
+        });
+    };
+    let spec: rein_core::definition::DefinitionSpec = serde_json::from_value(body)
+        .map_err(|e| StoreError::Corrupt(format!("definition {name}: {e}")))?;
+    rein_core::Definition::from_spec(spec, &rein_core::GuardRegistry::new()).map_err(|e| {
+        StoreError::Corrupt(format!("stored definition {name} no longer validates: {e}"))
+    })
 }
 
 /// Counter names.

@@ -322,6 +322,22 @@ impl Store {
             Ok(state) => state,
             Err((i, e)) => return Ok(Some(format!("event {} does not replay: {e}", i + 1))),
         };
+        // Replay uses the recorded results: every value an event refers to by hash must be
+        // there and match it (SPEC E5).
+        for e in &events {
+            for blob in rein_core::blob::references(&e.payload) {
+                match self.read_blob(&blob).await {
+                    Ok(_) => {}
+                    Err(StoreError::Corrupt(err)) => {
+                        return Ok(Some(format!(
+                            "event {} refers to a bad blob: {err}",
+                            e.sequence
+                        )));
+                    }
+                    Err(err) => return Err(err),
+                }
+            }
+        }
         if replayed != row.projection {
             return Ok(Some(format!(
                 "replayed state differs from the stored projection (replayed {} at {}, stored {} at {})",
@@ -360,6 +376,20 @@ impl Store {
         checkpoint
             .recover(&def, tail.iter())
             .map_err(|e| StoreError::Corrupt(format!("checkpoint recovery: {e}")))
+    }
+
+    /// The run's resume brief (SPEC D3), built from its newest checkpoint and the tail of
+    /// its log.
+    pub async fn resume_brief(
+        &self,
+        run_id: Uuid,
+    ) -> Result<rein_core::brief::ResumeBrief, StoreError> {
+        let row = self.run(run_id).await?;
+        let def = self
+            .load_definition(&row.definition, Some(row.version))
+            .await?;
+        let state = self.recover_run(run_id).await?;
+        Ok(rein_core::brief::resume_brief(&def, &state))
     }
 
     /// Runs by (definition, state, status).

@@ -134,7 +134,85 @@ impl Store {
                 rein_core::limits::EVENT_PAYLOAD_BYTES_MAX
             )));
         }
+        if EngineEvent::is_engine_only(kind) {
+            return Err(StoreError::Invalid(format!(
+                "{kind} is delivered by the engine when a branch's run ends; it cannot be sent"
+            )));
+        }
         let mut tx = self.pool().begin().await?;
+        let outcome = self
+            .send_on(&mut tx, run_id, kind, payload, sender, inbox_ttl_ms)
+            .await?;
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    /// Delivers the wall-time budget event of a run whose deadline passed by the database
+    /// clock (the scheduler's job), at most once: the deadline is cleared in the same
+    /// transaction. `Ok(false)` when another scheduler got there first or the run has no
+    /// deadline due.
+    pub async fn fire_deadline(&self, run_id: Uuid, sender: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let due: Option<(String, i32)> = sqlx::query_as(
+            "UPDATE rein_runs SET deadline_at = NULL
+             WHERE run_id = $1 AND deadline_at <= clock_timestamp() AND status <> 'terminal'
+             RETURNING definition, version",
+        )
+        .bind(run_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some((definition, version)) = due else {
+            return Ok(false);
+        };
+        let def = crate::load_definition_with(&mut *tx, &definition, Some(version as u32)).await?;
+        let Some(budget) = def.budget() else {
+            tx.commit().await?;
+            return Ok(false);
+        };
+        let payload = rein_core::budget::wall_time_payload(budget.wall_time_ms.unwrap_or(0));
+        match self
+            .send_on(
+                &mut tx,
+                run_id,
+                &budget.event,
+                payload,
+                sender,
+                INBOX_TTL_MS_DEFAULT,
+            )
+            .await
+        {
+            Ok(_) => {}
+            // No state the run can still reach takes the event: the deadline is spent.
+            Err(StoreError::InvalidTransition(e)) => {
+                tracing::warn!(%run_id, reason = %e, "wall-time budget event cannot be applied");
+            }
+            Err(e) => return Err(e),
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Runs whose wall-time budget ran out by the database clock, oldest deadline first.
+    pub async fn due_deadlines(&self, limit: i64) -> Result<Vec<Uuid>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT run_id FROM rein_runs
+             WHERE deadline_at IS NOT NULL AND deadline_at <= clock_timestamp()
+             ORDER BY deadline_at LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    async fn send_on(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        run_id: Uuid,
+        kind: &str,
+        payload: Value,
+        sender: &str,
+        inbox_ttl_ms: u64,
+    ) -> Result<SendOutcome, StoreError> {
         let row = sqlx::query(
             "SELECT definition, version, projection, fencing_token,
                     COALESCE(lease_until > clock_timestamp(), false) AS lease_live
@@ -150,9 +228,7 @@ impl Store {
             .map_err(|e| StoreError::Corrupt(format!("projection: {e}")))?;
         let token: i64 = row.try_get("fencing_token")?;
         let lease_live: bool = row.try_get("lease_live")?;
-        let def = self
-            .load_definition(&definition, Some(version as u32))
-            .await?;
+        let def = crate::load_definition_with(&mut *tx, &definition, Some(version as u32)).await?;
 
         let refuse = |reason| InvalidTransition {
             state: state.state.clone(),
@@ -185,8 +261,7 @@ impl Store {
                 jitter_sample: jitter_from(event.event_id),
             };
             let request = plan_commit(&def, run_id, token, &state, vec![event], Vec::new(), plan)?;
-            let outcome = commit_on(&mut tx, sender, std::slice::from_ref(&request)).await?;
-            tx.commit().await?;
+            let outcome = commit_on(tx, sender, std::slice::from_ref(&request)).await?;
             return match outcome.into_iter().next() {
                 Some(CommitOutcome::Committed(c)) => Ok(SendOutcome::Applied {
                     sequence: c.sequence,
@@ -208,7 +283,6 @@ impl Store {
         .bind(inbox_ttl_ms as i64)
         .fetch_one(&mut *tx)
         .await?;
-        tx.commit().await?;
         Ok(SendOutcome::Queued { inbox_id })
     }
 
@@ -259,44 +333,56 @@ pub fn plan_inbox(
     let mut events = Vec::new();
     let mut consumed = Vec::new();
     for entry in entries {
-        let candidate = Event::new(
-            state.sequence + 1,
-            entry.kind.clone(),
-            entry.payload.clone(),
-        );
-        let event = match apply(def, &state, &candidate) {
+        let as_sent = NewEvent {
+            event_id: entry.event_id,
+            kind: entry.kind.clone(),
+            payload: entry.payload.clone(),
+            node: None,
+        };
+        let record = match apply(def, &state, &as_event(&state, &as_sent)) {
             Ok(next) => {
                 state = next;
-                NewEvent {
-                    event_id: entry.event_id,
-                    kind: entry.kind,
-                    payload: entry.payload,
-                    node: None,
-                }
+                events.push(as_sent);
+                consumed.push(entry.id);
+                continue;
             }
-            Err(_) if entry.expired => {
-                let record = NewEvent::new(
-                    EngineEvent::InboxExpired.as_str(),
-                    serde_json::json!({ "event": entry.kind, "sender": entry.sender,
-                                        "reason": "expired before the run could accept it" }),
-                );
-                let probe = Event::new(
-                    state.sequence + 1,
-                    record.kind.clone(),
-                    record.payload.clone(),
-                );
-                match apply(def, &state, &probe) {
-                    Ok(next) => state = next,
-                    Err(_) => continue,
-                }
-                record
-            }
+            // A branch result the run can no longer take (its join fired): recorded as
+            // rejected, never applied (SPEC P1).
+            Err(rejection) if EngineEvent::is_engine_only(&entry.kind) => NewEvent {
+                event_id: entry.event_id,
+                kind: EngineEvent::BranchRejected.as_str().to_owned(),
+                payload: serde_json::json!({
+                    "event": entry.kind,
+                    "branch": entry.payload.get("branch"),
+                    "fan_out": entry.payload.get("fan_out"),
+                    "child_run_id": entry.payload.get("child_run_id"),
+                    "reason": rejection.reason.to_string(),
+                }),
+                node: None,
+            },
+            Err(_) if entry.expired => NewEvent::new(
+                EngineEvent::InboxExpired.as_str(),
+                serde_json::json!({ "event": entry.kind, "sender": entry.sender,
+                                    "reason": "expired before the run could accept it" }),
+            ),
             Err(_) => continue,
         };
-        events.push(event);
-        consumed.push(entry.id);
+        if let Ok(next) = apply(def, &state, &as_event(&state, &record)) {
+            state = next;
+            events.push(record);
+            consumed.push(entry.id);
+        }
     }
     (events, consumed)
+}
+
+/// `event` as the next event of `state`.
+fn as_event(state: &RunState, event: &NewEvent) -> Event {
+    Event::new(
+        state.sequence + 1,
+        event.kind.clone(),
+        event.payload.clone(),
+    )
 }
 
 /// A deterministic jitter sample from an id (uuid v7 has random low bits).
@@ -339,7 +425,14 @@ async fn enqueue_on(
     let mut parents = Vec::new();
     let mut client_keys = Vec::new();
     let mut timers: Vec<Option<i64>> = Vec::new();
+    let mut deadlines: Vec<Option<i64>> = Vec::new();
     for r in requests {
+        deadlines.push(
+            r.definition
+                .budget()
+                .and_then(|b| b.wall_time_ms)
+                .map(|ms| ms as i64),
+        );
         let state = RunState::initial(&r.definition, r.input.clone());
         // An initial waiting state's deadline starts now.
         timers.push(
@@ -371,6 +464,7 @@ async fn enqueue_on(
         .bind(&parents)
         .bind(&client_keys)
         .bind(&timers)
+        .bind(&deadlines)
         .fetch_all(&mut *conn)
         .await?;
     let mut out = Vec::with_capacity(rows.len());

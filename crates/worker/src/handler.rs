@@ -36,6 +36,15 @@ pub struct ActionContext {
     pub cancel: CancellationToken,
 }
 
+impl ActionContext {
+    /// The resume brief of the run as this action sees it (SPEC D3): task, steps done with
+    /// their results (or references), the pending step and the last error. Pass it to a
+    /// model that picks the run up after a restart.
+    pub fn resume_brief(&self) -> rein_core::brief::ResumeBrief {
+        rein_core::brief::resume_brief(&self.definition, &self.run)
+    }
+}
+
 /// What an action produced.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {

@@ -168,7 +168,8 @@ fn with_headers(request: reqwest::RequestBuilder, ctx: &ActionContext) -> reqwes
         )
 }
 
-/// The request body: the run context and a short resume brief (SPEC D3), at most
+/// The request body: the run context, the resume brief (SPEC D3, `brief`) and its older short
+/// form (`resume`), at most
 /// [`REQUEST_BYTES_MAX`] bytes. Older results are left out (`results_truncated`) when the
 /// full list would not fit; run data that alone does not fit is an error.
 fn request_body(ctx: &ActionContext) -> Result<Vec<u8>, String> {
@@ -180,6 +181,7 @@ fn request_body(ctx: &ActionContext) -> Result<Vec<u8>, String> {
             "the run's data is {data_len} bytes; an http node sends at most {REQUEST_BYTES_MAX}"
         ));
     }
+    let brief = ctx.resume_brief();
     let results = &ctx.run.results;
     let last = |n: usize| &results[results.len().saturating_sub(n)..];
     let body = |results: &[Value], truncated: bool| {
@@ -197,6 +199,7 @@ fn request_body(ctx: &ActionContext) -> Result<Vec<u8>, String> {
             "data": ctx.run.data,
             "results": results,
             "results_truncated": truncated,
+            "brief": brief,
             "resume": {
                 "steps_completed": ctx.run.steps_completed,
                 "attempt": ctx.run.attempt,

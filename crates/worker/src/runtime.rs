@@ -38,6 +38,9 @@ pub struct WorkerConfig {
     pub steps_per_claim_max: u32,
     /// Group commits of many runs into one statement.
     pub commit_batching: bool,
+    /// Payload fields larger than this are stored once as content-addressed blobs and the
+    /// event keeps their reference (SPEC E5).
+    pub payload_inline_bytes: usize,
 }
 
 impl WorkerConfig {
@@ -52,6 +55,7 @@ impl WorkerConfig {
             shutdown_grace_ms: 10_000,
             steps_per_claim_max: 64,
             commit_batching: true,
+            payload_inline_bytes: rein_core::limits::PAYLOAD_INLINE_BYTES_DEFAULT,
         }
     }
 
@@ -67,6 +71,14 @@ impl WorkerConfig {
         }
         if self.queues.is_empty() || self.queues.len() > 64 {
             return Err("give 1..=64 queues".into());
+        }
+        if self.payload_inline_bytes < 1024
+            || self.payload_inline_bytes > rein_core::limits::EVENT_PAYLOAD_BYTES_MAX / 2
+        {
+            return Err(format!(
+                "the inline payload threshold must be 1024..={} bytes",
+                rein_core::limits::EVENT_PAYLOAD_BYTES_MAX / 2
+            ));
         }
         if let Some(q) = self.queues.iter().find(|q| q.is_empty() || q.len() > 128) {
             return Err(format!("queue name `{q}` must be 1..=128 bytes"));
@@ -1018,6 +1030,15 @@ impl Driver {
             release,
             jitter_sample: rand::random::<f64>(),
         };
+        let (events, blobs) = match externalize(events, self.inner.config.payload_inline_bytes) {
+            Ok(split) => split,
+            Err(e) => {
+                return Box::pin(
+                    self.operator_required(&format!("an action's result cannot be recorded: {e}")),
+                )
+                .await;
+            }
+        };
         let n_events = events.len() as u64;
         let request = match plan_commit(
             &self.def,
@@ -1030,6 +1051,7 @@ impl Driver {
         ) {
             Ok(mut r) => {
                 r.approval = approval;
+                r.blobs = blobs;
                 r
             }
             Err(e) => {
@@ -1134,6 +1156,26 @@ impl Driver {
             self.held.inbox_pending.store(true, Ordering::Release);
         }
     }
+}
+
+/// Moves the large fields of every event's payload to blobs (SPEC E5).
+fn externalize(
+    events: Vec<NewEvent>,
+    threshold_bytes: usize,
+) -> Result<(Vec<NewEvent>, Vec<rein_core::blob::Blob>), rein_core::blob::PayloadError> {
+    let mut blobs: Vec<rein_core::blob::Blob> = Vec::new();
+    let mut out = Vec::with_capacity(events.len());
+    for mut e in events {
+        let (payload, found) = rein_core::blob::externalize(&e.payload, threshold_bytes)?;
+        e.payload = payload;
+        for b in found {
+            if !blobs.iter().any(|x| x.sha256 == b.sha256) {
+                blobs.push(b);
+            }
+        }
+        out.push(e);
+    }
+    Ok((out, blobs))
 }
 
 fn with_call_id(candidates: Vec<(String, Value)>, call_id: &str) -> Vec<(String, Value)> {

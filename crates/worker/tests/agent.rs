@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_replays, event_types, store, wait_until};
+use common::{assert_replays, event_types, store, wait_state, wait_until};
 use rein_core::{Definition, Format, GuardRegistry};
 use rein_scheduler::{Scheduler, SchedulerConfig};
 use rein_store::{EnqueueRequest, Store, StoreError};
@@ -72,13 +72,6 @@ async fn start_run(store: &Store, def: &Definition, agent: Value) -> Uuid {
         .await
         .expect("enqueue")
         .run_id
-}
-
-async fn wait_state(store: &Store, run: Uuid, state: &str) {
-    wait_until(&format!("run {run} in {state}"), LONG, || async {
-        store.run(run).await.expect("run").state == state
-    })
-    .await;
 }
 
 async fn effects(store: &Store, run: Uuid) -> i64 {

@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{assert_replays, event_types, store, wait_until};
+use common::{assert_replays, event_types, events_of, store, wait_until};
 use rein_core::{Definition, Format, GuardRegistry};
 use rein_scheduler::{Scheduler, SchedulerConfig};
-use rein_store::{EnqueueRequest, Store, StoredEvent};
+use rein_store::{EnqueueRequest, Store};
 use rein_worker::{Worker, WorkerConfig, builtin_registry};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
@@ -252,16 +252,6 @@ async fn settle(store: &Store, run: Uuid) -> rein_store::RunRow {
     store.run(run).await.expect("run")
 }
 
-async fn events_of(store: &Store, run: Uuid, kind: &str) -> Vec<StoredEvent> {
-    store
-        .history(run)
-        .await
-        .expect("history")
-        .into_iter()
-        .filter(|e| e.kind == kind)
-        .collect()
-}
-
 fn node_calls<'a>(requests: &'a [Value], node: &str) -> Vec<&'a Value> {
     let path = format!("/nodes/{node}");
     requests.iter().filter(|r| r["path"] == path).collect()
@@ -363,6 +353,11 @@ async fn http_nodes_drive_a_run_to_success_with_rein_headers() {
     let observing = node_calls(&requests, "OBSERVING");
     assert_eq!(observing[0]["body"]["resume"]["steps_completed"], 1);
     assert_eq!(observing[0]["body"]["results"].as_array().unwrap().len(), 1);
+    let brief = &observing[0]["body"]["brief"];
+    assert_eq!(brief["steps_completed"], 1);
+    assert_eq!(brief["steps_done"].as_array().map(Vec::len), Some(1));
+    assert_eq!(brief["pending"]["node"], "OBSERVING");
+    assert_eq!(brief["state"], "OBSERVING");
     assert_replays(&store, run).await;
 }
 

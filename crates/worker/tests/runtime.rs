@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use common::{assert_replays, event_types, store, wait_until};
+use common::{assert_replays, enqueue, event_types, store, wait_state, wait_until};
 use rein_core::{Definition, EngineEvent, Format, GuardRegistry};
 use rein_scheduler::{Scheduler, SchedulerConfig};
 use rein_store::{EnqueueRequest, SendOutcome, Store, StoreError, counters};
@@ -72,21 +72,6 @@ fn background_scheduler(store: &Store) -> (CancellationToken, JoinHandle<()>) {
         }
     });
     (stop, task)
-}
-
-async fn enqueue(store: &Store, def: &Definition, input: Value) -> Uuid {
-    store
-        .enqueue(EnqueueRequest::new(def.clone(), input))
-        .await
-        .expect("enqueue")
-        .run_id
-}
-
-async fn wait_state(store: &Store, run: Uuid, state: &str) {
-    wait_until(&format!("run {run} is in {state}"), LONG, || async {
-        store.run(run).await.expect("run").state == state
-    })
-    .await;
 }
 
 async fn db_bool(store: &Store, sql: &str, run: Uuid) -> bool {

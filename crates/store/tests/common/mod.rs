@@ -34,6 +34,16 @@ where
     }
 }
 
+/// Waits until the run is in control state `state`.
+pub async fn wait_state(store: &Store, run: Uuid, state: &str) {
+    wait_until(
+        &format!("run {run} is in {state}"),
+        Duration::from_secs(30),
+        || async { store.run(run).await.expect("run").state == state },
+    )
+    .await;
+}
+
 /// Waits until the run's lease has expired by the database clock.
 pub async fn wait_lease_expired(store: &Store, run: Uuid) {
     wait_until(
@@ -51,6 +61,26 @@ pub async fn assert_replays(store: &Store, run: Uuid) {
         None,
         "run {run}: log does not replay to the stored projection"
     );
+}
+
+/// The run's events of type `kind`, in order.
+pub async fn events_of(store: &Store, run: Uuid, kind: &str) -> Vec<rein_store::StoredEvent> {
+    store
+        .history(run)
+        .await
+        .expect("history")
+        .into_iter()
+        .filter(|e| e.kind == kind)
+        .collect()
+}
+
+/// Starts a run of `def` with `input`.
+pub async fn enqueue(store: &Store, def: &rein_core::Definition, input: serde_json::Value) -> Uuid {
+    store
+        .enqueue(rein_store::EnqueueRequest::new(def.clone(), input))
+        .await
+        .expect("enqueue")
+        .run_id
 }
 
 pub async fn event_types(store: &Store, run: Uuid) -> Vec<String> {

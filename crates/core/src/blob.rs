@@ -1,0 +1,144 @@
+//! LLM-sized payloads (SPEC E5): a top-level payload field whose canonical JSON is larger
+//! than a threshold leaves the event and is stored once, content-addressed by its sha256; the
+//! event keeps `{"$blob": {"sha256": H, "bytes": N}}` in its place. The reducer treats the
+//! reference like any other value, so replay works from the log alone and never needs the
+//! tool again; readers that want the content fetch it by hash and check the hash.
+//!
+//! Pure: hashing and JSON only. Storage keeps the bytes (`rein_blobs`).
+
+use serde_json::{Map, Value, json};
+
+use crate::hash::{canonical_json, sha256_hex};
+use crate::limits;
+
+/// The key of a blob reference object.
+pub const BLOB_KEY: &str = "$blob";
+
+/// Payload fields that always stay inline: the engine reads them while reducing, or they are
+/// small by construction.
+const INLINE_FIELDS: [&str; 6] = ["call_id", "data", "usage", "reason", "branch", "error"];
+
+/// A reference to stored content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobRef {
+    pub sha256: String,
+    pub bytes: usize,
+}
+
+/// Content to store: the canonical JSON bytes of a value and their sha256.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blob {
+    pub sha256: String,
+    pub content: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PayloadError {
+    #[error("payload field `{field}` is {bytes} bytes; the largest value stored is {limit} bytes")]
+    FieldTooLarge {
+        field: String,
+        bytes: usize,
+        limit: usize,
+    },
+    #[error(
+        "event payload is {bytes} bytes after moving large fields to blobs; the limit is {limit} bytes"
+    )]
+    PayloadTooLarge { bytes: usize, limit: usize },
+    #[error("blob {sha256} does not match its content (hash {actual})")]
+    HashMismatch { sha256: String, actual: String },
+    #[error("blob {0} is missing")]
+    Missing(String),
+}
+
+/// The reference in `value`, when `value` is one.
+pub fn reference_of(value: &Value) -> Option<BlobRef> {
+    let inner = value.as_object().filter(|m| m.len() == 1)?.get(BLOB_KEY)?;
+    Some(BlobRef {
+        sha256: inner.get("sha256")?.as_str()?.to_owned(),
+        bytes: usize::try_from(inner.get("bytes")?.as_u64()?).ok()?,
+    })
+}
+
+pub fn reference(blob: &BlobRef) -> Value {
+    json!({ BLOB_KEY: { "sha256": blob.sha256, "bytes": blob.bytes } })
+}
+
+/// Moves every top-level field of `payload` larger than `threshold_bytes` to a blob. Fails
+/// with a clear error on a field larger than [`limits::BLOB_BYTES_MAX`] or a payload that is
+/// still larger than [`limits::EVENT_PAYLOAD_BYTES_MAX`] afterwards.
+pub fn externalize(
+    payload: &Value,
+    threshold_bytes: usize,
+) -> Result<(Value, Vec<Blob>), PayloadError> {
+    let mut blobs: Vec<Blob> = Vec::new();
+    let out = match payload {
+        Value::Object(map) => {
+            let mut out = Map::with_capacity(map.len());
+            for (field, value) in map {
+                if INLINE_FIELDS.contains(&field.as_str()) || reference_of(value).is_some() {
+                    out.insert(field.clone(), value.clone());
+                    continue;
+                }
+                let text = canonical_json(value);
+                if text.len() <= threshold_bytes {
+                    out.insert(field.clone(), value.clone());
+                    continue;
+                }
+                if text.len() > limits::BLOB_BYTES_MAX {
+                    return Err(PayloadError::FieldTooLarge {
+                        field: field.clone(),
+                        bytes: text.len(),
+                        limit: limits::BLOB_BYTES_MAX,
+                    });
+                }
+                let blob = Blob {
+                    sha256: sha256_hex(text.as_bytes()),
+                    content: text.into_bytes(),
+                };
+                out.insert(
+                    field.clone(),
+                    reference(&BlobRef {
+                        sha256: blob.sha256.clone(),
+                        bytes: blob.content.len(),
+                    }),
+                );
+                if !blobs.iter().any(|b| b.sha256 == blob.sha256) {
+                    blobs.push(blob);
+                }
+            }
+            Value::Object(out)
+        }
+        other => other.clone(),
+    };
+    let bytes = canonical_json(&out).len();
+    if bytes > limits::EVENT_PAYLOAD_BYTES_MAX {
+        return Err(PayloadError::PayloadTooLarge {
+            bytes,
+            limit: limits::EVENT_PAYLOAD_BYTES_MAX,
+        });
+    }
+    Ok((out, blobs))
+}
+
+/// Parses stored content after checking it against the hash it is stored under.
+pub fn decode(blob: &BlobRef, content: &[u8]) -> Result<Value, PayloadError> {
+    let actual = sha256_hex(content);
+    if actual != blob.sha256 {
+        return Err(PayloadError::HashMismatch {
+            sha256: blob.sha256.clone(),
+            actual,
+        });
+    }
+    serde_json::from_slice(content).map_err(|_| PayloadError::HashMismatch {
+        sha256: blob.sha256.clone(),
+        actual,
+    })
+}
+
+/// Every blob reference among the top-level fields of `payload`.
+pub fn references(payload: &Value) -> Vec<BlobRef> {
+    payload
+        .as_object()
+        .map(|m| m.values().filter_map(reference_of).collect())
+        .unwrap_or_default()
+}

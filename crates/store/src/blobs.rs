@@ -1,0 +1,39 @@
+//! Content-addressed payload values (SPEC E5): read back by hash and checked against it.
+
+use rein_core::blob::{BlobRef, PayloadError};
+use serde_json::Value;
+
+use crate::{Store, StoreError};
+
+/// Blob storage totals: what the deduplication saves is `referenced_bytes - stored_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlobStats {
+    pub blobs: i64,
+    pub stored_bytes: i64,
+}
+
+impl Store {
+    /// The value stored under `blob`, after checking its content against the hash.
+    pub async fn read_blob(&self, blob: &BlobRef) -> Result<Value, StoreError> {
+        let content: Option<Vec<u8>> =
+            sqlx::query_scalar("SELECT content FROM rein_blobs WHERE sha256 = $1")
+                .bind(&blob.sha256)
+                .fetch_optional(self.pool())
+                .await?;
+        let content = content.ok_or_else(|| {
+            StoreError::Corrupt(PayloadError::Missing(blob.sha256.clone()).to_string())
+        })?;
+        rein_core::blob::decode(blob, &content).map_err(|e| StoreError::Corrupt(e.to_string()))
+    }
+
+    pub async fn blob_stats(&self) -> Result<BlobStats, StoreError> {
+        let (blobs, stored_bytes): (i64, i64) =
+            sqlx::query_as("SELECT count(*), COALESCE(sum(size_bytes), 0)::bigint FROM rein_blobs")
+                .fetch_one(self.pool())
+                .await?;
+        Ok(BlobStats {
+            blobs,
+            stored_bytes,
+        })
+    }
+}
