@@ -82,7 +82,8 @@ enum Command {
     Rerun(ops::RerunArgs),
     /// Cancel a run, with a reason.
     Cancel(ops::CancelArgs),
-    /// Workers and schedulers: last heartbeat and leases held.
+    /// Live workers and schedulers: last heartbeat and leases held (one silent for longer
+    /// than its lease TTL is gone).
     Workers(ops::WorkersArgs),
     /// Inspect runs.
     #[command(subcommand)]

@@ -97,7 +97,12 @@ impl Scheduler {
             if ticks.is_multiple_of(10) {
                 let _ = self
                     .store
-                    .heartbeat(&self.config.scheduler_id, "scheduler", json!({}))
+                    .heartbeat(
+                        &self.config.scheduler_id,
+                        "scheduler",
+                        // Silent for three heartbeat periods (10 ticks each): gone.
+                        json!({ "ttl_ms": self.config.tick_ms * 30 }),
+                    )
                     .await;
             }
             ticks += 1;

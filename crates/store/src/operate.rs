@@ -40,6 +40,9 @@ impl Store {
                         AS leader,
                     w.info
              FROM rein_workers w
+             -- Only the living: heard from within the TTL each declares (a minute if none).
+             WHERE w.heartbeat_at > clock_timestamp()
+                   - coalesce((w.info->>'ttl_ms')::bigint, 60000) * interval '1 millisecond'
              ORDER BY w.heartbeat_at DESC
              LIMIT 1000",
         )

@@ -240,7 +240,7 @@ impl Worker {
             .heartbeat(
                 &inner.config.worker_id,
                 "worker",
-                json!({ "concurrency": inner.config.concurrency }),
+                json!({ "concurrency": inner.config.concurrency, "ttl_ms": inner.config.lease_ttl_ms }),
             )
             .await;
         let mut tasks = tokio::task::JoinSet::new();
@@ -259,7 +259,7 @@ impl Worker {
                     .heartbeat(
                         &inner.config.worker_id,
                         "worker",
-                        json!({ "held": self.held() }),
+                        json!({ "held": self.held(), "ttl_ms": inner.config.lease_ttl_ms }),
                     )
                     .await;
             }
