@@ -450,7 +450,7 @@ async fn start_api(store: &Store) -> Result<DemoApi, u8> {
 fn print_summary(s: &Value) {
     println!("\n== Rein demo summary ==");
     println!(
-        "API {url} — try: REIN_URL={url} REIN_TOKEN={token} rein runs list --status terminal",
+        "API {url} (serves until the demo exits; `rein demo --keep` keeps it) — try: REIN_URL={url} REIN_TOKEN={token} rein runs list --status terminal",
         url = s["api"]["url"].as_str().unwrap_or(""),
         token = s["api"]["token"].as_str().unwrap_or(""),
     );
