@@ -72,6 +72,13 @@ pub struct BenchArgs {
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
+    /// Idle wait of the workers between claim queries when nothing was found.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    poll_interval_ms: u64,
+    /// With `--redis-url`, enqueues, fired timers and released runs publish wake-ups that cut
+    /// the workers' idle wait short.
+    #[command(flatten)]
+    redis: crate::RedisArgs,
 }
 
 const REFERENCE_BATCH: usize = 10;
@@ -134,6 +141,8 @@ struct Plan {
     /// Where child logs go.
     log_dir: std::path::PathBuf,
     json: bool,
+    poll_interval_ms: u64,
+    redis: crate::RedisArgs,
 }
 
 pub async fn bench(args: BenchArgs) -> u8 {
@@ -215,6 +224,8 @@ pub async fn bench(args: BenchArgs) -> u8 {
         log_dir: crate::privdb::base_dir()
             .with_file_name(format!("rein-bench-{}", std::process::id())),
         json: args.json,
+        poll_interval_ms: args.poll_interval_ms,
+        redis: args.redis.clone(),
     };
     let code = run(&args, &plan, private.is_some()).await;
     if let Some(pg) = private {
@@ -535,7 +546,7 @@ async fn start_fleet(plan: &Plan, queue: &str, workers: u32) -> Result<Fleet, St
             let name = format!("{queue}-w{i}");
             let mut flags = vec![
                 ("--queue", queue.to_owned()),
-                ("--poll-interval-ms", "20".to_owned()),
+                ("--poll-interval-ms", plan.poll_interval_ms.to_string()),
                 ("--lease-ttl-ms", "30000".to_owned()),
                 ("--concurrency", plan.concurrency.to_string()),
                 ("--claim-batch", plan.claim_batch.to_string()),
@@ -543,6 +554,10 @@ async fn start_fleet(plan: &Plan, queue: &str, workers: u32) -> Result<Fleet, St
             ];
             if !plan.commit_batching {
                 flags.push(("--no-commit-batching", String::new()));
+            }
+            if let Some(url) = &plan.redis.redis_url {
+                flags.push(("--redis-url", url.clone()));
+                flags.push(("--redis-prefix", plan.redis.redis_prefix.clone()));
             }
             let a = crate::procs::role_args("worker", &plan.url, &name, &flags);
             children
@@ -561,13 +576,15 @@ async fn start_fleet(plan: &Plan, queue: &str, workers: u32) -> Result<Fleet, St
             config.claim_batch = plan.claim_batch;
             config.commit_batching = plan.commit_batching;
             config.queues = vec![queue.to_owned()];
-            config.poll_interval_ms = 20;
+            config.poll_interval_ms = plan.poll_interval_ms;
             config.lease_ttl_ms = 30_000;
+            let store = plan.redis.publishing(store, &stop);
             let worker = Worker::new(
                 store.clone(),
                 config,
                 rein_worker::builtin_registry(store.clone()),
             );
+            plan.redis.subscribe(&worker, &[queue.to_owned()], &stop);
             let (w, s) = (worker.clone(), stop.clone());
             tasks.spawn(async move {
                 let _ = w.run(s).await;
@@ -734,8 +751,11 @@ async fn run_point(
     let scheduler = {
         let mut config = SchedulerConfig::new(format!("{queue}-scheduler"));
         config.tick_ms = 50;
-        let mut s = Scheduler::new(scheduler_store.clone(), config);
         let stop = scheduler_stop.clone();
+        let mut s = Scheduler::new(
+            plan.redis.publishing(scheduler_store.clone(), &stop),
+            config,
+        );
         tokio::spawn(async move {
             let _ = s.run(stop).await;
         })
@@ -754,8 +774,10 @@ async fn run_point(
         );
         let own = own_queries.clone();
         let duration = plan.duration;
+        let (redis, feeder_stop) = (plan.redis.clone(), scheduler_stop.clone());
         tokio::spawn(async move {
             let store = Store::connect_without_migrating(&url, 1).await?;
+            let store = redis.publishing(store, &feeder_stop);
             let tick = Duration::from_millis(100);
             let mut owed = 0.0;
             let mut sent = 0u64;

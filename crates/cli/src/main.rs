@@ -57,6 +57,51 @@ pub struct DbArgs {
     pub db_pool_max: u32,
 }
 
+/// Optional Redis (SPEC K1): wake-ups for idle workers. Never a source of truth.
+#[derive(clap::Args, Clone, Default)]
+pub struct RedisArgs {
+    /// Redis URL; absent: workers poll only.
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+    /// Prefix of Rein's Redis channels and keys (deployments sharing one Redis).
+    #[arg(long, env = "REIN_REDIS_PREFIX", default_value = "rein")]
+    pub redis_prefix: String,
+}
+
+impl RedisArgs {
+    pub fn config(&self) -> Option<rein_accel::RedisConfig> {
+        let url = self.redis_url.as_deref().filter(|u| !u.is_empty())?;
+        Some(rein_accel::RedisConfig::new(url).with_prefix(self.redis_prefix.clone()))
+    }
+
+    /// Makes `store` publish wake-ups after commits that make work runnable.
+    pub fn publishing(
+        &self,
+        store: rein_store::Store,
+        stop: &tokio_util::sync::CancellationToken,
+    ) -> rein_store::Store {
+        match self.config() {
+            Some(config) => {
+                let publisher = rein_accel::Publisher::start(config, stop.clone());
+                store.with_wake_hook(std::sync::Arc::new(move |q| publisher.wake(q)))
+            }
+            None => store,
+        }
+    }
+
+    /// Makes `worker` claim at once when a wake-up for one of its queues arrives.
+    pub fn subscribe(
+        &self,
+        worker: &rein_worker::Worker,
+        queues: &[String],
+        stop: &tokio_util::sync::CancellationToken,
+    ) {
+        if let Some(config) = self.config() {
+            rein_accel::subscribe(config, queues, worker.wakeups(), stop.clone());
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Validate, show and list state-machine definitions.

@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use crate::remote::{self, Backend, Conn, print_json};
 use crate::service::EnqueueBody;
-use crate::{DbArgs, exit, init_logging};
+use crate::{DbArgs, RedisArgs, exit, init_logging};
 
 #[derive(clap::Args)]
 pub struct WorkerArgs {
@@ -39,12 +39,16 @@ pub struct WorkerArgs {
     /// Serve Prometheus `/metrics`, `/healthz` and `/readyz` on this address.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    redis: RedisArgs,
 }
 
 #[derive(clap::Args)]
 pub struct SchedulerArgs {
     #[command(flatten)]
     db: DbArgs,
+    #[command(flatten)]
+    redis: RedisArgs,
     #[arg(long, default_value_t = 200)]
     tick_ms: u64,
     #[arg(long)]
@@ -337,6 +341,8 @@ pub async fn worker(args: WorkerArgs) -> u8 {
         return exit::INPUT;
     }
     let stop = shutdown_signal();
+    let store = args.redis.publishing(store, &stop);
+    let queues = config.queues.clone();
     if let Some(addr) = args.metrics_listen {
         crate::telemetry::install("worker");
         if let Err(code) = crate::telemetry::serve(addr, store.clone(), stop.clone()).await {
@@ -345,6 +351,7 @@ pub async fn worker(args: WorkerArgs) -> u8 {
     }
     let registry = rein_worker::builtin_registry(store.clone());
     let worker = Worker::new(store, config, registry);
+    args.redis.subscribe(&worker, &queues, &stop);
     match worker.run(stop).await {
         Ok(()) => exit::OK,
         Err(e) => report(&e),
@@ -365,6 +372,7 @@ pub async fn scheduler(args: SchedulerArgs) -> u8 {
         Err(code) => return code,
     };
     let stop = shutdown_signal();
+    let store = args.redis.publishing(store, &stop);
     if let Some(addr) = args.metrics_listen {
         crate::telemetry::install("scheduler");
         if let Err(code) = crate::telemetry::serve(addr, store.clone(), stop.clone()).await {

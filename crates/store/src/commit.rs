@@ -366,7 +366,18 @@ impl Store {
         requests: &[CommitRequest],
     ) -> Result<Vec<CommitOutcome>, StoreError> {
         let mut conn = self.pool().acquire().await?;
-        commit_on(&mut conn, worker, requests).await
+        let outcomes = commit_on(&mut conn, worker, requests).await?;
+        // A run left runnable without a lease (released, or written by a scheduler that
+        // fired its timer or recovered its lease) can be claimed by anyone now.
+        let runnable = requests.iter().zip(&outcomes).any(|(r, o)| {
+            matches!(o, CommitOutcome::Committed(_))
+                && r.status == RunStatus::Runnable
+                && (r.release || matches!(r.writer, Writer::TakeToken))
+        });
+        if runnable {
+            self.woke(None);
+        }
+        Ok(outcomes)
     }
 }
 

@@ -71,9 +71,14 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations"
 pub const POOL_MAX_DEFAULT: u32 = 8;
 pub const CONNECT_TIMEOUT_MS: u64 = 10_000;
 
+/// Told, after a commit, that work became runnable on a queue (`None`: on some queue). It
+/// must not block; Rein uses it to publish wake-ups (SPEC K1). Nothing depends on it.
+pub type WakeHook = std::sync::Arc<dyn Fn(Option<&str>) + Send + Sync>;
+
 #[derive(Clone)]
 pub struct Store {
     pool: PgPool,
+    wake: Option<WakeHook>,
 }
 
 impl Store {
@@ -102,11 +107,24 @@ impl Store {
             .connect_with(options)
             .await
             .map_err(StoreError::from_connect)?;
-        Ok(Store { pool })
+        Ok(Store { pool, wake: None })
     }
 
     pub fn from_pool(pool: PgPool) -> Store {
-        Store { pool }
+        Store { pool, wake: None }
+    }
+
+    /// Calls `hook` after each commit that makes work runnable (enqueue, a sent event applied
+    /// at once, a fired timer, a recovered or released lease with the run still runnable).
+    pub fn with_wake_hook(mut self, hook: WakeHook) -> Store {
+        self.wake = Some(hook);
+        self
+    }
+
+    pub(crate) fn woke(&self, queue: Option<&str>) {
+        if let Some(hook) = &self.wake {
+            hook(queue);
+        }
     }
 
     pub fn pool(&self) -> &PgPool {

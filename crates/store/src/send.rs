@@ -92,6 +92,7 @@ impl Store {
     pub async fn enqueue(&self, request: EnqueueRequest) -> Result<Enqueued, StoreError> {
         let mut conn = self.pool().acquire().await?;
         let mut out = enqueue_on(&mut conn, std::slice::from_ref(&request)).await?;
+        self.woke(Some(&request.queue));
         out.pop()
             .ok_or_else(|| StoreError::Corrupt("enqueue returned no row".into()))
     }
@@ -102,7 +103,14 @@ impl Store {
         requests: &[EnqueueRequest],
     ) -> Result<Vec<Enqueued>, StoreError> {
         let mut conn = self.pool().acquire().await?;
-        enqueue_on(&mut conn, requests).await
+        let out = enqueue_on(&mut conn, requests).await?;
+        let mut queues: Vec<&str> = requests.iter().map(|r| r.queue.as_str()).collect();
+        queues.sort_unstable();
+        queues.dedup();
+        for q in queues {
+            self.woke(Some(q));
+        }
+        Ok(out)
     }
 
     /// Enqueues inside the caller's transaction, atomically with its own business data.
@@ -144,6 +152,9 @@ impl Store {
             .send_on(&mut tx, run_id, kind, payload, sender, inbox_ttl_ms)
             .await?;
         tx.commit().await?;
+        if matches!(outcome, SendOutcome::Applied { .. }) {
+            self.woke(None);
+        }
         Ok(outcome)
     }
 

@@ -189,6 +189,9 @@ struct Inner {
     draining: CancellationToken,
     /// Stop everything now; leases lapse.
     hard_stop: CancellationToken,
+    /// Signalled when work may have become runnable (a wake-up): cuts the idle wait short.
+    /// One stored permit, so a burst of wake-ups becomes at most one extra claim round.
+    wakeups: Arc<tokio::sync::Notify>,
 }
 
 impl Worker {
@@ -206,12 +209,18 @@ impl Worker {
                 stats: WorkerStats::default(),
                 draining: CancellationToken::new(),
                 hard_stop: CancellationToken::new(),
+                wakeups: Arc::new(tokio::sync::Notify::new()),
             }),
         }
     }
 
     pub fn stats(&self) -> &WorkerStats {
         &self.inner.stats
+    }
+
+    /// Signal this to make an idle worker claim at once (wake-ups, SPEC K1).
+    pub fn wakeups(&self) -> Arc<tokio::sync::Notify> {
+        self.inner.wakeups.clone()
     }
 
     pub fn id(&self) -> &str {
@@ -307,6 +316,7 @@ impl Worker {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tokio::time::sleep(wait) => {}
+                _ = inner.wakeups.notified(), if free > 0 => idle_ms = inner.config.poll_interval_ms,
                 Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             }
         }

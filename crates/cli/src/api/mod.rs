@@ -44,6 +44,8 @@ pub struct ApiArgs {
     #[arg(long, default_value_t = BODY_LIMIT_DEFAULT,
           value_parser = clap::value_parser!(u64).range(1024..=64 * 1024 * 1024))]
     body_limit_bytes: u64,
+    #[command(flatten)]
+    redis: crate::RedisArgs,
 }
 
 /// What every handler shares.
@@ -122,6 +124,7 @@ pub async fn serve(args: ApiArgs) -> u8 {
     }
     tracing::info!(address = %bound, auth = !args.insecure_dev, "rein api listening");
     crate::telemetry::install("api");
+    let store = args.redis.publishing(store, &stop);
     let app = router(store, args.insecure_dev, args.body_limit_bytes as usize);
     match axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })
