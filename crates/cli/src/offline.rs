@@ -238,12 +238,8 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
         Err(code) => return code,
     };
     match cmd {
-        DefinitionsCommand::List { json, .. } => match backend.definitions().await {
-            Ok(list) if json => {
-                print_json(&list);
-                exit::OK
-            }
-            Ok(list) => {
+        DefinitionsCommand::List { json, .. } => {
+            crate::ops::answer(backend.definitions().await, json, |list| {
                 for d in list.as_array().into_iter().flatten() {
                     println!(
                         "{}\tv{}\t{}",
@@ -252,10 +248,8 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
                         crate::ops::text(d, "description")
                     );
                 }
-                exit::OK
-            }
-            Err(e) => remote::fail(&e),
-        },
+            })
+        }
         DefinitionsCommand::Show {
             definition,
             format,

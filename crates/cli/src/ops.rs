@@ -403,13 +403,25 @@ pub async fn enqueue(args: EnqueueArgs) -> u8 {
         queue: Some(args.queue),
         priority: Some(args.priority),
     };
-    match backend.enqueue(body, args.key).await {
-        Ok(done) if args.json => {
-            print_json(&done);
+    answer(backend.enqueue(body, args.key).await, args.json, |done| {
+        println!("{}", text(done, "run_id"));
+    })
+}
+
+/// Prints a command's answer: the document itself with `--json`, `human(document)` otherwise;
+/// an error with its exit code.
+pub fn answer(
+    result: Result<Value, crate::api::ApiError>,
+    json: bool,
+    human: impl FnOnce(&Value),
+) -> u8 {
+    match result {
+        Ok(v) if json => {
+            print_json(&v);
             exit::OK
         }
-        Ok(done) => {
-            println!("{}", text(&done, "run_id"));
+        Ok(v) => {
+            human(&v);
             exit::OK
         }
         Err(e) => remote::fail(&e),
@@ -449,24 +461,16 @@ pub async fn send(args: SendArgs) -> u8 {
         Ok(b) => b,
         Err(code) => return code,
     };
-    match backend
+    let sent = backend
         .send(args.run, &args.event, payload, &args.sender)
-        .await
-    {
-        Ok(sent) if args.json => {
-            print_json(&sent);
-            exit::OK
-        }
-        Ok(sent) => {
-            say_sent(
-                &sent,
-                "applied",
-                "queued in the run's inbox; the lease holder applies it",
-            );
-            exit::OK
-        }
-        Err(e) => remote::fail(&e),
-    }
+        .await;
+    answer(sent, args.json, |sent| {
+        say_sent(
+            sent,
+            "applied",
+            "queued in the run's inbox; the lease holder applies it",
+        )
+    })
 }
 
 /// `rein rerun RUN`: a new run like a finished one, linked to it (SPEC E6).
@@ -475,17 +479,9 @@ pub async fn rerun(args: RerunArgs) -> u8 {
         Ok(b) => b,
         Err(code) => return code,
     };
-    match backend.rerun(args.run).await {
-        Ok(done) if args.json => {
-            print_json(&done);
-            exit::OK
-        }
-        Ok(done) => {
-            println!("{}", text(&done, "run_id"));
-            exit::OK
-        }
-        Err(e) => remote::fail(&e),
-    }
+    answer(backend.rerun(args.run).await, args.json, |done| {
+        println!("{}", text(done, "run_id"));
+    })
 }
 
 /// `rein cancel RUN --reason R`: sends CANCEL with the reason (SPEC M8).
@@ -499,21 +495,14 @@ pub async fn cancel(args: CancelArgs) -> u8 {
         Err(code) => return code,
     };
     let payload = json!({ "reason": args.reason, "by": args.by });
-    match backend.send(args.run, "CANCEL", payload, &args.by).await {
-        Ok(sent) if args.json => {
-            print_json(&sent);
-            exit::OK
-        }
-        Ok(sent) => {
-            say_sent(
-                &sent,
-                "cancelled",
-                "cancel queued: the worker holding the run stops its action and applies it",
-            );
-            exit::OK
-        }
-        Err(e) => remote::fail(&e),
-    }
+    let sent = backend.send(args.run, "CANCEL", payload, &args.by).await;
+    answer(sent, args.json, |sent| {
+        say_sent(
+            sent,
+            "cancelled",
+            "cancel queued: the worker holding the run stops its action and applies it",
+        )
+    })
 }
 
 /// `rein workers`: who is alive and what they hold, by the database clock.

@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::exit;
+use crate::ops::text;
 use crate::remote::{self, Backend, Conn};
 
 #[derive(clap::Args)]
@@ -394,11 +395,6 @@ fn field(label: &str, values: &[String]) {
         let label = if i == 0 { label } else { "" };
         println!("{label:<LABEL_WIDTH$}  {value}");
     }
-}
-
-/// `key` of `v` as text ("" when absent).
-fn text<'v>(v: &'v Value, key: &str) -> &'v str {
-    v.get(key).and_then(Value::as_str).unwrap_or("")
 }
 
 /// `key` of `v` as a number of milliseconds (0 when absent).
