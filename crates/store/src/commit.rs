@@ -603,11 +603,13 @@ pub(crate) async fn commit_on(
         })?;
 
     let mut by_run: HashMap<Uuid, CommitOutcome> = HashMap::with_capacity(rows.len());
+    let request_of: HashMap<Uuid, &CommitRequest> =
+        requests.iter().map(|r| (r.run_id, r)).collect();
     let mut failed: Vec<Uuid> = Vec::new();
     for row in rows {
         let run_id: Uuid = row.try_get("run_id")?;
         let committed: bool = row.try_get("committed")?;
-        if committed && let Some(request) = requests.iter().find(|r| r.run_id == run_id) {
+        if committed && let Some(request) = request_of.get(&run_id) {
             crate::metrics::committed(request, row.try_get("left_after_s")?);
             let token: i64 = row.try_get("new_token")?;
             for (i, e) in request.events.iter().enumerate() {
