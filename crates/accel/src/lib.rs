@@ -3,6 +3,8 @@
 //! poll interval or one extra claim query, and every (re)connect is treated as "wake-ups may
 //! have been lost: rescan now".
 
+pub mod limits;
+
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};

@@ -41,6 +41,27 @@ pub struct WorkerArgs {
     metrics_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
     redis: RedisArgs,
+    /// A fleet-wide limit on actions, KEY=SPEC (repeat): `tool:search=10/s,burst=2`,
+    /// `model:gpt-x=60/min`, `action:charge=concurrency=4`. Keys: `action:NAME` and
+    /// `tool:NAME` implicitly, or those a state lists in `limits`. Overrides the definition's
+    /// value for the key. Kept in Redis (--redis-url); without it, applied per process.
+    #[arg(long = "limit", value_name = "KEY=SPEC", value_parser = parse_limit)]
+    limit: Vec<(String, rein_core::LimitSpec)>,
+    /// Longest an action waits in process for its limits before the run is handed back
+    /// (ACTION_DEFERRED) until they allow it.
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    limit_wait_max_ms: u64,
+}
+
+/// `KEY=SPEC` of `--limit`.
+fn parse_limit(text: &str) -> Result<(String, rein_core::LimitSpec), String> {
+    let Some((key, spec)) = text.split_once('=') else {
+        return Err("give KEY=SPEC, e.g. tool:search=10/s,burst=2".into());
+    };
+    if let Some(problem) = rein_core::limit_key_problem(key.trim()) {
+        return Err(problem);
+    }
+    Ok((key.trim().to_owned(), rein_core::LimitSpec::parse(spec)?))
 }
 
 #[derive(clap::Args)]
@@ -336,6 +357,9 @@ pub async fn worker(args: WorkerArgs) -> u8 {
     config.shutdown_grace_ms = args.shutdown_grace_ms;
     config.commit_batching = !args.no_commit_batching;
     config.queues = args.queue;
+    config.limits = args.limit.into_iter().collect();
+    config.limit_wait_max_ms = args.limit_wait_max_ms;
+    config.redis = args.redis.config();
     if let Err(e) = config.validate() {
         eprintln!("error: {e}");
         return exit::INPUT;

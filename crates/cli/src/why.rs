@@ -247,6 +247,29 @@ fn verdict_without_inbox(facts: &WhyFacts, def: &Definition) -> Verdict {
     let state = def.state(&run.state);
     if state.map(|s| s.kind) != Some(StateKind::Waiting) {
         let q = &run.queue;
+        // A fleet-wide limit handed the run back until it allows the action (SPEC K1).
+        if let Some(e) = facts
+            .last_event
+            .as_ref()
+            .filter(|e| e.kind == rein_core::EngineEvent::ActionDeferred.as_str())
+        {
+            let wait_ms = e.payload["wait_ms"].as_f64().unwrap_or(0.0);
+            let key = e.payload["key"].as_str().unwrap_or("?");
+            let limit = e.payload["limit"].as_str().unwrap_or("limit");
+            let left_ms = wait_ms - e.ago_ms;
+            if left_ms > 0.0 {
+                return Verdict {
+                    waiting_for: format!(
+                        "the fleet-wide {limit} limit on `{key}`: the action was deferred (ACTION_DEFERRED #{}) and the run is claimable again in {}",
+                        e.sequence,
+                        duration(left_ms)
+                    ),
+                    next_step: format!(
+                        "a worker on queue {q} claims it then; to let more through, raise the limit (`rein worker --limit '{key}=…'`)"
+                    ),
+                };
+            }
+        }
         let workers = if facts.fleet.workers == 0 {
             "no worker sent a heartbeat in the last minute"
         } else {

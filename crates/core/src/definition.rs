@@ -47,6 +47,142 @@ pub struct DefinitionSpec {
     /// Per-run limits on model usage, wall time and steps; exhausting one fires `event`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetSpec>,
+    /// Fleet-wide limits by key (SPEC K1), e.g. `"tool:search" = { rate = 10, per_ms = 1000 }`;
+    /// states name the keys their action takes in `limits`. A worker's `--limit` overrides.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, LimitSpec>,
+}
+
+/// A fleet-wide limit on one key: a rate (`rate` actions per `per_ms`, with bursts of up to
+/// `burst`), a cap on actions in flight at once (`concurrency`), or both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<u32>,
+    /// The period `rate` is counted over (default one second).
+    #[serde(default = "LimitSpec::default_per_ms")]
+    pub per_ms: u64,
+    /// How many actions may start at once after a quiet spell (the bucket's size, at least
+    /// 1). No window of `per_ms` sees more than `rate + burst` starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+}
+
+impl LimitSpec {
+    fn default_per_ms() -> u64 {
+        1000
+    }
+
+    /// The bucket's size: `burst`, at least 1.
+    pub fn bucket(&self) -> u32 {
+        self.burst.unwrap_or(1).max(1)
+    }
+
+    /// What is wrong with these values, if anything.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.rate.is_none() && self.concurrency.is_none() {
+            out.push("declare `rate`, `concurrency` or both".to_owned());
+        }
+        if self.rate == Some(0) {
+            out.push("`rate` must be at least 1".to_owned());
+        }
+        if self.rate.is_some_and(|r| r > limits::LIMIT_RATE_MAX) {
+            out.push(format!("`rate` may be at most {}", limits::LIMIT_RATE_MAX));
+        }
+        if !(1..=limits::LIMIT_PERIOD_MS_MAX).contains(&self.per_ms) {
+            out.push(format!(
+                "`per_ms` must be 1..={} (one day)",
+                limits::LIMIT_PERIOD_MS_MAX
+            ));
+        }
+        if self.burst.is_some_and(|b| b > limits::LIMIT_RATE_MAX) {
+            out.push(format!("`burst` may be at most {}", limits::LIMIT_RATE_MAX));
+        }
+        if self.burst.is_some() && self.rate.is_none() {
+            out.push("`burst` needs a `rate`".to_owned());
+        }
+        if self.concurrency == Some(0)
+            || self.concurrency.is_some_and(|c| c > limits::LIMIT_RATE_MAX)
+        {
+            out.push(format!(
+                "`concurrency` must be 1..={}",
+                limits::LIMIT_RATE_MAX
+            ));
+        }
+        out
+    }
+
+    /// Parses the command-line form `10/s`, `60/min,burst=5`, `concurrency=4` or
+    /// `10/s,burst=2,concurrency=4` (periods: ms, s, min, h, or a number of ms).
+    pub fn parse(text: &str) -> Result<LimitSpec, String> {
+        let mut spec = LimitSpec {
+            rate: None,
+            per_ms: LimitSpec::default_per_ms(),
+            burst: None,
+            concurrency: None,
+        };
+        let number = |what: &str, v: &str| -> Result<u32, String> {
+            v.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("{what} `{v}` is not a whole number"))
+        };
+        for part in text.split(',').map(str::trim) {
+            if let Some((rate, per)) = part.split_once('/') {
+                if spec.rate.is_some() {
+                    return Err("give one rate".into());
+                }
+                spec.rate = Some(number("rate", rate)?);
+                spec.per_ms = match per.trim() {
+                    "ms" => 1,
+                    "s" | "sec" => 1000,
+                    "m" | "min" => 60_000,
+                    "h" => 3_600_000,
+                    n => n
+                        .strip_suffix("ms")
+                        .unwrap_or(n)
+                        .parse::<u64>()
+                        .map_err(|_| {
+                            format!("period `{per}` is not one of ms, s, min, h or a number of ms")
+                        })?,
+                };
+            } else if let Some(v) = part.strip_prefix("burst=") {
+                spec.burst = Some(number("burst", v)?);
+            } else if let Some(v) = part.strip_prefix("concurrency=") {
+                spec.concurrency = Some(number("concurrency", v)?);
+            } else {
+                return Err(format!(
+                    "`{part}` is not a rate (`10/s`), `burst=N` or `concurrency=N`"
+                ));
+            }
+        }
+        match spec.problems().into_iter().next() {
+            Some(problem) => Err(problem),
+            None => Ok(spec),
+        }
+    }
+}
+
+/// Whether `key` is a usable limit key: 1..=128 bytes of letters, digits and `:_-./`.
+pub fn limit_key_problem(key: &str) -> Option<String> {
+    if key.is_empty() || key.len() > limits::LIMIT_KEY_LEN_MAX {
+        return Some(format!(
+            "limit key `{key}` must be 1..={} bytes",
+            limits::LIMIT_KEY_LEN_MAX
+        ));
+    }
+    if !key
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, ':' | '_' | '-' | '.' | '/'))
+    {
+        return Some(format!(
+            "limit key `{key}` may use only letters, digits, `:`, `_`, `-`, `.` and `/`"
+        ));
+    }
+    None
 }
 
 /// Per-run budgets (declared limits are optional; at least one is needed). Usage is what
@@ -171,6 +307,10 @@ pub struct StateSpec {
     /// Parallel branches started on entering this (waiting) state, and their join.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fan_out: Option<FanOutSpec>,
+    /// Fleet-wide limit keys this state's action takes (SPEC K1), besides the implicit
+    /// `action:NAME` (and `tool:NAME` for a tool a model calls).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub limits: Vec<String>,
 }
 
 /// An `http` node: Rein POSTs the run context to `url` and commits what the reply says.
@@ -968,6 +1108,33 @@ impl Definition {
         if let Some(budget) = &spec.budget {
             check_budget(&mut p, budget, &events, &table);
         }
+        for (key, limit) in &spec.limits {
+            if let Some(problem) = limit_key_problem(key) {
+                p(format!("limits.{key}"), problem);
+            }
+            for problem in limit.problems() {
+                p(format!("limits.{key}"), problem);
+            }
+        }
+        for (i, state) in spec.states.iter().enumerate() {
+            if state.limits.len() > limits::LIMITS_PER_STATE_MAX {
+                p(
+                    format!("states[{i}] ({}).limits", state.name),
+                    format!("at most {} keys", limits::LIMITS_PER_STATE_MAX),
+                );
+            }
+            for key in &state.limits {
+                if let Some(problem) = limit_key_problem(key) {
+                    p(format!("states[{i}] ({}).limits", state.name), problem);
+                }
+            }
+            if !state.limits.is_empty() && state.action.is_none() {
+                p(
+                    format!("states[{i}] ({}).limits", state.name),
+                    "only a state with an `action` takes limits".into(),
+                );
+            }
+        }
 
         // Reachability from the initial state. CANCEL reaches the cancel state.
         if let [initial] = initials.as_slice() {
@@ -1032,6 +1199,32 @@ impl Definition {
 
     pub fn budget(&self) -> Option<&BudgetSpec> {
         self.inner.spec.budget.as_ref()
+    }
+
+    /// The fleet-wide limits this definition declares, by key.
+    pub fn limits(&self) -> &BTreeMap<String, LimitSpec> {
+        &self.inner.spec.limits
+    }
+
+    /// The limit keys an action in `state` takes: `action:NAME`, `tool:TOOL` when a model's
+    /// decision calls a tool, and the keys the state declares.
+    pub fn limit_keys(&self, state: &str, tool: Option<&str>) -> Vec<String> {
+        let Some(spec) = self.state(state) else {
+            return Vec::new();
+        };
+        let mut keys: Vec<String> = Vec::new();
+        if let Some(action) = &spec.action {
+            keys.push(format!("action:{action}"));
+        }
+        if let Some(tool) = tool {
+            keys.push(format!("tool:{tool}"));
+        }
+        for key in &spec.limits {
+            if !keys.contains(key) {
+                keys.push(key.clone());
+            }
+        }
+        keys
     }
 
     /// The declared budget limits as guards see them (`budget.tokens`, ...); `{}` without a

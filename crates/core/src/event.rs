@@ -54,10 +54,14 @@ pub enum EngineEvent {
     BranchFailed,
     /// A branch result that arrived after its join fired (or twice): recorded, not applied.
     BranchRejected,
+    /// A fleet-wide limit (SPEC K1) held the state's action back: `{key, limit, wait_ms,
+    /// node}`. Changes nothing but the sequence; the run is claimable again after `wait_ms`,
+    /// and no retry is counted.
+    ActionDeferred,
 }
 
 impl EngineEvent {
-    pub const ALL: [EngineEvent; 14] = [
+    pub const ALL: [EngineEvent; 15] = [
         EngineEvent::Cancel,
         EngineEvent::ActionDispatched,
         EngineEvent::ActionResultInDoubt,
@@ -72,6 +76,7 @@ impl EngineEvent {
         EngineEvent::BranchSucceeded,
         EngineEvent::BranchFailed,
         EngineEvent::BranchRejected,
+        EngineEvent::ActionDeferred,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -90,6 +95,7 @@ impl EngineEvent {
             EngineEvent::BranchSucceeded => "BRANCH_SUCCEEDED",
             EngineEvent::BranchFailed => "BRANCH_FAILED",
             EngineEvent::BranchRejected => "BRANCH_REJECTED",
+            EngineEvent::ActionDeferred => "ACTION_DEFERRED",
         }
     }
 

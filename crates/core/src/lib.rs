@@ -27,7 +27,9 @@ pub mod retry;
 pub mod state;
 pub mod timer;
 
-pub use definition::{Definition, DefinitionError, DefinitionProblem, Format, StateKind};
+pub use definition::{
+    Definition, DefinitionError, DefinitionProblem, Format, LimitSpec, StateKind, limit_key_problem,
+};
 pub use event::{EngineEvent, Event};
 pub use guard::{GuardInput, GuardKind, GuardRegistry};
 pub use reducer::{InvalidTransition, RejectReason, apply, decide, follow_up, replay};

@@ -28,3 +28,11 @@ pub const URL_LEN_MAX: usize = 2048;
 pub const DECISION_BYTES_MAX: usize = 256 * 1024;
 /// Most branches one fan-out state starts.
 pub const BRANCHES_MAX: usize = 64;
+/// Longest fleet-wide limit key (`tool:search`, `model:gpt-x`).
+pub const LIMIT_KEY_LEN_MAX: usize = 128;
+/// Largest rate, burst or concurrency of a limit.
+pub const LIMIT_RATE_MAX: u32 = 1_000_000;
+/// Longest period a rate is counted over: one day.
+pub const LIMIT_PERIOD_MS_MAX: u64 = 86_400_000;
+/// Most limit keys one state's action takes.
+pub const LIMITS_PER_STATE_MAX: usize = 8;

@@ -374,6 +374,29 @@ fn apply_engine(
             }
             next.needs_operator = false;
         }
+        EngineEvent::ActionDeferred => {
+            if def.state(&run.state).map(|s| s.kind) != Some(crate::StateKind::Active) {
+                return Err(RejectReason::BadPayload {
+                    message: "only an action of an active state can be deferred".into(),
+                });
+            }
+            if let Some(pending) = run.pending_call() {
+                return Err(RejectReason::BadPayload {
+                    message: format!("call {pending} is in flight; it cannot be deferred"),
+                });
+            }
+            str_field("key")?;
+            if event
+                .payload
+                .get("wait_ms")
+                .and_then(|v| v.as_u64())
+                .is_none()
+            {
+                return Err(RejectReason::BadPayload {
+                    message: "ACTION_DEFERRED needs a numeric `wait_ms`".into(),
+                });
+            }
+        }
         EngineEvent::OperatorRequired => {
             if def.is_terminal(&run.state) {
                 return Err(RejectReason::Terminal);

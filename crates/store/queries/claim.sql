@@ -4,6 +4,8 @@ WITH picked AS (
     SELECT run_id
     FROM rein_runs
     WHERE status = 'runnable' AND lease_owner IS NULL AND queue = ANY($3::text[])
+      -- Not before a fleet-wide limit allows it (ACTION_DEFERRED sets ready_at ahead).
+      AND ready_at <= clock_timestamp()
     ORDER BY queue, priority DESC, ready_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED

@@ -8,9 +8,9 @@
 WITH req AS (
     SELECT *
     FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::jsonb[], $5::text[], $6::text[],
-                $7::bool[], $8::bool[], $9::bigint[], $10::text[], $35::uuid[])
+                $7::bool[], $8::bool[], $9::bigint[], $10::text[], $35::uuid[], $51::bigint[])
         AS r(run_id, token, base_seq, projection, state, status, bump, release, timer_ms, terminal_reason,
-             approval_id)
+             approval_id, defer_ms)
 ),
 ev AS (
     SELECT *
@@ -42,7 +42,10 @@ upd AS (
             ELSE (CASE WHEN r.state <> q.state THEN t.now ELSE r.state_entered_at END)
                  + q.timer_ms * interval '1 millisecond'
         END,
-        ready_at = CASE WHEN q.status = 'runnable' AND (r.status <> 'runnable' OR q.bump OR q.release)
+        -- A run a fleet-wide limit deferred is claimable again only after the wait.
+        ready_at = CASE WHEN q.defer_ms IS NOT NULL
+                        THEN clock_timestamp() + q.defer_ms * interval '1 millisecond'
+                        WHEN q.status = 'runnable' AND (r.status <> 'runnable' OR q.bump OR q.release)
                         THEN clock_timestamp() ELSE r.ready_at END,
         terminal_reason = COALESCE(q.terminal_reason, r.terminal_reason),
         finished_at = CASE WHEN q.status = 'terminal' AND r.finished_at IS NULL

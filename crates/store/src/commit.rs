@@ -96,6 +96,9 @@ pub struct CommitRequest {
     pub blobs: Vec<rein_core::blob::Blob>,
     /// Child runs of a fan-out this commit opens (SPEC P1), created only if it lands.
     pub children: Vec<rein_core::join::ChildRun>,
+    /// A fleet-wide limit deferred the run's action (SPEC K1): it becomes claimable again
+    /// this long after the commit, by the database clock.
+    pub defer_ms: Option<u64>,
 }
 
 /// Options of [`plan_commit`].
@@ -200,6 +203,7 @@ pub fn plan_commit(
         finish,
         blobs: Vec::new(),
         children,
+        defer_ms: None,
     })
 }
 
@@ -372,6 +376,7 @@ impl Store {
         let runnable = requests.iter().zip(&outcomes).any(|(r, o)| {
             matches!(o, CommitOutcome::Committed(_))
                 && r.status == RunStatus::Runnable
+                && r.defer_ms.is_none()
                 && (r.release || matches!(r.writer, Writer::TakeToken))
         });
         if runnable {
@@ -503,6 +508,8 @@ pub(crate) async fn commit_on(
         q.releases.push(r.release);
         q.approvals.push(r.approval);
         q.timers.push(r.timer_ms.map(|t| t as i64));
+        q.defers
+            .push(r.defer_ms.map(|t| t.min(i64::MAX as u64) as i64));
         q.reasons.push(if r.status == RunStatus::Terminal {
             r.state.terminal_reason.clone()
         } else {
@@ -595,6 +602,7 @@ pub(crate) async fn commit_on(
         .bind(&q.c_timer)
         .bind(&q.c_deadline)
         .bind(BRANCH_RESULT_BYTES_MAX)
+        .bind(&q.defers)
         .fetch_all(&mut *conn)
         .await
         .inspect_err(|e| {
@@ -732,4 +740,5 @@ struct Columns {
     c_branch: Vec<Value>,
     c_timer: Vec<Option<i64>>,
     c_deadline: Vec<Option<i64>>,
+    defers: Vec<Option<i64>>,
 }

@@ -68,7 +68,7 @@ impl Store {
         );
         g.queues = sqlx::query_as(
             "SELECT queue, count(*),
-                    coalesce(extract(epoch FROM clock_timestamp() - min(ready_at)), 0)::float8
+                    greatest(coalesce(extract(epoch FROM clock_timestamp() - min(ready_at)), 0), 0)::float8
              FROM rein_runs WHERE status = 'runnable' AND lease_owner IS NULL GROUP BY queue",
         )
         .fetch_all(self.pool())

@@ -422,6 +422,28 @@ impl Store {
         )
     }
 
+    /// Every event of type `kind`, oldest first: its run, who wrote it, and when by the
+    /// database clock (microseconds since the epoch). What a limit's accuracy is measured by.
+    pub async fn event_times(&self, kind: &str) -> Result<Vec<EventTime>, StoreError> {
+        let rows: Vec<(uuid::Uuid, i64, String, i64)> = sqlx::query_as(
+            "SELECT run_id, sequence, worker,
+                    (extract(epoch FROM occurred_at) * 1000000)::bigint
+             FROM rein_events WHERE type = $1 ORDER BY occurred_at, run_id, sequence",
+        )
+        .bind(kind)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(run_id, sequence, worker, at_us)| EventTime {
+                run_id,
+                sequence,
+                worker,
+                at_us,
+            })
+            .collect())
+    }
+
     /// Runs parked in one of `states`, oldest first (the demo's simulated approver).
     pub async fn runs_in_states(
         &self,
@@ -448,4 +470,14 @@ impl Store {
                 .await?,
         )
     }
+}
+
+/// When one event was written and by whom (see [`Store::event_times`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventTime {
+    pub run_id: uuid::Uuid,
+    pub sequence: i64,
+    pub worker: String,
+    /// Microseconds since the epoch, by the database clock.
+    pub at_us: i64,
 }

@@ -147,6 +147,11 @@ impl Store {
                 "{kind} is delivered by the engine when a branch's run ends; it cannot be sent"
             )));
         }
+        if kind == EngineEvent::ActionDeferred.as_str() {
+            return Err(StoreError::Invalid(format!(
+                "{kind} is written by the worker a fleet-wide limit holds back; it cannot be sent"
+            )));
+        }
         let mut tx = self.pool().begin().await?;
         let outcome = self
             .send_on(&mut tx, run_id, kind, payload, sender, inbox_ttl_ms)

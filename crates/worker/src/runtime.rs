@@ -41,6 +41,13 @@ pub struct WorkerConfig {
     /// Payload fields larger than this are stored once as content-addressed blobs and the
     /// event keeps their reference (SPEC E5).
     pub payload_inline_bytes: usize,
+    /// Fleet-wide limits by key (SPEC K1); they override a definition's values for the key.
+    pub limits: std::collections::BTreeMap<String, rein_core::LimitSpec>,
+    /// Longest an action waits in process for a limit before its run is handed back until
+    /// the limit allows it.
+    pub limit_wait_max_ms: u64,
+    /// Where fleet-wide limits are kept; without it each process applies them on its own.
+    pub redis: Option<rein_accel::RedisConfig>,
 }
 
 impl WorkerConfig {
@@ -56,6 +63,9 @@ impl WorkerConfig {
             steps_per_claim_max: 64,
             commit_batching: true,
             payload_inline_bytes: rein_core::limits::PAYLOAD_INLINE_BYTES_DEFAULT,
+            limits: Default::default(),
+            limit_wait_max_ms: 2_000,
+            redis: None,
         }
     }
 
@@ -82,6 +92,20 @@ impl WorkerConfig {
         }
         if let Some(q) = self.queues.iter().find(|q| q.is_empty() || q.len() > 128) {
             return Err(format!("queue name `{q}` must be 1..=128 bytes"));
+        }
+        if self.limit_wait_max_ms > 60_000 {
+            return Err("the longest wait for a limit must be 0..=60000 ms".into());
+        }
+        if self.limits.len() > 256 {
+            return Err("give at most 256 limits".into());
+        }
+        for (key, spec) in &self.limits {
+            if let Some(problem) = rein_core::limit_key_problem(key) {
+                return Err(problem);
+            }
+            if let Some(problem) = spec.problems().into_iter().next() {
+                return Err(format!("limit `{key}`: {problem}"));
+            }
         }
         Ok(())
     }
@@ -192,13 +216,22 @@ struct Inner {
     /// Signalled when work may have become runnable (a wake-up): cuts the idle wait short.
     /// One stored permit, so a burst of wake-ups becomes at most one extra claim round.
     wakeups: Arc<tokio::sync::Notify>,
+    /// Fleet-wide rate and concurrency limits on actions (SPEC K1).
+    limiter: rein_accel::limits::Limiter,
 }
 
 impl Worker {
     pub fn new(store: Store, config: WorkerConfig, registry: Registry) -> Worker {
         let (tx, rx) = mpsc::channel(4096);
+        let limiter = rein_accel::limits::Limiter::new(
+            config.redis.clone(),
+            config.limits.clone(),
+            Duration::from_millis(config.limit_wait_max_ms),
+            config.lease_ttl_ms,
+        );
         Worker {
             inner: Arc::new(Inner {
+                limiter,
                 store,
                 config,
                 registry,
@@ -388,6 +421,9 @@ async fn renewer(inner: Arc<Inner>) {
         if held.is_empty() {
             continue;
         }
+        // Concurrency slots live as long as the leases of the actions holding them.
+        let limiter = inner.limiter.clone();
+        tokio::spawn(async move { limiter.refresh().await });
         let asked = held;
         match inner
             .store
@@ -448,6 +484,9 @@ struct Driver {
     token: i64,
     state: RunState,
     held: Arc<Held>,
+    /// The next commit goes straight to the database instead of queueing behind other
+    /// runs' batch: a dispatch a rate limit timed lands when the limit said (SPEC K1).
+    direct: bool,
 }
 
 async fn drive(inner: Arc<Inner>, claimed: ClaimedRun) {
@@ -479,6 +518,7 @@ async fn drive(inner: Arc<Inner>, claimed: ClaimedRun) {
         token: claimed.token,
         state: claimed.state,
         held,
+        direct: false,
     };
     debug!(%run_id, token = driver.token, queued_ms = claimed.queued_ms, "claimed");
     let _ = driver.run().await;
@@ -630,10 +670,12 @@ impl Driver {
                 (step, format!("step-{step}"))
             }
         };
+        let permit = self.admit(self.def.limit_keys(&node, None), &node).await?;
         let call_id = Uuid::now_v7().to_string();
         let ctx = self.context(&node, step, &action_id, &call_id);
         let side_effect = handler.side_effect(&ctx);
         if side_effect {
+            self.direct = permit.limited();
             self.commit(vec![
                 NewEvent::new(
                     EngineEvent::ActionDispatched.as_str(),
@@ -673,6 +715,7 @@ impl Driver {
             }
         };
         drop(in_flight);
+        drop(permit);
         self.inner.stats.steps.fetch_add(1, Ordering::Relaxed);
         let Some(outcome) = outcome else {
             return self.interrupted(side_effect, &call_id).await;
@@ -912,11 +955,15 @@ impl Driver {
                 ))
                 .await;
         };
+        let permit = self
+            .admit(vec![format!("tool:{}", call.tool)], node)
+            .await?;
         let call_id = Uuid::now_v7().to_string();
         let mut ctx = self.context(node, step, action_id, &call_id);
         ctx.args = call.args.clone();
         let dispatched = call.side_effect || approval.is_some();
         if dispatched {
+            self.direct = permit.limited();
             self.commit_with(
                 vec![
                     NewEvent::new(
@@ -937,6 +984,7 @@ impl Driver {
                 Vec::new(),
                 false,
                 approval,
+                None,
             )
             .await?;
         }
@@ -958,6 +1006,7 @@ impl Driver {
             }
         };
         drop(in_flight);
+        drop(permit);
         self.inner.stats.steps.fetch_add(1, Ordering::Relaxed);
         match outcome {
             Outcome::Events(candidates) => {
@@ -1009,21 +1058,71 @@ impl Driver {
         if events.is_empty() {
             return Ok(());
         }
-        self.commit_with(events, consumed, false, None).await
+        self.commit_with(events, consumed, false, None, None).await
     }
 
     async fn release(&mut self) -> Stop {
         if self.held.lost.is_cancelled() {
             return Stop::Lost;
         }
-        match self.commit_with(Vec::new(), Vec::new(), true, None).await {
+        match self
+            .commit_with(Vec::new(), Vec::new(), true, None, None)
+            .await
+        {
             Ok(()) => Stop::Released,
             Err(stop) => stop,
         }
     }
 
     async fn commit(&mut self, events: Vec<NewEvent>) -> Result<(), Stop> {
-        self.commit_with(events, Vec::new(), false, None).await
+        self.commit_with(events, Vec::new(), false, None, None)
+            .await
+    }
+
+    /// Waits for the fleet-wide limits of `keys` (SPEC K1) at most the configured time. When
+    /// they will not allow the action by then, records ACTION_DEFERRED and hands the run back
+    /// until they will: not a failure, no retry counted, no worker slot held meanwhile.
+    async fn admit(
+        &mut self,
+        keys: Vec<String>,
+        node: &str,
+    ) -> Result<rein_accel::limits::Permit, Stop> {
+        let holder = format!("{}/{}", self.inner.config.worker_id, self.run_id);
+        let admission = self
+            .inner
+            .limiter
+            .admit(&keys, self.def.limits(), &holder, &self.held.lost)
+            .await;
+        if self.held.lost.is_cancelled() {
+            return Err(Stop::Lost);
+        }
+        let (key, limit, wait_ms) = match admission {
+            rein_accel::limits::Admission::Go(permit) => return Ok(permit),
+            rein_accel::limits::Admission::Defer {
+                key,
+                limit,
+                wait_ms,
+            } => (key, limit, wait_ms),
+        };
+        debug!(run_id = %self.run_id, key, limit, wait_ms, "action deferred by a fleet-wide limit");
+        let deferred = NewEvent::new(
+            EngineEvent::ActionDeferred.as_str(),
+            json!({ "key": key, "limit": limit, "wait_ms": wait_ms, "node": node }),
+        )
+        .at_node(Some(node));
+        let outcome = self
+            .commit_with(vec![deferred], Vec::new(), true, None, Some(wait_ms))
+            .await;
+        // This worker looks again when the run is due, without waiting for its poll.
+        let wakeups = self.inner.wakeups.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+            wakeups.notify_one();
+        });
+        match outcome {
+            Ok(()) => Err(Stop::Released),
+            Err(stop) => Err(stop),
+        }
     }
 
     /// Commits under this worker's token, retrying transient database errors until the lease
@@ -1034,6 +1133,7 @@ impl Driver {
         consumed: Vec<i64>,
         release: bool,
         approval: Option<Uuid>,
+        defer_ms: Option<u64>,
     ) -> Result<(), Stop> {
         let plan = CommitPlan {
             writer: Writer::Leased,
@@ -1062,6 +1162,7 @@ impl Driver {
             Ok(mut r) => {
                 r.approval = approval;
                 r.blobs = blobs;
+                r.defer_ms = defer_ms;
                 r
             }
             Err(e) => {
@@ -1076,18 +1177,30 @@ impl Driver {
             tokio::time::Instant::now() + Duration::from_millis(self.inner.config.lease_ttl_ms);
         let mut pause = Duration::from_millis(50);
         loop {
-            let (tx, rx) = oneshot::channel();
-            let sent = self
-                .inner
-                .commits
-                .send(CommitJob {
-                    request: request.clone(),
-                    reply: tx,
-                })
-                .await;
-            let outcome = match (sent, rx.await) {
-                (Ok(()), Ok(outcome)) => outcome,
-                _ => return Err(Stop::Lost),
+            let outcome = if std::mem::take(&mut self.direct) {
+                self.inner
+                    .stats
+                    .commit_statements
+                    .fetch_add(1, Ordering::Relaxed);
+                self.inner
+                    .store
+                    .commit_batch(&self.inner.config.worker_id, std::slice::from_ref(&request))
+                    .await
+                    .map(|mut o| o.pop().unwrap_or(CommitOutcome::RunNotFound))
+            } else {
+                let (tx, rx) = oneshot::channel();
+                let sent = self
+                    .inner
+                    .commits
+                    .send(CommitJob {
+                        request: request.clone(),
+                        reply: tx,
+                    })
+                    .await;
+                match (sent, rx.await) {
+                    (Ok(()), Ok(outcome)) => outcome,
+                    _ => return Err(Stop::Lost),
+                }
             };
             match outcome {
                 Ok(CommitOutcome::Committed(c)) => {
