@@ -87,6 +87,16 @@ fn worker_args<'a>(id_redis: &'a [&'a str], extra: &'a [&'a str]) -> Vec<&'a str
     args
 }
 
+/// Enqueues `n` runs of the newest lifecycle version whose sim actions take `work_ms`.
+async fn lifecycle_runs<W: serde::Serialize>(
+    store: &Store,
+    n: usize,
+    work_ms: W,
+) -> Vec<uuid::Uuid> {
+    let input = json!({ "sim": { "work_ms": work_ms } });
+    enqueue_many(store, "lifecycle", input, "default", n).await
+}
+
 /// SIGTERMs each process and checks it exits 0.
 fn stop_all(fleet: &mut Fleet, ids: &[&str]) {
     for id in ids {
@@ -126,14 +136,7 @@ async fn a_rate_limit_holds_across_three_worker_processes_by_the_database_clock(
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     let n = 60;
-    let ids = enqueue_many(
-        &store,
-        "lifecycle",
-        json!({ "sim": { "work_ms": 1 } }),
-        "default",
-        n,
-    )
-    .await;
+    let ids = lifecycle_runs(&store, n, 1).await;
     let started = Instant::now();
     await_all_terminal(&store, Duration::from_secs(120)).await;
     let took = started.elapsed();
@@ -236,14 +239,7 @@ async fn a_concurrency_cap_holds_fleet_wide_and_a_killed_holders_slots_expire_wi
 
     let work_ms = 400i64;
     let n = 36;
-    let ids = enqueue_many(
-        &store,
-        "lifecycle",
-        json!({ "sim": { "work_ms": work_ms } }),
-        "default",
-        n,
-    )
-    .await;
+    let ids = lifecycle_runs(&store, n, work_ms).await;
 
     // Kill a worker while it holds slots; its slots must expire within the lease TTL.
     let limiter = rein_accel::limits::Limiter::new(
@@ -350,14 +346,7 @@ async fn with_redis_gone_each_worker_applies_the_limit_on_its_own_and_says_so() 
     // Redis goes away before the load: the runs go on under the per-process limit.
     redis.stop();
     let n = 30;
-    let ids = enqueue_many(
-        &store,
-        "lifecycle",
-        json!({ "sim": { "work_ms": 1 } }),
-        "default",
-        n,
-    )
-    .await;
+    let ids = lifecycle_runs(&store, n, 1).await;
     await_all_terminal(&store, Duration::from_secs(120)).await;
     let runs: HashSet<uuid::Uuid> = ids.iter().copied().collect();
     let times: Vec<i64> = dispatches_of(
