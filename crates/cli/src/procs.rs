@@ -63,6 +63,24 @@ pub fn role_args(role: &str, url: &str, id: &str, flags: &[(&str, String)]) -> V
     args
 }
 
+/// This binary with `args` and `env`, and without the inherited variables in `unset` (a
+/// child must not pick up, say, a `REDIS_URL` its parent chose not to give it).
+pub fn rein_command(
+    args: &[String],
+    env: &[(&str, &str)],
+    unset: &[&str],
+) -> std::io::Result<Command> {
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(args);
+    for k in unset {
+        cmd.env_remove(k);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    Ok(cmd)
+}
+
 /// Peak resident set size of this process in bytes.
 pub fn own_peak_rss_bytes() -> Option<u64> {
     peak_rss_of("/proc/self/status")
@@ -98,18 +116,18 @@ impl Children {
         args: &[String],
         env: &[(&str, &str)],
     ) -> std::io::Result<()> {
-        let exe = std::env::current_exe()?;
+        self.spawn_command(name, rein_command(args, env, &[])?)
+    }
+
+    /// Starts `cmd` in a process group of its own; stdout and stderr go to `NAME.out` and
+    /// `NAME.err` in the log directory.
+    pub fn spawn_command(&mut self, name: &str, mut cmd: Command) -> std::io::Result<()> {
         let out = File::create(self.log_dir.join(format!("{name}.out")))?;
         let err = File::create(self.log_dir.join(format!("{name}.err")))?;
-        let mut cmd = Command::new(exe);
-        cmd.args(args)
-            .stdin(Stdio::null())
+        cmd.stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             .process_group(0);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
         let child = cmd.spawn()?;
         self.procs.push(Proc {
             name: name.to_owned(),

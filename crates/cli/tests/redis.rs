@@ -4,11 +4,12 @@
 
 mod common;
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Fleet, await_all_terminal, enqueue_many, fresh_store, tmp_dir};
+use common::{
+    Fleet, PrivateRedis, await_all_terminal, enqueue_many, free_port, fresh_store, tmp_dir,
+};
 use rein_store::Store;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -18,71 +19,6 @@ use tokio_util::sync::CancellationToken;
 const POLL_MS: &str = "1500";
 /// A probe run counts as woken when it finishes within this.
 const WOKEN_WITHIN: Duration = Duration::from_millis(900);
-
-/// A private redis-server on a free port, stopped (by its pid only) on drop.
-struct PrivateRedis {
-    port: u16,
-    pidfile: std::path::PathBuf,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-impl PrivateRedis {
-    fn start(port: u16, dir: &std::path::Path) -> PrivateRedis {
-        let pidfile = dir.join(format!("redis-{port}.pid"));
-        let _ = std::fs::remove_file(&pidfile);
-        let status = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "yes"])
-            .arg("--pidfile")
-            .arg(&pidfile)
-            .arg("--dir")
-            .arg(dir)
-            .status()
-            .expect("redis-server must be installed (SPEC K1 tests need a real Redis)");
-        assert!(status.success(), "redis-server did not start");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server is not listening");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        PrivateRedis { port, pidfile }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn stop(&self) {
-        let Ok(pid) = std::fs::read_to_string(&self.pidfile) else {
-            return;
-        };
-        let Ok(pid) = pid.trim().parse::<i32>() else {
-            return;
-        };
-        // SAFETY: signals only the server this test started, by its pid.
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-            assert!(Instant::now() < deadline, "redis-server did not stop");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = std::fs::remove_file(&self.pidfile);
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
 
 /// Enqueues one run at a time through a store that publishes wake-ups and returns how long
 /// each took to finish.

@@ -395,3 +395,69 @@ pub async fn finished_runs(prefix: &str) -> Finished {
         denied,
     }
 }
+
+/// A private redis-server on a free port, stopped (by its pid only) on drop.
+pub struct PrivateRedis {
+    port: u16,
+    pidfile: std::path::PathBuf,
+}
+
+/// A TCP port nothing listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+impl PrivateRedis {
+    pub fn start(port: u16, dir: &std::path::Path) -> PrivateRedis {
+        let pidfile = dir.join(format!("redis-{port}.pid"));
+        let _ = std::fs::remove_file(&pidfile);
+        let status = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "yes"])
+            .arg("--pidfile")
+            .arg(&pidfile)
+            .arg("--dir")
+            .arg(dir)
+            .status()
+            .expect("redis-server must be installed (SPEC K1 tests need a real Redis)");
+        assert!(status.success(), "redis-server did not start");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server is not listening");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        PrivateRedis { port, pidfile }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn stop(&self) {
+        let Ok(pid) = std::fs::read_to_string(&self.pidfile) else {
+            return;
+        };
+        let Ok(pid) = pid.trim().parse::<i32>() else {
+            return;
+        };
+        // SAFETY: signals only the server this test started, by its pid.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            assert!(Instant::now() < deadline, "redis-server did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = std::fs::remove_file(&self.pidfile);
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
