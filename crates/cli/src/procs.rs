@@ -1,5 +1,5 @@
-//! Child `rein` processes for `rein bench --processes` and `rein chaos`: each in its own
-//! process group, output to files, and always reaped — continued (a stopped process cannot
+//! Child processes for `rein bench --processes` and `rein chaos` (`rein` roles, and chaos's
+//! redis-server): each in its own process group, output to files, and always reaped — continued (a stopped process cannot
 //! die otherwise), killed and waited for — when the [`Children`] value is dropped, panics
 //! included.
 
@@ -106,17 +106,6 @@ impl Children {
             log_dir: log_dir.to_path_buf(),
             procs: Vec::new(),
         })
-    }
-
-    /// Starts this binary with `args` and `env`; stdout and stderr go to `NAME.out` and
-    /// `NAME.err` in the log directory.
-    pub fn spawn(
-        &mut self,
-        name: &str,
-        args: &[String],
-        env: &[(&str, &str)],
-    ) -> std::io::Result<()> {
-        self.spawn_command(name, rein_command(args, env, &[])?)
     }
 
     /// Starts `cmd` in a process group of its own; stdout and stderr go to `NAME.out` and
