@@ -161,6 +161,11 @@ async fn publish_loop(inner: Arc<PublisherInner>, stop: CancellationToken) {
             Ok(mut p) => p.drain().collect(),
             Err(_) => return,
         };
+        // A wake-up that arrived during the last window was published with it but left a
+        // permit behind: nothing to send, and an empty pipeline would read as Redis failing.
+        if channels.is_empty() {
+            continue;
+        }
         // A connection that failed is replaced once at once: the first publish after Redis
         // returns must not be the one that discovers the old connection is dead.
         for _attempt in 0..2 {
