@@ -131,7 +131,8 @@ fn validate(args: &ChaosArgs) -> Result<(), String> {
 }
 
 pub async fn chaos(args: ChaosArgs) -> u8 {
-    crate::init_logging_at(false, "warn,sqlx=error");
+    // Chaos notes each Redis outage itself; its own publisher's warnings would repeat them.
+    crate::init_logging_at(false, "warn,sqlx=error,rein_accel=error");
     if let Err(problem) = validate(&args) {
         eprintln!("error: {problem}");
         return exit::INPUT;
