@@ -6,7 +6,7 @@
 pub mod limits;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -163,6 +163,11 @@ async fn publish_loop(inner: Arc<PublisherInner>, stop: CancellationToken) {
             Ok(mut p) => p.drain().collect(),
             Err(_) => return,
         };
+        // A wake-up that arrived during the last window was published with it but left a
+        // permit behind: nothing to send, and an empty pipeline would read as Redis failing.
+        if channels.is_empty() {
+            continue;
+        }
         // A connection that failed is replaced once at once: the first publish after Redis
         // returns must not be the one that discovers the old connection is dead.
         for _attempt in 0..2 {
@@ -231,16 +236,7 @@ async fn listen(
     health: &Health,
     stop: &CancellationToken,
 ) -> Result<(), redis::RedisError> {
-    let client = config.client()?;
-    let mut pubsub = match tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_pubsub()).await {
-        Ok(r) => r?,
-        Err(_) => {
-            return Err(redis::RedisError::from((
-                redis::ErrorKind::Io,
-                "connection timed out",
-            )));
-        }
-    };
+    let mut pubsub = connect_pubsub(config).await?;
     for ch in channels {
         pubsub.subscribe(ch).await?;
     }
@@ -264,5 +260,74 @@ async fn listen(
                 }
             }
         }
+    }
+}
+
+async fn connect_pubsub(config: &RedisConfig) -> Result<redis::aio::PubSub, redis::RedisError> {
+    let client = config.client()?;
+    match tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_pubsub()).await {
+        Ok(r) => r,
+        Err(_) => Err(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "connection timed out",
+        ))),
+    }
+}
+
+/// How many connections are subscribed to `channel` right now (`PUBSUB NUMSUB`): whether a
+/// fleet is listening for wake-ups, as Redis itself sees it.
+pub async fn subscribers(config: &RedisConfig, channel: &str) -> Result<u64, redis::RedisError> {
+    let mut conn = connect_manager(config).await?;
+    let mut cmd = redis::cmd("PUBSUB");
+    cmd.arg("NUMSUB").arg(channel);
+    match tokio::time::timeout(CONNECT_TIMEOUT, cmd.query_async::<(String, u64)>(&mut conn)).await {
+        Ok(r) => Ok(r?.1),
+        Err(_) => Err(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "PUBSUB NUMSUB timed out",
+        ))),
+    }
+}
+
+/// Counts the messages published on one channel while it lives (subscribed before
+/// [`Tap::start`] returns): what a fleet really published, as a listener sees it.
+pub struct Tap {
+    count: Arc<AtomicU64>,
+    stop: CancellationToken,
+}
+
+impl Tap {
+    pub async fn start(config: &RedisConfig, channel: &str) -> Result<Tap, redis::RedisError> {
+        let mut pubsub = connect_pubsub(config).await?;
+        pubsub.subscribe(channel).await?;
+        let count = Arc::new(AtomicU64::new(0));
+        let stop = CancellationToken::new();
+        let (counted, stopped) = (count.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut messages = pubsub.into_on_message();
+            loop {
+                tokio::select! {
+                    _ = stopped.cancelled() => return,
+                    msg = messages.next() => match msg {
+                        Some(_) => {
+                            counted.fetch_add(1, Ordering::Relaxed);
+                        }
+                        None => return,
+                    }
+                }
+            }
+        });
+        Ok(Tap { count, stop })
+    }
+
+    /// Messages seen so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Tap {
+    fn drop(&mut self) {
+        self.stop.cancel();
     }
 }

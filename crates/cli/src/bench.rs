@@ -72,14 +72,27 @@ pub struct BenchArgs {
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
-    /// Idle wait of the workers between claim queries when nothing was found.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=60_000))]
-    poll_interval_ms: u64,
+    /// Idle wait of the workers between claim queries when nothing was found [default: 20;
+    /// with --compare-redis 100, a worker's own default].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    poll_interval_ms: Option<u64>,
     /// With `--redis-url`, enqueues, fired timers and released runs publish wake-ups that cut
     /// the workers' idle wait short.
     #[command(flatten)]
     redis: crate::RedisArgs,
+    /// Run the open-loop point twice, first with workers polling only (no publishing, no
+    /// subscription), then with Redis wake-ups, and compare enqueue → start latency and
+    /// claim queries. Needs `--redis-url` (or REDIS_URL) and `--rate`.
+    #[arg(long)]
+    compare_redis: bool,
 }
+
+/// The benchmark's poll interval: short, so a closed-loop point measures the database
+/// rather than idle waits.
+const POLL_INTERVAL_MS_DEFAULT: u64 = 20;
+/// With `--compare-redis`: what a `rein worker` polls at unless told otherwise, the wait that
+/// wake-ups are there to cut short; a shorter one would hide what they save.
+const POLL_INTERVAL_MS_COMPARE: u64 = 100;
 
 const REFERENCE_BATCH: usize = 10;
 const WARM_UP: Duration = Duration::from_secs(2);
@@ -101,6 +114,8 @@ struct Reference {
 
 #[derive(Debug, Clone, Serialize)]
 struct Point {
+    /// Whether the fleet published and subscribed to Redis wake-ups.
+    redis: bool,
     workers: u32,
     processes: bool,
     /// Open-loop enqueue rate, when the point had one.
@@ -120,6 +135,14 @@ struct Point {
     claim_ms_p50: f64,
     claim_ms_p99: f64,
     claim_queries: u64,
+    /// Claim queries per finished run: how much polling (or waking) it took to start work.
+    claim_queries_per_run: f64,
+    /// Wake-ups published on the point's queue channel, as a listener of the benchmark's own
+    /// saw them (`--compare-redis` only).
+    wakeups_published: Option<u64>,
+    /// Connections subscribed to the point's queue channel near the end of the load, the
+    /// benchmark's listener not counted (`--compare-redis` only).
+    wake_subscribers: Option<u64>,
     commit_statements: u64,
     /// Database connections the workers had open at the end of the point.
     connections: u32,
@@ -127,6 +150,7 @@ struct Point {
     peak_rss_mb: Vec<f64>,
 }
 
+#[derive(Clone)]
 struct Plan {
     definition: Definition,
     input: Value,
@@ -184,6 +208,24 @@ pub async fn bench(args: BenchArgs) -> u8 {
         eprintln!("error: --rate must be a number of runs per second in (0, 100000]");
         return exit::INPUT;
     }
+    if args.compare_redis {
+        if args.redis.config().is_none() {
+            eprintln!(
+                "error: --compare-redis measures with and without Redis wake-ups: pass --redis-url redis://HOST:PORT (or set REDIS_URL), and on a shared Redis a --redis-prefix of its own"
+            );
+            return exit::INPUT;
+        }
+        if args.rate.is_none() {
+            eprintln!(
+                "error: --compare-redis compares latency at one offered load: pass an open-loop --rate in runs per second (e.g. --rate 50)"
+            );
+            return exit::INPUT;
+        }
+        if args.scale {
+            eprintln!("error: --compare-redis runs one point twice; leave out --scale");
+            return exit::INPUT;
+        }
+    }
     let widest = if args.scale {
         8
     } else {
@@ -224,7 +266,11 @@ pub async fn bench(args: BenchArgs) -> u8 {
         log_dir: crate::privdb::base_dir()
             .with_file_name(format!("rein-bench-{}", std::process::id())),
         json: args.json,
-        poll_interval_ms: args.poll_interval_ms,
+        poll_interval_ms: args.poll_interval_ms.unwrap_or(if args.compare_redis {
+            POLL_INTERVAL_MS_COMPARE
+        } else {
+            POLL_INTERVAL_MS_DEFAULT
+        }),
         redis: args.redis.clone(),
     };
     let code = run(&args, &plan, private.is_some()).await;
@@ -309,9 +355,13 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
         );
     }
 
+    if args.compare_redis {
+        return compare_redis(args, plan, &store, &settings).await;
+    }
+
     let mut results = Vec::new();
     for (i, &workers) in points.iter().enumerate() {
-        let point = match run_point(plan, &store, i, workers, args.rate).await {
+        let point = match run_point(plan, &store, i, workers, args.rate, None).await {
             Ok(p) => p,
             Err(code) => return code,
         };
@@ -327,7 +377,7 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
         .expect("at least one point");
     let half_peak = if args.scale && args.rate.is_none() && peak.runs_per_s > 0.0 {
         let rate = peak.runs_per_s / 2.0;
-        match run_point(plan, &store, results.len(), peak.workers, Some(rate)).await {
+        match run_point(plan, &store, results.len(), peak.workers, Some(rate), None).await {
             Ok(p) => {
                 if !plan.json {
                     eprintln!("{}", point_line(&p));
@@ -367,20 +417,13 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
     if let Some(b) = crate::procs::own_peak_rss_bytes() {
         own_rss.push(mb(b));
     }
-    let params = json!({
-        "runs": plan.args_runs,
-        "workers": if plan.processes { Value::Null } else { json!(points) },
-        "processes": if plan.processes { json!(points) } else { Value::Null },
-        "concurrency": plan.concurrency,
-        "claim_batch": plan.claim_batch,
-        "commit_batching": plan.commit_batching,
-        "worker_pool": plan.worker_pool,
-        "duration_s": plan.duration.as_secs(),
-        "rate": args.rate,
-        "definition": format!("{} v{}", plan.definition.name(), plan.definition.version()),
-        "redis": false,
-        "database": settings,
-    });
+    let params = params(
+        plan,
+        args.rate,
+        &points,
+        json!(plan.redis.config().is_some()),
+        &settings,
+    );
     // The headline figures: the single point, or the peak of the curve.
     let headline = &peak;
     let latency_from = half_peak.as_ref().unwrap_or(headline);
@@ -416,6 +459,138 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
         print_tables(&results, half_peak.as_ref(), &reference, &own_rss);
     }
     exit::OK
+}
+
+/// What a report was measured with.
+fn params(
+    plan: &Plan,
+    rate: Option<f64>,
+    points: &[u32],
+    redis: Value,
+    settings: &BTreeMap<&str, String>,
+) -> Value {
+    json!({
+        "runs": plan.args_runs,
+        "workers": if plan.processes { Value::Null } else { json!(points) },
+        "processes": if plan.processes { json!(points) } else { Value::Null },
+        "concurrency": plan.concurrency,
+        "claim_batch": plan.claim_batch,
+        "commit_batching": plan.commit_batching,
+        "worker_pool": plan.worker_pool,
+        "duration_s": plan.duration.as_secs(),
+        "rate": rate,
+        "poll_interval_ms": plan.poll_interval_ms,
+        "definition": format!("{} v{}", plan.definition.name(), plan.definition.version()),
+        "redis": redis,
+        "database": settings,
+    })
+}
+
+/// `--compare-redis`: the same open-loop point with workers polling only, then with Redis
+/// wake-ups; latency and claim queries side by side. Polling first, so a warmer database
+/// (if anything) favours the half without Redis.
+async fn compare_redis(
+    args: &BenchArgs,
+    plan: &Plan,
+    store: &Store,
+    settings: &BTreeMap<&str, String>,
+) -> u8 {
+    let (Some(config), Some(rate)) = (plan.redis.config(), args.rate) else {
+        return exit::INPUT;
+    };
+    let workers = args.processes.unwrap_or(args.workers);
+    if !plan.json {
+        eprintln!(
+            "comparing at {rate:.0} runs/s offered, poll interval {} ms, up to {} s each: polling only, then with Redis wake-ups (prefix {})",
+            plan.poll_interval_ms,
+            plan.duration.as_secs(),
+            config.prefix
+        );
+    }
+    let polling = Plan {
+        redis: crate::RedisArgs::default(),
+        ..plan.clone()
+    };
+    let mut halves = Vec::new();
+    for (i, half) in [&polling, plan].into_iter().enumerate() {
+        match run_point(half, store, i, workers, Some(rate), Some(&config)).await {
+            Ok(p) => {
+                if !plan.json {
+                    eprintln!("{}", point_line(&p));
+                }
+                halves.push(p);
+            }
+            Err(code) => return code,
+        }
+    }
+    let (without, with) = (&halves[0], &halves[1]);
+    let (a, b) = (&without.enqueue_to_start_ms, &with.enqueue_to_start_ms);
+    let ratios = json!({
+        "enqueue_to_start_p50": ratio(a.p50, b.p50),
+        "enqueue_to_start_p90": ratio(a.p90, b.p90),
+        "enqueue_to_start_p99": ratio(a.p99, b.p99),
+        "claim_queries_per_run": ratio(without.claim_queries_per_run, with.claim_queries_per_run),
+    });
+    if plan.json {
+        let summary = json!({
+            "compare_redis": {
+                "without": without,
+                "with": with,
+                "ratio_without_to_with": ratios,
+            },
+            "params": params(plan, Some(rate), &[workers], json!("compare"), settings),
+        });
+        println!("{summary}");
+    } else {
+        print_comparison(without, with, &ratios);
+    }
+    exit::OK
+}
+
+fn print_comparison(without: &Point, with: &Point, ratios: &Value) {
+    println!();
+    println!(
+        "{:<22} {:>13} {:>8} {:>8} {:>8} {:>13} {:>8} {:>13}",
+        "enqueue → start",
+        "runs finished",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "claim queries",
+        "per run",
+        "wake-ups/subs"
+    );
+    for (label, p) in [("polling only", without), ("with Redis wake-ups", with)] {
+        let e = &p.enqueue_to_start_ms;
+        println!(
+            "{label:<22} {:>13} {:>8.1} {:>8.1} {:>8.1} {:>13} {:>8.2} {:>13}",
+            format!("{}/{}", p.runs_finished, p.runs),
+            e.p50,
+            e.p90,
+            e.p99,
+            p.claim_queries,
+            p.claim_queries_per_run,
+            format!(
+                "{}/{}",
+                p.wakeups_published.unwrap_or(0),
+                p.wake_subscribers.unwrap_or(0)
+            ),
+        );
+    }
+    let r = |key: &str, digits: usize| format!("{:.digits$}×", ratios[key].as_f64().unwrap_or(0.0));
+    println!(
+        "{:<22} {:>13} {:>8} {:>8} {:>8} {:>13} {:>8}",
+        "without ÷ with",
+        "",
+        r("enqueue_to_start_p50", 1),
+        r("enqueue_to_start_p90", 1),
+        r("enqueue_to_start_p99", 1),
+        "",
+        r("claim_queries_per_run", 2),
+    );
+    println!(
+        "wake-ups/subs: wake-ups published on the point's queue channel / connections subscribed to it, as Redis saw them"
+    );
 }
 
 fn ratio(a: f64, b: f64) -> f64 {
@@ -560,9 +735,14 @@ async fn start_fleet(plan: &Plan, queue: &str, workers: u32) -> Result<Fleet, St
                 flags.push(("--redis-prefix", plan.redis.redis_prefix.clone()));
             }
             let a = crate::procs::role_args("worker", &plan.url, &name, &flags);
-            children
-                .spawn(&name, &a, &[("REIN_LOG", "warn,rein_worker=info")])
-                .map_err(|e| StoreError::Invalid(format!("cannot start a worker process: {e}")))?;
+            // Exactly the Redis the plan names: none inherited from the environment.
+            crate::procs::rein_command(
+                &a,
+                &[("REIN_LOG", "warn,rein_worker=info")],
+                &["REDIS_URL", "REIN_REDIS_PREFIX"],
+            )
+            .and_then(|cmd| children.spawn_command(&name, cmd))
+            .map_err(|e| StoreError::Invalid(format!("cannot start a worker process: {e}")))?;
         }
         Ok(Fleet::Processes(children))
     } else {
@@ -712,6 +892,7 @@ async fn run_point(
     index: usize,
     workers: u32,
     rate: Option<f64>,
+    observe: Option<&rein_accel::RedisConfig>,
 ) -> Result<Point, u8> {
     let queue = format!("bench-{}-{index}", std::process::id());
     let runs_total = match rate {
@@ -759,6 +940,15 @@ async fn run_point(
         tokio::spawn(async move {
             let _ = s.run(stop).await;
         })
+    };
+    // Listening before anything is enqueued, so every wake-up of the queue is counted.
+    let tap = match observe {
+        Some(config) => Some(
+            rein_accel::Tap::start(config, &config.queue_channel(&queue))
+                .await
+                .map_err(|e| redis_error(&e))?,
+        ),
+        None => None,
     };
     let fleet = match start_fleet(plan, &queue, workers).await {
         Ok(f) => f,
@@ -854,6 +1044,16 @@ async fn run_point(
         }
     }
     progress.finish_and_clear();
+    let wake_subscribers = match observe {
+        Some(config) => Some(
+            rein_accel::subscribers(config, &config.queue_channel(&queue))
+                .await
+                .map_err(|e| redis_error(&e))?
+                // Not counting the benchmark's own listener.
+                .saturating_sub(1),
+        ),
+        None => None,
+    };
     if let Some(f) = feeder {
         match f.await {
             Ok(Ok(_)) => {}
@@ -865,6 +1065,7 @@ async fn run_point(
         }
     }
     let figures = stop_fleet(fleet, &observer).await;
+    let wakeups_published = tap.map(|t| t.count());
     own_queries.fetch_add(u64::from(plan.processes), Ordering::Relaxed);
     scheduler_stop.cancel();
     let _ = scheduler.await;
@@ -881,6 +1082,7 @@ async fn run_point(
     claims.sort_unstable();
     let secs = stats.span_s.max(1e-9);
     Ok(Point {
+        redis: plan.redis.config().is_some(),
         workers,
         processes: plan.processes,
         offered_runs_per_s: rate,
@@ -899,15 +1101,23 @@ async fn run_point(
         claim_ms_p50: percentile_ms(&claims, 0.50),
         claim_ms_p99: percentile_ms(&claims, 0.99),
         claim_queries: figures.claim_queries,
+        claim_queries_per_run: ratio(figures.claim_queries as f64, stats.runs_terminal as f64),
+        wakeups_published,
+        wake_subscribers,
         commit_statements: figures.commit_statements,
         connections: figures.connections.max(1),
         peak_rss_mb: figures.peak_rss_mb,
     })
 }
 
+fn redis_error(e: &dyn std::fmt::Display) -> u8 {
+    eprintln!("error: Redis (--redis-url): {e}");
+    exit::DATABASE
+}
+
 fn point_line(p: &Point) -> String {
     format!(
-        "  {} {}{}: {}/{} runs in {:.1} s — {:.0} runs/s, {:.0} steps/s, {:.0} events/s, {} connections, step p99 {:.1} ms",
+        "  {} {}{}{}: {}/{} runs in {:.1} s — {:.0} runs/s, {:.0} steps/s, {:.0} events/s, {} connections, step p99 {:.1} ms",
         p.workers,
         if p.processes {
             "process(es)"
@@ -917,6 +1127,7 @@ fn point_line(p: &Point) -> String {
         p.offered_runs_per_s
             .map(|r| format!(" at {r:.0} runs/s offered"))
             .unwrap_or_default(),
+        if p.redis { " with Redis wake-ups" } else { "" },
         p.runs_finished,
         p.runs,
         p.seconds,

@@ -1,6 +1,7 @@
 //! `rein chaos`: a real fleet of `rein` processes (workers and two schedulers) drives sim runs
 //! of the built-in definitions while a seeded schedule kills and freezes workers, kills
-//! schedulers and (on a private server only) crash-restarts PostgreSQL; then the fleet heals,
+//! schedulers, kills chaos's own private Redis for a while (when redis-server is installed)
+//! and (on a private server only) crash-restarts PostgreSQL; then the fleet heals,
 //! finishes every run, and the whole-database audit must find every invariant intact
 //! (SPEC X1–X8, S1–S3, C1–C12). `--check-only` runs just the audit on an existing database.
 
@@ -53,6 +54,11 @@ const EXITS_MAX: usize = 20;
 const FIRST_ROUND_GRACE: Duration = Duration::from_secs(60);
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 const CHILD_LOG_FILTER: &str = "info,sqlx=warn";
+/// How long the private Redis stays down after a `redis_stop` fault.
+const REDIS_DOWN_FOR: Duration = Duration::from_secs(3);
+/// After Redis returns, how long every worker may take to subscribe again beyond its own
+/// reconnection backoff (2 s at most) and a stop of 2 × lease TTL + scheduler tick.
+const RESUBSCRIBE_SLACK: Duration = Duration::from_secs(10);
 
 #[derive(clap::Args)]
 pub struct ChaosArgs {
@@ -125,7 +131,8 @@ fn validate(args: &ChaosArgs) -> Result<(), String> {
 }
 
 pub async fn chaos(args: ChaosArgs) -> u8 {
-    crate::init_logging_at(false, "warn,sqlx=error");
+    // Chaos notes each Redis outage itself; its own publisher's warnings would repeat them.
+    crate::init_logging_at(false, "warn,sqlx=error,rein_accel=error");
     if let Err(problem) = validate(&args) {
         eprintln!("error: {problem}");
         return exit::INPUT;
@@ -260,14 +267,16 @@ enum Fault {
     WorkerStop,
     SchedulerKill,
     DbRestart,
+    RedisStop,
 }
 
 impl Fault {
-    const ALL: [Fault; 4] = [
+    const ALL: [Fault; 5] = [
         Fault::WorkerKill,
         Fault::WorkerStop,
         Fault::SchedulerKill,
         Fault::DbRestart,
+        Fault::RedisStop,
     ];
 
     fn name(self) -> &'static str {
@@ -276,6 +285,7 @@ impl Fault {
             Fault::WorkerStop => "worker_stop",
             Fault::SchedulerKill => "scheduler_kill",
             Fault::DbRestart => "db_restart",
+            Fault::RedisStop => "redis_stop",
         }
     }
 
@@ -284,7 +294,7 @@ impl Fault {
         match self {
             Fault::WorkerKill => 3,
             Fault::WorkerStop | Fault::SchedulerKill => 2,
-            Fault::DbRestart => 1,
+            Fault::DbRestart | Fault::RedisStop => 1,
         }
     }
 }
@@ -370,6 +380,25 @@ struct Recovery {
     held: Vec<(Uuid, i64)>,
     /// Index of the fault in the fault log.
     fault: usize,
+}
+
+/// A `redis_stop` whose Redis is back: done once every worker is subscribed again.
+struct Resubscription {
+    fault: usize,
+    back_at: Instant,
+}
+
+/// Chaos's own Redis, which every worker and scheduler it starts is given.
+struct Redis {
+    server: crate::privredis::PrivateRedis,
+    args: crate::RedisArgs,
+    /// Stops the harness's own publisher.
+    stop: tokio_util::sync::CancellationToken,
+    /// Set while a `redis_stop` fault holds it down: when it starts again.
+    down_until: Option<Instant>,
+    waiting: Option<Resubscription>,
+    resubscribed_ms: Vec<u64>,
+    not_resubscribed: u64,
 }
 
 /// One injected fault, for the report.
@@ -466,6 +495,8 @@ struct Harness<'a> {
     fault_log: Vec<FaultRecord>,
     exited: Vec<String>,
     restarting: Option<tokio::task::JoinHandle<(PrivatePostgres, Result<(), DevDbError>)>>,
+    /// `None` when redis-server is not installed (`redis_stop` skipped).
+    redis: Option<Redis>,
     requests: Vec<EnqueueRequest>,
     enqueued: u64,
     decided: HashSet<Uuid>,
@@ -497,6 +528,12 @@ impl<'a> Harness<'a> {
             );
             exit::INPUT
         })?;
+        let redis = start_redis(log_dir)?;
+        // The harness's enqueues and approvals wake the workers, as a user's would.
+        let store = match &redis {
+            Some(r) => r.args.publishing(store, &r.stop),
+            None => store,
+        };
         let mut enabled = vec![Fault::WorkerKill];
         if args.workers >= 2 {
             enabled.push(Fault::WorkerStop);
@@ -509,10 +546,13 @@ impl<'a> Harness<'a> {
         if db.private.is_some() && args.allow_db_restart {
             enabled.push(Fault::DbRestart);
         }
+        if redis.is_some() {
+            enabled.push(Fault::RedisStop);
+        }
         let started = Instant::now();
         let window = Duration::from_secs(args.duration_s);
         eprintln!(
-            "chaos: {} runs, {} workers + {SCHEDULERS} schedulers, faults for {} s ({}), lease TTL {} ms, scheduler tick {} ms; {}",
+            "chaos: {} runs, {} workers + {SCHEDULERS} schedulers, faults for {} s ({}), lease TTL {} ms, scheduler tick {} ms; {}{}",
             args.runs,
             args.workers,
             args.duration_s,
@@ -523,7 +563,11 @@ impl<'a> Harness<'a> {
                 .join(", "),
             args.lease_ttl_ms,
             args.scheduler_tick_ms,
-            db.describe
+            db.describe,
+            redis
+                .as_ref()
+                .map(|r| format!("; private Redis on port {} for wake-ups", r.server.port()))
+                .unwrap_or_default()
         );
         let mut harness = Harness {
             args,
@@ -544,6 +588,7 @@ impl<'a> Harness<'a> {
             fault_log: Vec::new(),
             exited: Vec::new(),
             restarting: None,
+            redis,
             requests,
             enqueued: 0,
             decided: HashSet::new(),
@@ -617,13 +662,23 @@ impl<'a> Harness<'a> {
         Ok(id)
     }
 
+    /// Starts `rein ARGS` with chaos's own Redis, if any, and never one inherited from the
+    /// environment.
     fn spawn(&mut self, id: &str, args: &[String]) -> Result<(), u8> {
-        self.children
-            .spawn(id, args, &[("REIN_LOG", CHILD_LOG_FILTER)])
-            .map_err(|e| {
-                eprintln!("error: cannot start {id}: {e}");
-                exit::INPUT
-            })
+        let mut args = args.to_vec();
+        if let Some(r) = &self.redis {
+            args.extend(["--redis-url".to_owned(), r.server.url()]);
+        }
+        crate::procs::rein_command(
+            &args,
+            &[("REIN_LOG", CHILD_LOG_FILTER)],
+            &["REDIS_URL", "REIN_REDIS_PREFIX"],
+        )
+        .and_then(|cmd| self.children.spawn_command(id, cmd))
+        .map_err(|e| {
+            eprintln!("error: cannot start {id}: {e}");
+            exit::INPUT
+        })
     }
 
     fn db_up(&self) -> bool {
@@ -643,6 +698,10 @@ impl<'a> Harness<'a> {
                 return Outcome::Aborted(why);
             }
             self.continue_stopped(now);
+            if let Err(why) = self.start_redis_due(now) {
+                return Outcome::Aborted(why);
+            }
+            self.check_resubscribed().await;
             if let Err(why) = self.replace_exited() {
                 return Outcome::Aborted(why);
             }
@@ -663,8 +722,13 @@ impl<'a> Harness<'a> {
             } else if self.healing_since.is_none() {
                 self.healing_since = Some(now);
                 self.progress.note(&format!(
-                    "faults over ({} injected); the fleet heals and must finish within {} s",
+                    "faults over ({} injected: {}); the fleet heals and must finish within {} s",
                     self.faults.values().sum::<u64>(),
+                    self.faults
+                        .iter()
+                        .map(|(f, n)| format!("{} {n}", f.name()))
+                        .collect::<Vec<_>>()
+                        .join(", "),
                     self.args.timeout_s
                 ));
             }
@@ -694,6 +758,83 @@ impl<'a> Harness<'a> {
             && self.totals == (runs, runs)
             && self.stopped.is_empty()
             && self.db_up()
+            && self
+                .redis
+                .as_ref()
+                .is_none_or(|r| r.down_until.is_none() && r.waiting.is_none())
+    }
+
+    /// Starts the private Redis again once its `redis_stop` is over.
+    fn start_redis_due(&mut self, now: Instant) -> Result<(), String> {
+        let Some(r) = self.redis.as_mut() else {
+            return Ok(());
+        };
+        if r.down_until.is_none_or(|at| at > now) {
+            return Ok(());
+        }
+        r.down_until = None;
+        tokio::task::block_in_place(|| r.server.start_again())
+            .map_err(|e| format!("the private Redis did not come back: {e}"))?;
+        r.waiting = self
+            .fault_log
+            .iter()
+            .rposition(|f| f.kind == Fault::RedisStop)
+            .map(|fault| Resubscription {
+                fault,
+                back_at: Instant::now(),
+            });
+        self.progress.note(&format!(
+            "Redis is back on port {}; waiting for every worker to subscribe again",
+            r.server.port()
+        ));
+        Ok(())
+    }
+
+    /// Whether every worker listens for wake-ups again since Redis returned, as Redis sees
+    /// it: as many subscribers to the channel every worker subscribes to as there are
+    /// workers (killed ones' connections are gone; replacements subscribe when they start).
+    async fn check_resubscribed(&mut self) {
+        let workers = self.workers.len() as u64;
+        let bound = self.resubscribe_bound();
+        let Some(r) = self.redis.as_mut() else {
+            return;
+        };
+        let Some(waiting) = &r.waiting else {
+            return;
+        };
+        let Some(config) = r.args.config() else {
+            return;
+        };
+        let since = waiting.back_at.elapsed();
+        let fault = waiting.fault;
+        let subscribed = tokio::time::timeout(
+            QUERY_TIMEOUT,
+            rein_accel::subscribers(&config, &config.any_channel()),
+        )
+        .await;
+        let line = if matches!(subscribed, Ok(Ok(n)) if n >= workers) {
+            let ms = since.as_millis() as u64;
+            r.resubscribed_ms.push(ms);
+            if let Some(record) = self.fault_log.get_mut(fault) {
+                record.recovery_ms = Some(ms);
+            }
+            format!("all {workers} workers subscribed to Redis again, {ms} ms after it returned")
+        } else if since > bound {
+            r.not_resubscribed += 1;
+            format!(
+                "not every worker subscribed to Redis again within {} ms of its return",
+                bound.as_millis()
+            )
+        } else {
+            return;
+        };
+        r.waiting = None;
+        self.progress.note(&line);
+    }
+
+    fn resubscribe_bound(&self) -> Duration {
+        Duration::from_millis(2 * self.args.lease_ttl_ms + self.args.scheduler_tick_ms)
+            + RESUBSCRIBE_SLACK
     }
 
     /// Takes the server back once a restart finished.
@@ -898,6 +1039,7 @@ impl<'a> Harness<'a> {
             Fault::WorkerStop => self.stop_worker().await,
             Fault::SchedulerKill => self.kill_scheduler()?,
             Fault::DbRestart => self.restart_db(db),
+            Fault::RedisStop => self.stop_redis(),
         };
         if injected {
             *self.faults.entry(fault).or_default() += 1;
@@ -1070,6 +1212,33 @@ impl<'a> Harness<'a> {
         true
     }
 
+    /// SIGKILL the private Redis; it starts again on the same port after [`REDIS_DOWN_FOR`].
+    /// One outage at a time, and only once the workers came back from the last one.
+    fn stop_redis(&mut self) -> bool {
+        let Some(r) = self.redis.as_mut() else {
+            return false;
+        };
+        if r.down_until.is_some() || r.waiting.is_some() {
+            return false;
+        }
+        tokio::task::block_in_place(|| r.server.stop());
+        let at = Instant::now();
+        r.down_until = Some(at + REDIS_DOWN_FOR);
+        let port = r.server.port();
+        self.fault_log.push(FaultRecord {
+            at,
+            kind: Fault::RedisStop,
+            victim: Some("redis-server".to_owned()),
+            held: None,
+            recovery_ms: None,
+        });
+        self.progress.note(&format!(
+            "fault: kill -9 the private redis-server (port {port}) for {} ms; the fleet polls meanwhile",
+            REDIS_DOWN_FOR.as_millis()
+        ));
+        true
+    }
+
     /// Stops the fleet, audits the database and builds the report.
     async fn finish(&mut self, outcome: Outcome, db: &mut Database) -> (u8, Option<Value>) {
         let children = &mut self.children;
@@ -1082,6 +1251,10 @@ impl<'a> Harness<'a> {
             children.shutdown(SHUTDOWN_GRACE)
         });
         self.stopped.clear();
+        if let Some(r) = self.redis.as_mut() {
+            r.stop.cancel();
+            tokio::task::block_in_place(|| r.server.stop());
+        }
         if let Some(handle) = self.restarting.take()
             && let Ok((pg, _)) = handle.await
         {
@@ -1117,6 +1290,10 @@ impl<'a> Harness<'a> {
         let bound = self.args.lease_ttl_ms + self.args.scheduler_tick_ms;
         summary["recovery_ms"]["bound"] = json!(bound);
         summary["recovery_ms"]["unresolved"] = json!(self.recoveries.len());
+        summary["redis"] = self.redis_summary();
+        if let Some(n) = summary["redis"]["not_resubscribed"].as_i64() {
+            summary["violations"] = json!(summary["violations"].as_i64().unwrap_or(0) + n);
+        }
         summary["seed"] = json!(self.seed);
         summary["finished"] = json!(matches!(outcome, Outcome::Finished));
         summary["elapsed_s"] = json!((self.started.elapsed().as_secs_f64() * 10.0).round() / 10.0);
@@ -1163,6 +1340,28 @@ impl<'a> Harness<'a> {
         (code, Some(summary))
     }
 
+    /// Whether chaos had a Redis and, after each `redis_stop`, how long until every worker
+    /// was subscribed again.
+    fn redis_summary(&self) -> Value {
+        let Some(r) = &self.redis else {
+            return json!({ "enabled": false, "skipped": "redis-server is not installed" });
+        };
+        let mut sorted = r.resubscribed_ms.clone();
+        sorted.sort_unstable();
+        let pending = u64::from(r.waiting.is_some() || r.down_until.is_some());
+        json!({
+            "enabled": true,
+            "resubscribed_ms": {
+                "p50": (!sorted.is_empty()).then(|| sorted[(sorted.len() - 1) / 2]),
+                "max": sorted.last(),
+                "count": sorted.len(),
+                "bound": self.resubscribe_bound().as_millis() as u64,
+            },
+            // An outage chaos ended before the workers could come back from counts too.
+            "not_resubscribed": r.not_resubscribed + pending,
+        })
+    }
+
     /// Evidence beyond the audit: what the workload went through.
     async fn extra_evidence(&self) -> Vec<(&'static str, Value)> {
         let events = self.store.count_events_by_type().await.unwrap_or_default();
@@ -1197,6 +1396,42 @@ impl<'a> Harness<'a> {
             ("runs_by_final_state", json!(by_final)),
         ]
     }
+}
+
+/// Chaos's own Redis when redis-server is installed; without it the `redis_stop` fault is
+/// skipped (said once), except in CI, where a missing redis-server is an error.
+fn start_redis(log_dir: &Path) -> Result<Option<Redis>, u8> {
+    let Some(program) = crate::privredis::installed() else {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            eprintln!(
+                "error: redis-server is not installed, and in CI (CI=true) the redis_stop fault may not be skipped; install it (e.g. apt-get install redis-server)"
+            );
+            return Err(exit::INPUT);
+        }
+        eprintln!(
+            "chaos: redis-server is not installed, so the redis_stop fault is skipped and the fleet runs without Redis (install redis-server to include it)"
+        );
+        return Ok(None);
+    };
+    let server =
+        tokio::task::block_in_place(|| crate::privredis::PrivateRedis::start(program, log_dir))
+            .map_err(|e| {
+                eprintln!("error: cannot start a private redis-server: {e}");
+                exit::INPUT
+            })?;
+    let args = crate::RedisArgs {
+        redis_url: Some(server.url()),
+        redis_prefix: "rein".to_owned(),
+    };
+    Ok(Some(Redis {
+        server,
+        args,
+        stop: tokio_util::sync::CancellationToken::new(),
+        down_until: None,
+        waiting: None,
+        resubscribed_ms: Vec::new(),
+        not_resubscribed: 0,
+    }))
 }
 
 /// The workload: alternating lifecycle and research-agent runs whose sim input covers
@@ -1393,6 +1628,8 @@ fn print_table(s: &Value) {
                 && s["params"]["allow_db_restart"] != json!(true)
             {
                 "  (needs --allow-db-restart)"
+            } else if kind == Fault::RedisStop.name() && s["redis"]["enabled"] == json!(false) {
+                "  (needs redis-server)"
             } else {
                 ""
             };
@@ -1408,6 +1645,24 @@ fn print_table(s: &Value) {
             _ => {
                 println!("recovery after a worker kill/stop: no fault hit a worker holding leases")
             }
+        }
+        let redis = &s["redis"];
+        if let (Some(p50), Some(max)) = (
+            redis["resubscribed_ms"]["p50"].as_u64(),
+            redis["resubscribed_ms"]["max"].as_u64(),
+        ) {
+            println!(
+                "wake-ups after Redis returned: every worker subscribed again after p50 {p50} ms, max {max} ms over {} fault(s); bound {} ms",
+                redis["resubscribed_ms"]["count"], redis["resubscribed_ms"]["bound"]
+            );
+        }
+        if redis["enabled"] == json!(true) {
+            row(
+                "Redis outages not followed by resubscription",
+                &redis["not_resubscribed"],
+                "0",
+                verdict(redis["not_resubscribed"].as_i64() == Some(0)),
+            );
         }
         println!(
             "leases recovered {}, retries {}, approvals granted {} / denied {}, approval timers fired {}",

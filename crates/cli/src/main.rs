@@ -10,6 +10,7 @@ mod demo;
 mod offline;
 mod ops;
 mod privdb;
+mod privredis;
 mod procs;
 mod remote;
 mod retention;

@@ -1,5 +1,5 @@
-//! Child `rein` processes for `rein bench --processes` and `rein chaos`: each in its own
-//! process group, output to files, and always reaped — continued (a stopped process cannot
+//! Child processes for `rein bench --processes` and `rein chaos` (`rein` roles, and chaos's
+//! redis-server): each in its own process group, output to files, and always reaped — continued (a stopped process cannot
 //! die otherwise), killed and waited for — when the [`Children`] value is dropped, panics
 //! included.
 
@@ -63,6 +63,24 @@ pub fn role_args(role: &str, url: &str, id: &str, flags: &[(&str, String)]) -> V
     args
 }
 
+/// This binary with `args` and `env`, and without the inherited variables in `unset` (a
+/// child must not pick up, say, a `REDIS_URL` its parent chose not to give it).
+pub fn rein_command(
+    args: &[String],
+    env: &[(&str, &str)],
+    unset: &[&str],
+) -> std::io::Result<Command> {
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(args);
+    for k in unset {
+        cmd.env_remove(k);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    Ok(cmd)
+}
+
 /// Peak resident set size of this process in bytes.
 pub fn own_peak_rss_bytes() -> Option<u64> {
     peak_rss_of("/proc/self/status")
@@ -90,26 +108,15 @@ impl Children {
         })
     }
 
-    /// Starts this binary with `args` and `env`; stdout and stderr go to `NAME.out` and
+    /// Starts `cmd` in a process group of its own; stdout and stderr go to `NAME.out` and
     /// `NAME.err` in the log directory.
-    pub fn spawn(
-        &mut self,
-        name: &str,
-        args: &[String],
-        env: &[(&str, &str)],
-    ) -> std::io::Result<()> {
-        let exe = std::env::current_exe()?;
+    pub fn spawn_command(&mut self, name: &str, mut cmd: Command) -> std::io::Result<()> {
         let out = File::create(self.log_dir.join(format!("{name}.out")))?;
         let err = File::create(self.log_dir.join(format!("{name}.err")))?;
-        let mut cmd = Command::new(exe);
-        cmd.args(args)
-            .stdin(Stdio::null())
+        cmd.stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             .process_group(0);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
         let child = cmd.spawn()?;
         self.procs.push(Proc {
             name: name.to_owned(),

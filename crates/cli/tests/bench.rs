@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{REIN, rein, stderr, stdout};
+use common::{PrivateRedis, REIN, free_port, rein, stderr, stdout};
 use serde_json::Value;
 use std::process::Command;
 
@@ -231,14 +231,95 @@ fn bench_says_what_is_wrong_before_it_starts() {
             vec!["--workers", "16", "--worker-pool", "32"],
             "connections",
         ),
+        (vec!["--compare-redis", "--rate", "10"], "--redis-url"),
+        (
+            vec!["--compare-redis", "--redis-url", "redis://127.0.0.1:1"],
+            "--rate",
+        ),
     ] {
         let out = Command::new(REIN)
             .arg("bench")
             .args(&args)
             .env_remove("DATABASE_URL")
+            .env_remove("REDIS_URL")
             .output()
             .expect("run rein");
         assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
         assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+    }
+}
+
+/// One half of a `--compare-redis` report: every run it enqueued finished, and its latency
+/// and claim figures are there.
+fn assert_half(half: &Value, redis: bool) {
+    assert_eq!(half["redis"], redis, "{half}");
+    let runs = half["runs"].as_i64().unwrap_or(0);
+    assert!(runs > 0, "{half}");
+    assert_eq!(half["runs_finished"], runs, "{half}");
+    let start = &half["enqueue_to_start_ms"];
+    assert_eq!(start["samples"], runs, "{half}");
+    assert!(start["p50"].as_f64().is_some_and(|v| v > 0.0), "{half}");
+    assert!(start["p99"].as_f64() >= start["p50"].as_f64(), "{half}");
+    assert!(half["claim_queries"].as_u64() > Some(0), "{half}");
+    assert!(
+        half["claim_queries_per_run"]
+            .as_f64()
+            .is_some_and(|v| v > 0.0),
+        "{half}"
+    );
+}
+
+#[test]
+fn bench_compares_polling_only_with_redis_wakeups_at_the_same_load() {
+    let url = migrated("bench_redis");
+    let redis = PrivateRedis::start(free_port(), &common::tmp_dir("bench_redis"));
+    let prefix = format!("bench-test-{}", std::process::id());
+    for fleet in [["--workers", "2"], ["--processes", "2"]] {
+        // Redis comes from REDIS_URL, as a deployment would give it: the polling half must
+        // not let its workers (processes included) pick it up.
+        let out = Command::new(REIN)
+            .args(["bench", "--database-url", &url, "--compare-redis"])
+            .args([
+                "--rate",
+                "40",
+                "--duration-s",
+                "3",
+                "--redis-prefix",
+                &prefix,
+            ])
+            .args(fleet)
+            .arg("--json")
+            .env_remove("DATABASE_URL")
+            .env("REDIS_URL", redis.url())
+            .output()
+            .expect("run rein");
+        assert_eq!(out.status.code(), Some(0), "{fleet:?}: {}", stderr(&out));
+        let report: Value = serde_json::from_str(&stdout(&out)).unwrap_or(Value::Null);
+        let compare = &report["compare_redis"];
+        let (without, with) = (&compare["without"], &compare["with"]);
+        assert_half(without, false);
+        assert_half(with, true);
+        assert_eq!(without["processes"], fleet[0] == "--processes", "{report}");
+        // What Redis itself saw on each half's queue channel: nothing without, both
+        // publishing and every worker subscribed with.
+        assert_eq!(without["wakeups_published"], 0, "{report}");
+        assert_eq!(without["wake_subscribers"], 0, "{report}");
+        assert!(with["wakeups_published"].as_u64() > Some(0), "{report}");
+        assert_eq!(with["wake_subscribers"], 2, "{report}");
+        for key in [
+            "enqueue_to_start_p50",
+            "enqueue_to_start_p90",
+            "enqueue_to_start_p99",
+            "claim_queries_per_run",
+        ] {
+            assert!(
+                compare["ratio_without_to_with"][key]
+                    .as_f64()
+                    .is_some_and(|v| v.is_finite() && v > 0.0),
+                "{key}: {report}"
+            );
+        }
+        assert_eq!(report["params"]["redis"], "compare", "{report}");
+        assert_eq!(report["params"]["poll_interval_ms"], 100, "{report}");
     }
 }

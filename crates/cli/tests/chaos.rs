@@ -1,5 +1,6 @@
-//! `rein chaos`: a short seeded run against a private PostgreSQL that it crash-restarts must
-//! inject every kind of fault and still end with every run terminal and no invariant broken;
+//! `rein chaos`: a short seeded run against a private PostgreSQL that it crash-restarts, with a
+//! private Redis that it kills and starts again, must inject every kind of fault and still
+//! end with every run terminal and no invariant broken;
 //! `--check-only` must report each kind of violation planted in a database under its own
 //! field, and exit 3 for it.
 
@@ -95,12 +96,26 @@ fn seeded_chaos_run_injects_every_fault_and_keeps_every_invariant() {
     ] {
         assert_eq!(r[field], 0, "{field} in {r}");
     }
-    for kind in ["worker_kill", "worker_stop", "scheduler_kill", "db_restart"] {
+    for kind in [
+        "worker_kill",
+        "worker_stop",
+        "scheduler_kill",
+        "db_restart",
+        "redis_stop",
+    ] {
         assert!(
             r["faults"][kind].as_u64().is_some_and(|n| n >= 1),
             "no {kind} injected: {r}"
         );
     }
+    // After each Redis outage every worker subscribed to wake-ups again, as Redis saw it.
+    assert_eq!(r["redis"]["enabled"], true, "{r}");
+    assert_eq!(r["redis"]["not_resubscribed"], 0, "{r}");
+    assert_eq!(
+        r["redis"]["resubscribed_ms"]["count"].as_u64(),
+        r["faults"]["redis_stop"].as_u64(),
+        "{r}"
+    );
     // Each worker kill or stop that hit a worker holding leases was recovered.
     let recovered = r["recovery_ms"]["count"].as_u64().unwrap_or(0);
     assert!(recovered >= 1, "no recovery measured: {r}");

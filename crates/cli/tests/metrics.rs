@@ -5,16 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::Fleet;
+use common::{Fleet, free_port};
 use rein_store::EnqueueRequest;
 use serde_json::json;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 /// The sum of the samples of `name` whose labels contain every one of `labels`
 /// (`key="value"` text), from Prometheus text.

@@ -402,6 +402,7 @@ pub struct PrivateRedis {
     pidfile: std::path::PathBuf,
 }
 
+/// A TCP port nothing listens on right now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
