@@ -267,6 +267,11 @@ impl Limiter {
         }
     }
 
+    /// Whether any limit could apply: the command line gives some, or the definition does.
+    pub fn any(&self, declared: &BTreeMap<String, LimitSpec>) -> bool {
+        !self.inner.overrides.is_empty() || !declared.is_empty()
+    }
+
     /// The limit that applies to `key`: the command line's, else the definition's.
     pub fn spec_for(&self, key: &str, declared: &BTreeMap<String, LimitSpec>) -> Option<LimitSpec> {
         self.inner
