@@ -391,3 +391,66 @@ async fn with_redis_gone_each_worker_applies_the_limit_on_its_own_and_says_so() 
         "w1 did not warn that limits went local:\n{log}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_run_is_not_claimed_before_the_limit_allows_it_and_why_says_so() {
+    let (url, store) = fresh_store("limits_why").await;
+    register_limited(&store, "").await;
+    // One charge an hour: the first run goes, the second is deferred for about an hour.
+    let mut fleet = Fleet::new(&url, "limits-why");
+    fleet.spawn(
+        "w1",
+        &worker_args(
+            &[],
+            &["--limit", "api:charge=1/h", "--limit-wait-max-ms", "100"],
+        ),
+    );
+    let ids = lifecycle_runs(&store, 2, 1).await;
+    common::wait_for(
+        "one run done and one deferred",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || {
+            let store = store.clone();
+            async move {
+                store
+                    .event_times("ACTION_DEFERRED")
+                    .await
+                    .is_ok_and(|d| !d.is_empty())
+            }
+        },
+    )
+    .await;
+    // Long enough for many claim rounds at a 20 ms poll: the deferred run stays unclaimed.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let deferred = store.event_times("ACTION_DEFERRED").await.unwrap();
+    assert_eq!(
+        deferred.len(),
+        1,
+        "deferred once, then left alone: {deferred:?}"
+    );
+    let late = deferred[0].run_id;
+    let row = store.run(late).await.unwrap();
+    assert_eq!(
+        (row.state.as_str(), row.status.as_str()),
+        ("running", "runnable")
+    );
+    assert!(
+        row.lease_owner.is_none(),
+        "a deferred run was claimed again"
+    );
+    assert_eq!(row.projection.attempt, 0, "a deferral is not a retry");
+    let other = ids.iter().find(|id| **id != late).unwrap();
+    assert_eq!(store.run(*other).await.unwrap().state, "done");
+
+    let why = common::rein(&["why", &late.to_string(), "--database-url", &url]);
+    let said = common::stdout(&why);
+    println!("limits-why: {said}");
+    assert!(why.status.success(), "{}", common::stderr(&why));
+    assert!(
+        said.contains("fleet-wide rate limit on `api:charge`")
+            && said.contains("claimable again in"),
+        "{said}"
+    );
+    stop_all(&mut fleet, &["w1"]);
+}
