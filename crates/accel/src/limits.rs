@@ -147,6 +147,119 @@ end
 return out
 ";
 
+/// What one key's entries say right now. KEYS: arrival time, ticket, slot set. Returns
+/// `{now_us, tat_us or -1, ticket_us or -1, holder, expiry_ms, ...}` (live slots only).
+const INSPECT_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_ms = math.floor(now_us / 1000)
+local out = {string.format('%d', now_us), redis.call('GET', KEYS[1]) or '-1', redis.call('GET', KEYS[2]) or '-1'}
+local live = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now_ms, '+inf', 'WITHSCORES')
+for i = 1, #live, 2 do
+  out[#out + 1] = live[i]
+  out[#out + 1] = string.format('%d', tonumber(live[i + 1]) - now_ms)
+end
+return out
+";
+
+/// One key's state in Redis, for operators (`rein limits`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct KeyState {
+    pub key: String,
+    /// How far ahead the rate's starts are booked (ms): 0 when the bucket is full; a start
+    /// waits once this exceeds (burst − 1) intervals.
+    pub booked_ahead_ms: f64,
+    /// How far ahead deferred runs have been told to come back (ms), if any are.
+    pub deferred_until_ms: Option<f64>,
+    /// Live concurrency slots: holder (`worker/run/n`) and ms until it expires.
+    pub slots: Vec<SlotState>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SlotState {
+    pub holder: String,
+    pub expires_in_ms: i64,
+}
+
+/// The keys with entries in Redis under `config`'s prefix (SCAN, so it never blocks Redis),
+/// at most `max`, sorted.
+pub async fn keys_in_use(config: &RedisConfig, max: usize) -> Result<Vec<String>, String> {
+    let mut conn = crate::connect_manager(config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let pattern = format!("{}:limit:{{*}}:*", config.prefix);
+    let head = format!("{}:limit:{{", config.prefix);
+    let mut found = std::collections::BTreeSet::new();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(500)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        for k in batch {
+            if let Some(key) = k
+                .strip_prefix(&head)
+                .and_then(|rest| rest.rsplit_once("}:"))
+            {
+                found.insert(key.0.to_owned());
+            }
+        }
+        if next == 0 || found.len() >= max {
+            break;
+        }
+        cursor = next;
+    }
+    Ok(found.into_iter().take(max).collect())
+}
+
+/// The state of each of `keys` in Redis.
+pub async fn inspect(config: &RedisConfig, keys: &[String]) -> Result<Vec<KeyState>, String> {
+    let limiter = Limiter::new(Some(config.clone()), BTreeMap::new(), Duration::ZERO, 1000);
+    let mut conn = crate::connect_manager(config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::with_capacity(keys.len());
+    for key in keys {
+        let inner = &limiter.inner;
+        let flat: Vec<String> = redis::cmd("EVAL")
+            .arg(INSPECT_SCRIPT)
+            .arg(3)
+            .arg(inner.rate_key(key, "tat"))
+            .arg(inner.rate_key(key, "ticket"))
+            .arg(inner.slot_key(key))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        let num = |i: usize| {
+            flat.get(i)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(-1.0)
+        };
+        let now = num(0);
+        let ahead_ms = |v: f64| ((v - now) / 1000.0).max(0.0);
+        out.push(KeyState {
+            key: key.clone(),
+            booked_ahead_ms: if num(1) < 0.0 { 0.0 } else { ahead_ms(num(1)) },
+            deferred_until_ms: (num(2) >= 0.0 && num(2) > now).then(|| ahead_ms(num(2))),
+            slots: flat[3.min(flat.len())..]
+                .chunks(2)
+                .filter_map(|c| {
+                    Some(SlotState {
+                        holder: c.first()?.clone(),
+                        expires_in_ms: c.get(1)?.parse().ok()?,
+                    })
+                })
+                .collect(),
+        });
+    }
+    Ok(out)
+}
+
 /// What [`Limiter::admit`] decided.
 #[derive(Debug)]
 pub enum Admission {

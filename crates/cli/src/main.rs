@@ -30,7 +30,7 @@ pub mod exit {
     pub const INPUT: u8 = 1;
     /// Refused: invalid transition, fenced.
     pub const REFUSED: u8 = 2;
-    /// Database or API unreachable or failing, or the schema too old or too new.
+    /// Database, API or Redis unreachable or failing, or the schema too old or too new.
     pub const DATABASE: u8 = 3;
     /// The API refused the token: missing, revoked or lacking the scope.
     pub const AUTH: u8 = 4;
@@ -131,6 +131,8 @@ enum Command {
     /// Live workers and schedulers: last heartbeat and leases held (one silent for longer
     /// than its lease TTL is gone).
     Workers(ops::WorkersArgs),
+    /// Fleet-wide limits in Redis: how far ahead each rate is booked, deferrals, slot holders.
+    Limits(ops::LimitsArgs),
     /// Inspect runs.
     #[command(subcommand)]
     Runs(ops::RunsCommand),
@@ -202,6 +204,7 @@ fn main() -> ExitCode {
                     Command::Rerun(args) => ops::rerun(args).await,
                     Command::Cancel(args) => ops::cancel(args).await,
                     Command::Workers(args) => ops::workers(args).await,
+                    Command::Limits(args) => ops::limits(args).await,
                     Command::Runs(cmd) => ops::runs(cmd).await,
                     Command::Why(args) => why::why(args).await,
                     Command::Brief(args) => brief::brief(args).await,

@@ -160,6 +160,16 @@ pub struct WorkersArgs {
     json: bool,
 }
 
+#[derive(clap::Args)]
+pub struct LimitsArgs {
+    /// Keys to show (default: every key with entries under the prefix, at most 1000).
+    keys: Vec<String>,
+    #[command(flatten)]
+    redis: RedisArgs,
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum Resolution {
     /// The call took effect: commit its result event (`--event`, a call result).
@@ -530,6 +540,82 @@ pub async fn cancel(args: CancelArgs) -> u8 {
 }
 
 /// `rein workers`: who is alive and what they hold, by the database clock.
+/// `rein limits`: the fleet-wide limits' state in Redis (SPEC K1): how far ahead each rate
+/// is booked, how far ahead deferred runs were sent, and who holds concurrency slots.
+pub async fn limits(args: LimitsArgs) -> u8 {
+    init_logging(false);
+    let Some(config) = args.redis.config() else {
+        eprintln!(
+            "error: give --redis-url (or REDIS_URL): fleet-wide limits live in Redis; without it each worker keeps its own"
+        );
+        return exit::INPUT;
+    };
+    if let Some(problem) = args
+        .keys
+        .iter()
+        .find_map(|k| rein_core::limit_key_problem(k))
+    {
+        eprintln!("error: {problem}");
+        return exit::INPUT;
+    }
+    let keys = if args.keys.is_empty() {
+        match rein_accel::limits::keys_in_use(&config, 1000).await {
+            Ok(k) => k,
+            Err(e) => return redis_unreachable(&e),
+        }
+    } else {
+        args.keys
+    };
+    let states = match rein_accel::limits::inspect(&config, &keys).await {
+        Ok(s) => s,
+        Err(e) => return redis_unreachable(&e),
+    };
+    if args.json {
+        print_json(&json!(states));
+        return exit::OK;
+    }
+    if states.is_empty() {
+        println!(
+            "no limit has entries in Redis under prefix `{}`",
+            config.prefix
+        );
+        return exit::OK;
+    }
+    println!(
+        "{:<40} {:>12} {:>14} {:>6}  holders (expires in)",
+        "key", "booked ahead", "deferred until", "slots"
+    );
+    for k in &states {
+        let holders: Vec<String> = k
+            .slots
+            .iter()
+            .take(3)
+            .map(|s| format!("{} ({} ms)", s.holder, s.expires_in_ms))
+            .collect();
+        let more = k.slots.len().saturating_sub(3);
+        println!(
+            "{:<40} {:>9.0} ms {:>14} {:>6}  {}{}",
+            k.key,
+            k.booked_ahead_ms,
+            k.deferred_until_ms
+                .map_or("-".to_owned(), |ms| format!("+{ms:.0} ms")),
+            k.slots.len(),
+            holders.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        );
+    }
+    exit::OK
+}
+
+fn redis_unreachable(error: &str) -> u8 {
+    eprintln!("error: cannot read Redis: {error}; is it running and is --redis-url right?");
+    exit::DATABASE
+}
+
 pub async fn workers(args: WorkersArgs) -> u8 {
     let backend = match Backend::open(&args.conn).await {
         Ok(b) => b,

@@ -262,6 +262,32 @@ async fn a_concurrency_cap_holds_fleet_wide_and_a_killed_holders_slots_expire_wi
     };
     fleet.kill(&victim);
     let killed_at = Instant::now();
+    // What an operator sees meanwhile: the key, its slots and their holders.
+    let shown = common::rein(&[
+        "limits",
+        "--redis-url",
+        &redis_url,
+        "--redis-prefix",
+        "cap",
+        "--json",
+    ]);
+    assert!(shown.status.success(), "{}", common::stderr(&shown));
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("json");
+    let charge = shown
+        .as_array()
+        .and_then(|keys| keys.iter().find(|k| k["key"] == KEY))
+        .unwrap_or_else(|| panic!("rein limits does not list {KEY}: {shown}"));
+    let slots = charge["slots"].as_array().expect("slots");
+    assert!(
+        !slots.is_empty() && slots.len() <= cap,
+        "rein limits shows {} slots of {KEY}: {charge}",
+        slots.len()
+    );
+    assert!(
+        slots
+            .iter()
+            .all(|s| s["expires_in_ms"].as_i64().is_some_and(|ms| ms <= 1500))
+    );
     let gone_after = loop {
         let slots = limiter.slots(KEY).await.expect("read slots");
         if !slots
