@@ -97,6 +97,33 @@ impl Proc {
     }
 }
 
+/// Children that are killed when the thread that started them ends: a test process killed
+/// from outside (a CI timeout) leaves no `rein` process behind, which `Fleet`'s drop cannot
+/// promise. Spawned from the test's own thread, which outlives its `Fleet`.
+pub trait DieWithParent {
+    fn die_with_parent(&mut self) -> &mut Self;
+}
+
+impl DieWithParent for Command {
+    fn die_with_parent(&mut self) -> &mut Self {
+        let parent = std::process::id() as i32;
+        // SAFETY: prctl and getppid are async-signal-safe; nothing else runs between fork
+        // and exec.
+        unsafe {
+            self.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent died before the request took effect.
+                if libc::getppid() != parent {
+                    libc::raise(libc::SIGKILL);
+                }
+                Ok(())
+            })
+        }
+    }
+}
+
 /// Every process a test started: on drop, each group is continued (a stopped process cannot
 /// die otherwise), killed and reaped, so nothing outlives the test even when it panics.
 pub struct Fleet {
@@ -133,6 +160,7 @@ impl Fleet {
             .stdout(out)
             .stderr(err)
             .process_group(0)
+            .die_with_parent()
             .spawn()
             .expect("spawn rein");
         self.procs.push(Proc {
@@ -157,6 +185,7 @@ impl Fleet {
             .stdout(Stdio::piped())
             .stderr(err)
             .process_group(0)
+            .die_with_parent()
             .spawn()
             .expect("spawn rein");
         let stdout = child.stdout.take().expect("a stdout pipe");
@@ -396,10 +425,11 @@ pub async fn finished_runs(prefix: &str) -> Finished {
     }
 }
 
-/// A private redis-server on a free port, stopped (by its pid only) on drop.
+/// A private redis-server on a free port: a child in its own process group that dies with
+/// the test (see [`DieWithParent`]), killed and reaped on `stop` and on drop.
 pub struct PrivateRedis {
     port: u16,
-    pidfile: std::path::PathBuf,
+    child: std::sync::Mutex<Option<Child>>,
 }
 
 /// A TCP port nothing listens on right now.
@@ -412,47 +442,47 @@ pub fn free_port() -> u16 {
 
 impl PrivateRedis {
     pub fn start(port: u16, dir: &std::path::Path) -> PrivateRedis {
-        let pidfile = dir.join(format!("redis-{port}.pid"));
-        let _ = std::fs::remove_file(&pidfile);
-        let status = Command::new("redis-server")
+        let log = File::create(dir.join(format!("redis-{port}.log"))).expect("redis log file");
+        let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "yes"])
-            .arg("--pidfile")
-            .arg(&pidfile)
+            .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(dir)
-            .status()
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("redis log file"))
+            .stderr(log)
+            .process_group(0)
+            .die_with_parent()
+            .spawn()
             .expect("redis-server must be installed (SPEC K1 tests need a real Redis)");
-        assert!(status.success(), "redis-server did not start");
+        let redis = PrivateRedis {
+            port,
+            child: std::sync::Mutex::new(Some(child)),
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(Instant::now() < deadline, "redis-server is not listening");
             std::thread::sleep(Duration::from_millis(20));
         }
-        PrivateRedis { port, pidfile }
+        redis
     }
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Kills the server (only the one this test started) and waits until its port is free.
     pub fn stop(&self) {
-        let Ok(pid) = std::fs::read_to_string(&self.pidfile) else {
+        let Some(mut child) = self.child.lock().ok().and_then(|mut c| c.take()) else {
             return;
         };
-        let Ok(pid) = pid.trim().parse::<i32>() else {
-            return;
-        };
-        // SAFETY: signals only the server this test started, by its pid.
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
-        }
+        let _ = child.kill();
+        let _ = child.wait();
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
             assert!(Instant::now() < deadline, "redis-server did not stop");
             std::thread::sleep(Duration::from_millis(20));
         }
-        let _ = std::fs::remove_file(&self.pidfile);
     }
 }
 
