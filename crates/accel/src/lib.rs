@@ -59,6 +59,13 @@ impl RedisConfig {
         format!("{}:wake:any", self.prefix)
     }
 
+    /// An entry of fleet-wide limit `key`: `tat` (a rate's next arrival), `ticket` (its last
+    /// deferral) or `slots` (its concurrency slots). The braces keep a key's entries in one
+    /// slot of a Redis cluster.
+    pub fn limit_key(&self, key: &str, part: &str) -> String {
+        format!("{}:limit:{{{key}}}:{part}", self.prefix)
+    }
+
     fn client(&self) -> Result<redis::Client, redis::RedisError> {
         redis::Client::open(self.url.as_str())
     }
@@ -141,12 +148,24 @@ async fn connect_manager(
     config: &RedisConfig,
 ) -> Result<redis::aio::ConnectionManager, redis::RedisError> {
     let client = config.client()?;
-    match tokio::time::timeout(CONNECT_TIMEOUT, redis::aio::ConnectionManager::new(client)).await {
+    within(
+        CONNECT_TIMEOUT,
+        "connection timed out",
+        redis::aio::ConnectionManager::new(client),
+    )
+    .await
+}
+
+/// `call`, failing as an I/O error saying `what` when it takes longer than `limit`: a Redis
+/// that stopped answering counts as unreachable.
+pub(crate) async fn within<T>(
+    limit: Duration,
+    what: &'static str,
+    call: impl std::future::Future<Output = Result<T, redis::RedisError>>,
+) -> Result<T, redis::RedisError> {
+    match tokio::time::timeout(limit, call).await {
         Ok(r) => r,
-        Err(_) => Err(redis::RedisError::from((
-            redis::ErrorKind::Io,
-            "connection timed out",
-        ))),
+        Err(_) => Err(redis::RedisError::from((redis::ErrorKind::Io, what))),
     }
 }
 
@@ -186,14 +205,13 @@ async fn publish_loop(inner: Arc<PublisherInner>, stop: CancellationToken) {
             for ch in &channels {
                 pipe.cmd("PUBLISH").arg(ch).arg(1).ignore();
             }
-            match tokio::time::timeout(CONNECT_TIMEOUT, pipe.query_async::<()>(c)).await {
-                Ok(Ok(())) => {
+            match within(CONNECT_TIMEOUT, "timed out", pipe.query_async::<()>(c)).await {
+                Ok(()) => {
                     inner.health.up("publish");
                     metrics::counter!(WAKEUPS_PUBLISHED).increment(channels.len() as u64);
                     break;
                 }
-                Ok(Err(e)) => inner.health.down("publish", &e),
-                Err(_) => inner.health.down("publish", &"timed out"),
+                Err(e) => inner.health.down("publish", &e),
             }
             conn = None;
         }
@@ -265,13 +283,12 @@ async fn listen(
 
 async fn connect_pubsub(config: &RedisConfig) -> Result<redis::aio::PubSub, redis::RedisError> {
     let client = config.client()?;
-    match tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_pubsub()).await {
-        Ok(r) => r,
-        Err(_) => Err(redis::RedisError::from((
-            redis::ErrorKind::Io,
-            "connection timed out",
-        ))),
-    }
+    within(
+        CONNECT_TIMEOUT,
+        "connection timed out",
+        client.get_async_pubsub(),
+    )
+    .await
 }
 
 /// How many connections are subscribed to `channel` right now (`PUBSUB NUMSUB`): whether a
@@ -280,13 +297,13 @@ pub async fn subscribers(config: &RedisConfig, channel: &str) -> Result<u64, red
     let mut conn = connect_manager(config).await?;
     let mut cmd = redis::cmd("PUBSUB");
     cmd.arg("NUMSUB").arg(channel);
-    match tokio::time::timeout(CONNECT_TIMEOUT, cmd.query_async::<(String, u64)>(&mut conn)).await {
-        Ok(r) => Ok(r?.1),
-        Err(_) => Err(redis::RedisError::from((
-            redis::ErrorKind::Io,
-            "PUBSUB NUMSUB timed out",
-        ))),
-    }
+    let (_, n) = within(
+        CONNECT_TIMEOUT,
+        "PUBSUB NUMSUB timed out",
+        cmd.query_async::<(String, u64)>(&mut conn),
+    )
+    .await?;
+    Ok(n)
 }
 
 /// Counts the messages published on one channel while it lives (subscribed before

@@ -134,19 +134,6 @@ redis.call('PEXPIRE', KEYS[1], ttl * 2)
 return 0
 ";
 
-/// Lists unexpired slots as holder, ms left. KEYS: the slot set.
-const LIVE_SLOTS_SCRIPT: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
-local out = {}
-for i = 1, #live, 2 do
-  out[#out + 1] = live[i]
-  out[#out + 1] = tostring(tonumber(live[i + 1]) - now)
-end
-return out
-";
-
 /// What one key's entries say right now. KEYS: arrival time, ticket, slot set. Returns
 /// `{now_us, tat_us or -1, ticket_us or -1, holder, expiry_ms, ...}` (live slots only).
 const INSPECT_SCRIPT: &str = r"
@@ -219,19 +206,17 @@ pub async fn keys_in_use(config: &RedisConfig, max: usize) -> Result<Vec<String>
 
 /// The state of each of `keys` in Redis.
 pub async fn inspect(config: &RedisConfig, keys: &[String]) -> Result<Vec<KeyState>, String> {
-    let limiter = Limiter::new(Some(config.clone()), BTreeMap::new(), Duration::ZERO, 1000);
     let mut conn = crate::connect_manager(config)
         .await
         .map_err(|e| e.to_string())?;
     let mut out = Vec::with_capacity(keys.len());
     for key in keys {
-        let inner = &limiter.inner;
         let flat: Vec<String> = redis::cmd("EVAL")
             .arg(INSPECT_SCRIPT)
             .arg(3)
-            .arg(inner.rate_key(key, "tat"))
-            .arg(inner.rate_key(key, "ticket"))
-            .arg(inner.slot_key(key))
+            .arg(config.limit_key(key, "tat"))
+            .arg(config.limit_key(key, "ticket"))
+            .arg(config.limit_key(key, "slots"))
             .query_async(&mut conn)
             .await
             .map_err(|e| e.to_string())?;
@@ -279,8 +264,6 @@ pub enum Admission {
 pub struct Permit {
     slots: Vec<Slot>,
     limiter: Option<Arc<LimiterInner>>,
-    /// How long the action waited in process for its limits.
-    pub waited: Duration,
     limited: bool,
 }
 
@@ -412,7 +395,6 @@ impl Limiter {
         let mut permit = Permit {
             slots: Vec::new(),
             limiter: Some(self.inner.clone()),
-            waited: Duration::ZERO,
             limited: !limits.is_empty(),
         };
         if limits.is_empty() {
@@ -445,14 +427,14 @@ impl Limiter {
             };
             let room = self.inner.max_wait.saturating_sub(started.elapsed());
             match self.rate(key, interval, tau, room.as_micros() as i64).await {
-                Gcra::Reserved { wait, .. } => wait_us = wait_us.max(wait),
-                Gcra::Deferred { ticket } => {
+                Ok(wait) => wait_us = wait_us.max(wait),
+                Err(defer_us) => {
                     metrics::counter!(LIMIT_DEFERRED, "key" => key.clone(), "limit" => "rate")
                         .increment(1);
                     return Admission::Defer {
                         key: key.clone(),
                         limit: "rate",
-                        wait_ms: (ticket.max(0) as u64).div_ceil(1000).max(1),
+                        wait_ms: (defer_us.max(0) as u64).div_ceil(1000).max(1),
                     };
                 }
             }
@@ -463,24 +445,8 @@ impl Limiter {
                 _ = tokio::time::sleep(Duration::from_micros(wait_us as u64)) => {}
             }
         }
-        permit.waited = started.elapsed();
-        metrics::histogram!(LIMIT_WAIT).record(permit.waited.as_secs_f64());
+        metrics::histogram!(LIMIT_WAIT).record(started.elapsed().as_secs_f64());
         Admission::Go(permit)
-    }
-
-    /// The live slots of `key` in Redis: holder and milliseconds until it expires (by
-    /// Redis' clock). `None` without Redis or when it cannot be read.
-    pub async fn slots(&self, key: &str) -> Option<Vec<(String, i64)>> {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(LIVE_SLOTS_SCRIPT)
-            .arg(1)
-            .arg(self.inner.slot_key(key));
-        let flat: Vec<String> = self.inner.call(cmd).await?;
-        Some(
-            flat.chunks(2)
-                .filter_map(|c| Some((c.first()?.clone(), c.get(1)?.parse::<i64>().ok()?)))
-                .collect(),
-        )
     }
 
     /// Pushes back the expiry of every slot this process holds; call it with each lease
@@ -497,7 +463,7 @@ impl Limiter {
             let mut cmd = redis::cmd("EVAL");
             cmd.arg(REFRESH_SCRIPT)
                 .arg(1)
-                .arg(self.inner.slot_key(&key))
+                .arg(self.inner.limit_key(&key, "slots"))
                 .arg(self.inner.slot_ttl_ms);
             for h in &holders {
                 cmd.arg(h);
@@ -508,41 +474,35 @@ impl Limiter {
         }
     }
 
-    async fn rate(&self, key: &str, interval: i64, tau: i64, max_wait: i64) -> Gcra {
+    /// One start of `key`: `Ok(µs to sleep)` when reserved, `Err(µs to defer)` otherwise.
+    async fn rate(&self, key: &str, interval: i64, tau: i64, max_wait: i64) -> Result<i64, i64> {
         if !self.inner.use_local() {
             let mut cmd = redis::cmd("EVAL");
             cmd.arg(RATE_SCRIPT)
                 .arg(2)
-                .arg(self.inner.rate_key(key, "tat"))
-                .arg(self.inner.rate_key(key, "ticket"))
+                .arg(self.inner.limit_key(key, "tat"))
+                .arg(self.inner.limit_key(key, "ticket"))
                 .arg(interval)
                 .arg(tau)
                 .arg(max_wait);
             if let Some((ok, n)) = self.inner.call::<(i64, i64)>(cmd).await {
-                return if ok == 1 {
-                    Gcra::Reserved { wait: n, tat: 0 }
-                } else {
-                    Gcra::Deferred { ticket: n }
-                };
+                return if ok == 1 { Ok(n) } else { Err(n) };
             }
         }
         self.inner.fell_back(key);
         let now = self.inner.started.elapsed().as_micros() as i64;
         let Ok(mut local) = self.inner.local.lock() else {
-            return Gcra::Reserved { wait: 0, tat: 0 };
+            return Ok(0);
         };
         let state = local.entry(key.to_owned()).or_default();
-        let decision = gcra(now, state.tat, state.ticket, interval, tau, max_wait);
-        match decision {
+        match gcra(now, state.tat, state.ticket, interval, tau, max_wait) {
             Gcra::Reserved { wait, tat } => {
                 state.tat = Some(tat);
-                Gcra::Reserved { wait, tat }
+                Ok(wait)
             }
             Gcra::Deferred { ticket } => {
                 state.ticket = Some(ticket);
-                Gcra::Deferred {
-                    ticket: ticket - now,
-                }
+                Err(ticket - now)
             }
         }
     }
@@ -583,7 +543,7 @@ impl Limiter {
             let mut cmd = redis::cmd("EVAL");
             cmd.arg(SLOT_SCRIPT)
                 .arg(1)
-                .arg(self.inner.slot_key(key))
+                .arg(self.inner.limit_key(key, "slots"))
                 .arg(cap)
                 .arg(self.inner.slot_ttl_ms)
                 .arg(holder);
@@ -622,17 +582,12 @@ impl Limiter {
 }
 
 impl LimiterInner {
-    fn rate_key(&self, key: &str, part: &str) -> String {
-        // The braces keep a key's two entries in one slot of a Redis cluster.
-        format!("{}:limit:{{{key}}}:{part}", self.prefix())
-    }
-
-    fn slot_key(&self, key: &str) -> String {
-        format!("{}:limit:{{{key}}}:slots", self.prefix())
-    }
-
-    fn prefix(&self) -> &str {
-        self.redis.as_ref().map_or("rein", |r| r.prefix.as_str())
+    fn limit_key(&self, key: &str, part: &str) -> String {
+        match &self.redis {
+            Some(config) => config.limit_key(key, part),
+            // Never sent anywhere: without Redis every decision is local.
+            None => format!("local:{key}:{part}"),
+        }
     }
 
     /// Whether decisions are local now: no Redis, or a call failed a moment ago.
@@ -674,17 +629,13 @@ impl LimiterInner {
         }
         let mut conn = guard.as_ref()?.clone();
         drop(guard);
-        match tokio::time::timeout(CALL_TIMEOUT, cmd.query_async::<T>(&mut conn)).await {
-            Ok(Ok(v)) => {
+        match crate::within(CALL_TIMEOUT, "timed out", cmd.query_async::<T>(&mut conn)).await {
+            Ok(v) => {
                 self.health.up("limits");
                 Some(v)
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 self.failed(&e);
-                None
-            }
-            Err(_) => {
-                self.failed(&"timed out");
                 None
             }
         }
@@ -729,7 +680,7 @@ impl LimiterInner {
         handle.spawn(async move {
             for slot in remote {
                 let mut cmd = redis::cmd("ZREM");
-                cmd.arg(me.slot_key(&slot.key)).arg(&slot.holder);
+                cmd.arg(me.limit_key(&slot.key, "slots")).arg(&slot.holder);
                 if me.call::<i64>(cmd).await.is_none() {
                     debug!(key = %slot.key, "slot not given back; it expires with its TTL");
                 }

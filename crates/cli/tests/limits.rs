@@ -242,21 +242,23 @@ async fn a_concurrency_cap_holds_fleet_wide_and_a_killed_holders_slots_expire_wi
     let ids = lifecycle_runs(&store, n, work_ms).await;
 
     // Kill a worker while it holds slots; its slots must expire within the lease TTL.
-    let limiter = rein_accel::limits::Limiter::new(
-        Some(rein_accel::RedisConfig::new(redis_url.clone()).with_prefix("cap")),
-        Default::default(),
-        Duration::ZERO,
-        1500,
-    );
+    let config = rein_accel::RedisConfig::new(redis_url.clone()).with_prefix("cap");
+    // The live slots of KEY: holder and ms until it expires.
+    let live_slots = || async {
+        let mut states = rein_accel::limits::inspect(&config, &[KEY.to_owned()])
+            .await
+            .expect("read slots");
+        states.pop().map(|k| k.slots).unwrap_or_default()
+    };
     let looking_since = Instant::now();
     let victim = loop {
         assert!(
             looking_since.elapsed() < Duration::from_secs(30),
             "no worker ever took a slot"
         );
-        let slots = limiter.slots(KEY).await.expect("read slots");
-        if let Some((holder, _)) = slots.first() {
-            break holder.split('/').next().unwrap().to_owned();
+        let slots = live_slots().await;
+        if let Some(slot) = slots.first() {
+            break slot.holder.split('/').next().unwrap().to_owned();
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
@@ -289,10 +291,10 @@ async fn a_concurrency_cap_holds_fleet_wide_and_a_killed_holders_slots_expire_wi
             .all(|s| s["expires_in_ms"].as_i64().is_some_and(|ms| ms <= 1500))
     );
     let gone_after = loop {
-        let slots = limiter.slots(KEY).await.expect("read slots");
+        let slots = live_slots().await;
         if !slots
             .iter()
-            .any(|(h, _)| h.starts_with(&format!("{victim}/")))
+            .any(|s| s.holder.starts_with(&format!("{victim}/")))
         {
             break killed_at.elapsed();
         }

@@ -670,7 +670,7 @@ impl Driver {
                 (step, format!("step-{step}"))
             }
         };
-        let permit = self.admit(self.def.limit_keys(&node, None), &node).await?;
+        let permit = self.admit(&node, None).await?;
         let call_id = Uuid::now_v7().to_string();
         let ctx = self.context(&node, step, &action_id, &call_id);
         let side_effect = handler.side_effect(&ctx);
@@ -955,9 +955,7 @@ impl Driver {
                 ))
                 .await;
         };
-        let permit = self
-            .admit(vec![format!("tool:{}", call.tool)], node)
-            .await?;
+        let permit = self.admit(node, Some(&call.tool)).await?;
         let call_id = Uuid::now_v7().to_string();
         let mut ctx = self.context(node, step, action_id, &call_id);
         ctx.args = call.args.clone();
@@ -1079,17 +1077,22 @@ impl Driver {
             .await
     }
 
-    /// Waits for the fleet-wide limits of `keys` (SPEC K1) at most the configured time. When
-    /// they will not allow the action by then, records ACTION_DEFERRED and hands the run back
-    /// until they will: not a failure, no retry counted, no worker slot held meanwhile.
+    /// Waits for the fleet-wide limits of the action at `node` (SPEC K1) — the call of `tool`
+    /// when given, else the state's own action — at most the configured time. When they will
+    /// not allow it by then, records ACTION_DEFERRED and hands the run back until they will:
+    /// not a failure, no retry counted, no worker slot held meanwhile.
     async fn admit(
         &mut self,
-        keys: Vec<String>,
         node: &str,
+        tool: Option<&str>,
     ) -> Result<rein_accel::limits::Permit, Stop> {
         if !self.inner.limiter.any(self.def.limits()) {
             return Ok(rein_accel::limits::Permit::default());
         }
+        let keys = match tool {
+            Some(tool) => vec![format!("tool:{tool}")],
+            None => self.def.limit_keys(node, None),
+        };
         let holder = format!("{}/{}", self.inner.config.worker_id, self.run_id);
         let admission = self
             .inner
