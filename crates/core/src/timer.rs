@@ -52,6 +52,31 @@ pub fn next_timer(def: &Definition, run: &RunState, jitter_sample: f64) -> Optio
     due.map(|after_ms| Timer { after_ms })
 }
 
+/// The first time after `elapsed_ms` (from entering the state) at which the state's timers
+/// offer other events than they do at `elapsed_ms`: an approval's reminder or expiry, or a
+/// timeout. `None` when time alone changes nothing (a backoff's events are always offered).
+/// A timer whose events are all refused need not be looked at again before then unless the
+/// run changes.
+pub fn next_change_after(def: &Definition, run: &RunState, elapsed_ms: u64) -> Option<u64> {
+    let state = def.state(&run.state)?;
+    if state.kind != StateKind::Waiting {
+        return None;
+    }
+    let mut offsets = Vec::new();
+    if let Some(approval) = &state.approval {
+        offsets.push(approval.expires_after_ms);
+        if let (Some(before), Some(_)) = (approval.remind_before_ms, &approval.reminder_event)
+            && run.reminders_sent == 0
+        {
+            offsets.push(approval.expires_after_ms.saturating_sub(before));
+        }
+    }
+    if let Some(timeout) = &state.timeout {
+        offsets.push(timeout.after_ms);
+    }
+    offsets.into_iter().filter(|&ms| ms > elapsed_ms).min()
+}
+
 /// Candidate events for a timer that fired `elapsed_ms` after the run entered its state,
 /// strongest first; the caller commits the first one the reducer accepts.
 pub fn fired_events(

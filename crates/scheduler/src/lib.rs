@@ -14,11 +14,13 @@ use std::time::Duration;
 
 use rein_core::{ActionStatus, Definition, EngineEvent, Event, StateKind, apply};
 use rein_store::{
-    CommitOutcome, CommitPlan, NewEvent, RunRow, Store, StoreError, Writer, counters, plan_commit,
+    CommitOutcome, CommitPlan, InboxEntry, NewEvent, NextLook, RunRow, Seen, Store, StoreError,
+    Writer, counters, plan_commit,
 };
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+use uuid::Uuid;
 
 pub use leader::{LEADER_LEASE, LEADER_TTL_MS_DEFAULT, Leadership};
 
@@ -65,6 +67,10 @@ pub struct SchedulerStats {
     pub inbox_applied: AtomicU64,
     /// Another scheduler (or a sender) got there first: harmless.
     pub lost_races: AtomicU64,
+    /// Looks at a row that could not move it, after which its next look was set ahead.
+    pub backed_off: AtomicU64,
+    /// Rows reported at WARN as stuck: the first such look in a row (per run and state entry).
+    pub stuck_reported: AtomicU64,
 }
 
 pub struct Scheduler {
@@ -129,31 +135,72 @@ impl Scheduler {
         self.leadership.leads()
     }
 
-    /// One pass over expired leases, due timers and inboxes; returns how much it did.
+    /// One pass over expired leases, due wall-time budgets, due timers and inboxes; returns
+    /// how many runs it moved. A row it cannot move (or whose look fails) gets a next look
+    /// ahead and is passed over until then, so it never holds the head of a scan; only losing
+    /// the database ends the pass early.
     pub async fn tick(&mut self) -> Result<usize, StoreError> {
         let mut done = 0;
         for row in self.store.expired_leases(self.config.batch).await? {
-            done += usize::from(self.recover(row).await?);
+            let seen = row.seen();
+            let look = self.recover(row).await;
+            done += self.settle(Scan::Lease, seen, look).await?;
+        }
+        // Before timers: a timer's next look never passes a budget still ahead, but one
+        // already due is delivered here first.
+        for seen in self.store.due_deadlines(self.config.batch).await? {
+            let look = self.deliver_deadline(seen.run_id).await;
+            done += self.settle(Scan::Deadline, seen, look).await?;
         }
         for row in self.store.due_timers(self.config.batch).await? {
-            done += usize::from(self.fire(row).await?);
-        }
-        for run_id in self.store.due_deadlines(self.config.batch).await? {
-            if self
-                .store
-                .fire_deadline(run_id, &self.config.scheduler_id)
-                .await?
-            {
-                debug!(%run_id, "wall-time budget fired");
-                self.stats.timers_fired.fetch_add(1, Ordering::Relaxed);
-                done += 1;
-            }
+            let seen = row.seen();
+            let look = self.fire(row).await;
+            done += self.settle(Scan::Timer, seen, look).await?;
         }
         for run_id in self.store.runs_with_inbox(self.config.batch).await? {
-            let row = self.store.run(run_id).await?;
-            done += usize::from(self.drain_inbox(row).await?);
+            done += self.drain_inbox(run_id).await?;
         }
         Ok(done)
+    }
+
+    /// Counts a look that moved its run; gives one that did not a next look ahead. Reported
+    /// at WARN on the first such look in a row (once per run and state entry: any commit
+    /// starts a new row of looks), at DEBUG after that.
+    async fn settle(
+        &mut self,
+        scan: Scan,
+        seen: Seen,
+        look: Result<Look, StoreError>,
+    ) -> Result<usize, StoreError> {
+        let (why, next_change_ms) = match look {
+            Ok(Look::Moved) => return Ok(1),
+            Ok(Look::Gone) => return Ok(0),
+            Ok(Look::Stuck {
+                why,
+                next_change_ms,
+            }) => (why, next_change_ms),
+            Err(e @ StoreError::Unreachable(_)) => return Err(e),
+            Err(e) => (e.to_string(), None),
+        };
+        let Some(next) = self.store.look_later(seen, next_change_ms).await? else {
+            // The run changed meanwhile: that made it due again.
+            return Ok(0);
+        };
+        self.backed_off(scan, seen.run_id, &why, next);
+        Ok(0)
+    }
+
+    fn backed_off(&self, scan: Scan, run_id: Uuid, why: &str, next: NextLook) {
+        self.stats.backed_off.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(rein_store::metrics::SCAN_BACKOFFS, "scan" => scan.as_str()).increment(1);
+        if next.misses == 1 {
+            self.stats.stuck_reported.fetch_add(1, Ordering::Relaxed);
+            warn!(%run_id, scan = scan.as_str(), reason = %why, next_look = %next.at,
+                "cannot move the run; looking again later, less and less often, until it changes");
+        } else {
+            debug!(%run_id, scan = scan.as_str(), reason = %why, misses = next.misses,
+                next_look = %next.at, "still cannot move the run");
+        }
     }
 
     async fn definition(&mut self, name: &str, version: u32) -> Result<Definition, StoreError> {
@@ -169,7 +216,7 @@ impl Scheduler {
     /// S2: a lease expired. Record it; a dispatched call becomes in doubt (a worker will
     /// reconcile it); otherwise an active state takes its declared recovery event (e.g. the
     /// retry path, attempt counted); failing that, the run is simply claimable again.
-    async fn recover(&mut self, row: RunRow) -> Result<bool, StoreError> {
+    async fn recover(&mut self, row: RunRow) -> Result<Look, StoreError> {
         let def = self.definition(&row.definition, row.version).await?;
         let state = &row.projection;
         let expired = NewEvent::new(
@@ -214,7 +261,7 @@ impl Scheduler {
             }
         }
         let recovered = self.commit(&def, &row, events, Vec::new()).await?;
-        if recovered {
+        if recovered == Look::Moved {
             info!(run_id = %row.run_id, worker = ?row.lease_owner, state = %state.state, "recovered expired lease");
             self.stats.leases_recovered.fetch_add(1, Ordering::Relaxed);
             let _ = self.store.add_counter(counters::LEASES_RECOVERED, 1).await;
@@ -226,8 +273,24 @@ impl Scheduler {
         Ok(recovered)
     }
 
+    /// A run's wall-time budget ran out: deliver its budget event.
+    async fn deliver_deadline(&mut self, run_id: Uuid) -> Result<Look, StoreError> {
+        if !self
+            .store
+            .fire_deadline(run_id, &self.config.scheduler_id)
+            .await?
+        {
+            // Delivered by another scheduler, or no longer due.
+            return Ok(Look::Gone);
+        }
+        debug!(%run_id, "wall-time budget fired");
+        self.stats.timers_fired.fetch_add(1, Ordering::Relaxed);
+        Ok(Look::Moved)
+    }
+
     /// S1: a parked run's timer is due; commit the first candidate the definition accepts.
-    async fn fire(&mut self, row: RunRow) -> Result<bool, StoreError> {
+    /// When it accepts none, the next look need not come before the timers offer other events.
+    async fn fire(&mut self, row: RunRow) -> Result<Look, StoreError> {
         let def = self.definition(&row.definition, row.version).await?;
         let elapsed_ms = row.in_state_ms.max(0.0).ceil() as u64;
         let candidates = rein_core::timer::fired_events(&def, &row.projection, elapsed_ms);
@@ -242,7 +305,7 @@ impl Scheduler {
                         Vec::new(),
                     )
                     .await?;
-                if fired {
+                if fired == Look::Moved {
                     debug!(run_id = %row.run_id, event = %kind, "timer fired");
                     self.stats.timers_fired.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!(rein_store::metrics::TIMERS_FIRED, "kind" => kind.clone())
@@ -251,35 +314,85 @@ impl Scheduler {
                 return Ok(fired);
             }
         }
-        warn!(run_id = %row.run_id, state = %row.state, "timer due but no candidate event is accepted");
-        Ok(false)
+        Ok(Look::Stuck {
+            why: format!(
+                "timer due in state {} but no candidate event is accepted",
+                row.state
+            ),
+            next_change_ms: rein_core::timer::next_change_after(&def, &row.projection, elapsed_ms),
+        })
     }
 
-    async fn drain_inbox(&mut self, row: RunRow) -> Result<bool, StoreError> {
-        if row.lease_live {
-            return Ok(false);
+    /// X3a: applies or expires the inbox entries of a run without a live lease, a page of due
+    /// entries at a time; entries the run cannot take yet get a next look ahead. A run with a
+    /// live lease has its due entries put off until the lease ends (its holder applies them).
+    async fn drain_inbox(&mut self, run_id: Uuid) -> Result<usize, StoreError> {
+        let mut after = 0;
+        for _ in 0..INBOX_PAGES_PER_LOOK {
+            let entries = self.store.due_inbox(run_id, after).await?;
+            let Some(last) = entries.last() else {
+                return Ok(0);
+            };
+            after = last.id;
+            let ids: Vec<i64> = entries.iter().map(|e| e.id).collect();
+            let (seen, why) = match self.judge_inbox(run_id, entries).await {
+                Ok(InboxLook::Applied) => return Ok(1),
+                Ok(InboxLook::Leased) => return Ok(0),
+                Ok(InboxLook::Stuck(seen, why)) => (Some(seen), why),
+                Err(e @ StoreError::Unreachable(_)) => return Err(e),
+                Err(e) => (None, e.to_string()),
+            };
+            match self.store.look_at_inbox_later(run_id, seen, &ids).await? {
+                Some(next) => self.backed_off(Scan::Inbox, run_id, &why, next),
+                // The run changed meanwhile: its entries are due again.
+                None => return Ok(0),
+            }
         }
+        Ok(0)
+    }
+
+    async fn judge_inbox(
+        &mut self,
+        run_id: Uuid,
+        entries: Vec<InboxEntry>,
+    ) -> Result<InboxLook, StoreError> {
+        let row = self.store.run(run_id).await?;
+        if row.lease_live {
+            self.store.look_at_inbox_after_lease(run_id).await?;
+            return Ok(InboxLook::Leased);
+        }
+        let seen = row.seen();
         let def = self.definition(&row.definition, row.version).await?;
-        let entries = self.store.inbox(row.run_id).await?;
         let (events, consumed) = rein_store::plan_inbox(&def, &row.projection, entries);
         if events.is_empty() {
-            return Ok(false);
+            // Normal: an event sent ahead of the state that takes it.
+            return Ok(InboxLook::Stuck(
+                seen,
+                format!("state {} takes none of its inbox entries yet", row.state),
+            ));
         }
         let n = events.len() as u64;
-        let applied = self.commit(&def, &row, events, consumed).await?;
-        if applied {
-            self.stats.inbox_applied.fetch_add(n, Ordering::Relaxed);
+        match self.commit(&def, &row, events, consumed).await? {
+            Look::Moved => {
+                self.stats.inbox_applied.fetch_add(n, Ordering::Relaxed);
+                Ok(InboxLook::Applied)
+            }
+            _ => Ok(InboxLook::Stuck(
+                seen,
+                "the commit applying its inbox did not land".into(),
+            )),
         }
-        Ok(applied)
     }
 
+    /// Commits `events` by taking the token. `Moved` when it landed; otherwise `Stuck`
+    /// (after a lost race the run changed, so no next look is set for it).
     async fn commit(
         &mut self,
         def: &Definition,
         row: &RunRow,
         events: Vec<NewEvent>,
         consumed: Vec<i64>,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Look, StoreError> {
         let plan = CommitPlan {
             writer: Writer::TakeToken,
             release: false,
@@ -296,8 +409,13 @@ impl Scheduler {
         ) {
             Ok(r) => r,
             Err(e) => {
-                warn!(run_id = %row.run_id, state = %e.state, event = %e.event, reason = %e.reason, "rejected transition");
-                return Ok(false);
+                return Ok(Look::Stuck {
+                    why: format!(
+                        "rejected transition: {} in {}: {}",
+                        e.event, e.state, e.reason
+                    ),
+                    next_change_ms: None,
+                });
             }
         };
         match self
@@ -306,11 +424,59 @@ impl Scheduler {
             .await?
             .pop()
         {
-            Some(CommitOutcome::Committed(_)) => Ok(true),
-            _ => {
+            Some(CommitOutcome::Committed(_)) => Ok(Look::Moved),
+            other => {
                 self.stats.lost_races.fetch_add(1, Ordering::Relaxed);
-                Ok(false)
+                Ok(Look::Stuck {
+                    why: format!("the commit did not land: {other:?}"),
+                    next_change_ms: None,
+                })
             }
         }
     }
+}
+
+/// Most pages of due inbox entries one look at a run judges; a run with more is returned by
+/// the next scan again.
+const INBOX_PAGES_PER_LOOK: usize = 10;
+
+/// The scans of a tick.
+#[derive(Debug, Clone, Copy)]
+enum Scan {
+    Lease,
+    Deadline,
+    Timer,
+    Inbox,
+}
+
+impl Scan {
+    fn as_str(self) -> &'static str {
+        match self {
+            Scan::Lease => "lease",
+            Scan::Deadline => "deadline",
+            Scan::Timer => "timer",
+            Scan::Inbox => "inbox",
+        }
+    }
+}
+
+/// What a look at a row came to.
+#[derive(Debug, PartialEq)]
+enum Look {
+    /// A commit landed: the run moved.
+    Moved,
+    /// The row left the scan without this look (another scheduler was first).
+    Gone,
+    /// Nothing could be committed; `next_change_ms` (from state entry) is when time alone
+    /// could change that.
+    Stuck {
+        why: String,
+        next_change_ms: Option<u64>,
+    },
+}
+
+enum InboxLook {
+    Applied,
+    Leased,
+    Stuck(Seen, String),
 }

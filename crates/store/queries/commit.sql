@@ -51,6 +51,9 @@ upd AS (
         finished_at = CASE WHEN q.status = 'terminal' AND r.finished_at IS NULL
                            THEN clock_timestamp() ELSE r.finished_at END,
         deadline_at = CASE WHEN q.status = 'terminal' THEN NULL ELSE r.deadline_at END,
+        -- The run changed: the scheduler's next look, judged on the old state, is void.
+        scan_after = NULL,
+        scan_misses = 0,
         updated_at = clock_timestamp()
     FROM req q, t
     WHERE r.run_id = q.run_id
@@ -70,6 +73,7 @@ upd AS (
           WHERE a.approval_id = q.approval_id AND a.run_id = q.run_id
             AND a.status = 'granted' AND a.consumed_at IS NULL))
     RETURNING r.run_id, r.fencing_token, r.last_sequence, q.bump, q.base_seq, r.queue, r.priority,
+        r.lease_owner IS NULL AS unleased,
         -- How long the run was in the state it leaves (none when it stays).
         (SELECT extract(epoch FROM t.now - l.state_entered_at)::float8
          FROM locked l WHERE l.run_id = r.run_id AND l.state <> q.state) AS left_after_s
@@ -87,6 +91,15 @@ consumed AS (
     DELETE FROM rein_inbox i
     USING unnest($18::uuid[], $19::bigint[]) AS c(run_id, id), upd
     WHERE i.run_id = c.run_id AND i.id = c.id AND upd.run_id = c.run_id
+),
+-- Inbox entries left over were judged on the old state: the scheduler looks at them again
+-- at once. Only when no lease is left; a holder applies its inbox itself.
+inbox_due AS (
+    UPDATE rein_inbox i SET scan_after = clock_timestamp(), scan_misses = 0
+    FROM upd
+    WHERE upd.unleased AND i.run_id = upd.run_id
+      AND (i.scan_after > clock_timestamp() OR i.scan_misses > 0)
+      AND NOT (i.id = ANY($19::bigint[]))
 ),
 ledger AS (
     INSERT INTO rein_actions (run_id, action_id, node, step, idempotency_key, call_id, status, tool, result, result_hash, finished_at)

@@ -17,6 +17,7 @@ pub mod metrics;
 mod operate;
 mod reads;
 mod retention;
+mod scans;
 mod send;
 mod sim;
 mod tokens;
@@ -41,9 +42,10 @@ pub use leader::{LEADER_TTL_MS_MAX, LEADER_TTL_MS_MIN, LeaderInfo, LeaderLease};
 pub use operate::Member;
 pub use reads::{DefinitionRow, EventTime, RunFilter, RunRow, StoredEvent};
 pub use retention::{ARCHIVE_BATCH_MAX, ArchiveCandidates, ArchivedBatch, EventsTableSize};
+pub use scans::{NextLook, SCAN_BACKOFF_MS_MAX, SCAN_BACKOFF_MS_MIN, Seen};
 pub use send::{
-    EnqueueRequest, Enqueued, INBOX_TTL_MS_DEFAULT, InboxEntry, SendOutcome, jitter_from,
-    plan_inbox,
+    EnqueueRequest, Enqueued, INBOX_READ_MAX, INBOX_TTL_MS_DEFAULT, InboxEntry, SendOutcome,
+    jitter_from, plan_inbox,
 };
 pub use tokens::{SCOPES, SUBJECT_BYTES_MAX, Scope, TokenInfo, check_token_request};
 pub use why::{

@@ -20,6 +20,9 @@ pub const LEASE_EXPIRIES: &str = "rein_lease_expiries_total";
 pub const RETRIES: &str = "rein_retries_total";
 pub const RUNS_FINISHED: &str = "rein_runs_finished_total";
 pub const TIMERS_FIRED: &str = "rein_timers_fired_total";
+/// Looks at a row the scheduler could not move, so it set the row's next look ahead; label
+/// `scan` = `lease`, `deadline`, `timer` or `inbox`.
+pub const SCAN_BACKOFFS: &str = "rein_scheduler_backoffs_total";
 pub const TIME_IN_STATE: &str = "rein_time_in_state_seconds";
 pub const CLAIM_LATENCY: &str = "rein_claim_latency_seconds";
 pub const RECOVERY: &str = "rein_recovery_seconds";

@@ -1,4 +1,4 @@
-//! Reads: runs, history, timers and expired leases, integrity checks.
+//! Reads: runs, history, integrity checks.
 
 use chrono::{DateTime, Utc};
 use rein_core::checkpoint::Checkpoint;
@@ -175,27 +175,6 @@ impl Store {
         rows.iter().map(event_from_row).collect()
     }
 
-    /// Unleased runs whose timer is due by the database clock, with the time elapsed since
-    /// they entered their state.
-    pub async fn due_timers(&self, limit: i64) -> Result<Vec<RunRow>, StoreError> {
-        self.rows(
-            "WHERE wake_at IS NOT NULL AND wake_at <= clock_timestamp() AND lease_owner IS NULL
-             ORDER BY wake_at LIMIT $1",
-            limit,
-        )
-        .await
-    }
-
-    /// Runs whose lease expired by the database clock (dead or stalled holder).
-    pub async fn expired_leases(&self, limit: i64) -> Result<Vec<RunRow>, StoreError> {
-        self.rows(
-            "WHERE lease_owner IS NOT NULL AND lease_until <= clock_timestamp()
-             ORDER BY lease_until LIMIT $1",
-            limit,
-        )
-        .await
-    }
-
     pub async fn list_runs(
         &self,
         status: Option<&str>,
@@ -264,7 +243,7 @@ impl Store {
             .collect())
     }
 
-    async fn rows(&self, tail: &str, limit: i64) -> Result<Vec<RunRow>, StoreError> {
+    pub(crate) async fn rows(&self, tail: &str, limit: i64) -> Result<Vec<RunRow>, StoreError> {
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!("{RUN_ROW} {tail}")))
             .bind(limit)
             .fetch_all(self.pool())

@@ -208,18 +208,6 @@ impl Store {
         Ok(true)
     }
 
-    /// Runs whose wall-time budget ran out by the database clock, oldest deadline first.
-    pub async fn due_deadlines(&self, limit: i64) -> Result<Vec<Uuid>, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT run_id FROM rein_runs
-             WHERE deadline_at IS NOT NULL AND deadline_at <= clock_timestamp()
-             ORDER BY deadline_at LIMIT $1",
-        )
-        .bind(limit)
-        .fetch_all(self.pool())
-        .await?)
-    }
-
     async fn send_on(
         &self,
         tx: &mut sqlx::PgConnection,
@@ -304,37 +292,32 @@ impl Store {
 
     /// The run's inbox, oldest first; `expired` by the database clock.
     pub async fn inbox(&self, run_id: Uuid) -> Result<Vec<InboxEntry>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT id, event_id, type, payload, sender, expires_at <= clock_timestamp() AS expired
-             FROM rein_inbox WHERE run_id = $1 ORDER BY id LIMIT 100",
-        )
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {INBOX_COLUMNS} FROM rein_inbox WHERE run_id = $1 ORDER BY id LIMIT {INBOX_READ_MAX}"
+        )))
         .bind(run_id)
         .fetch_all(self.pool())
         .await?;
-        rows.into_iter()
-            .map(|row| {
-                Ok(InboxEntry {
-                    id: row.try_get("id")?,
-                    event_id: row.try_get("event_id")?,
-                    kind: row.try_get("type")?,
-                    payload: row.try_get("payload")?,
-                    sender: row.try_get("sender")?,
-                    expired: row.try_get("expired")?,
-                })
-            })
-            .collect()
+        rows.iter().map(InboxEntry::from_row).collect()
     }
+}
 
-    /// Unleased runs with inbox entries, for the scheduler to apply or expire.
-    pub async fn runs_with_inbox(&self, limit: i64) -> Result<Vec<Uuid>, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT DISTINCT i.run_id FROM rein_inbox i JOIN rein_runs r USING (run_id)
-             WHERE r.lease_owner IS NULL OR r.lease_until <= clock_timestamp()
-             LIMIT $1",
-        )
-        .bind(limit)
-        .fetch_all(self.pool())
-        .await?)
+/// Most inbox entries one read returns (the oldest).
+pub const INBOX_READ_MAX: i64 = 100;
+
+pub(crate) const INBOX_COLUMNS: &str =
+    "id, event_id, type, payload, sender, expires_at <= clock_timestamp() AS expired";
+
+impl InboxEntry {
+    pub(crate) fn from_row(row: &sqlx::postgres::PgRow) -> Result<InboxEntry, StoreError> {
+        Ok(InboxEntry {
+            id: row.try_get("id")?,
+            event_id: row.try_get("event_id")?,
+            kind: row.try_get("type")?,
+            payload: row.try_get("payload")?,
+            sender: row.try_get("sender")?,
+            expired: row.try_get("expired")?,
+        })
     }
 }
 
