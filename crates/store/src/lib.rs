@@ -32,8 +32,8 @@ pub use audit::*;
 pub use bench::{Percentiles, QueueStats};
 pub use blobs::BlobStats;
 pub use commit::{
-    ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, Committed, LedgerOp, NewEvent, Renewed,
-    Writer, plan_commit,
+    ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, Committed, FenceReason, LedgerOp,
+    NewEvent, Renewed, Writer, plan_commit,
 };
 pub use error::{StoreError, is_unreachable};
 pub use gauges::{FleetGauges, RETRYING_ATTEMPTS_MIN};

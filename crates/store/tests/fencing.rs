@@ -6,8 +6,8 @@ use common::{assert_replays, event_types, store, wait_lease_expired};
 use rein_core::{Definition, EngineEvent, Event, RejectReason, RunState, apply};
 use rein_scheduler::{Scheduler, SchedulerConfig};
 use rein_store::{
-    ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, EnqueueRequest, INBOX_TTL_MS_DEFAULT,
-    NewEvent, SendOutcome, Store, StoreError, Writer, plan_commit,
+    ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, EnqueueRequest, FenceReason,
+    INBOX_TTL_MS_DEFAULT, NewEvent, SendOutcome, Store, StoreError, Writer, plan_commit,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -591,4 +591,212 @@ async fn recovery_from_checkpoint_plus_tail_equals_full_replay() {
     assert_eq!(recovered, stored);
     assert_eq!(recovered.sequence, 75);
     assert_replays(&store, run).await;
+}
+
+/// The refusal's reason, or a panic naming what came back instead.
+fn fence_reason(outcome: CommitOutcome) -> FenceReason {
+    match outcome {
+        CommitOutcome::Fenced { reason, .. } => reason,
+        other => panic!("the commit was not fenced: {other:?}"),
+    }
+}
+
+/// Log lines written while `f` runs on this thread (WARN and above).
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log buffer").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_commit_after_its_lease_expired_says_when_by_the_database_clock() {
+    let store = store("fenced_lease_expired").await;
+    let run = enqueue(&store).await;
+    let c = claim_one(&store, "worker-a", 10_000).await;
+    expire_lease(&store, run).await;
+    let lease_until = store.run(run).await.unwrap().lease_until.expect("a lease");
+
+    let buffer = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let writer = {
+        let buffer = buffer.clone();
+        move || Captured(buffer.clone())
+    };
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(writer)
+        .finish();
+    let outcome = {
+        let _log = tracing::subscriber::set_default(subscriber);
+        commit_one(&store, "worker-a", &commit_of(&c, &c.state, &["start"])).await
+    };
+    // The token is still the worker's own: only the lease refused the write.
+    let CommitOutcome::Fenced { current_token, .. } = &outcome else {
+        panic!("the commit was not fenced: {outcome:?}");
+    };
+    assert_eq!(*current_token, c.token);
+    match fence_reason(outcome) {
+        FenceReason::LeaseExpired {
+            lease_until: said,
+            db_now,
+        } => {
+            assert_eq!(said, lease_until);
+            assert!(db_now >= said, "{db_now} is before {said}");
+        }
+        other => panic!("not refused for the lease: {other:?}"),
+    }
+    let log = String::from_utf8(buffer.lock().unwrap().clone()).unwrap();
+    assert!(log.contains("fenced write refused"), "{log}");
+    assert!(log.contains("lease expired at"), "{log}");
+    assert!(log.contains("by the database clock"), "{log}");
+    assert!(!log.contains("token is no longer current"), "{log}");
+    assert!(store.history(run).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_under_a_superseded_token_names_the_token_that_took_over() {
+    let store = store("fenced_token").await;
+    let run = enqueue(&store).await;
+    let a = claim_one(&store, "worker-a", 300).await;
+    wait_lease_expired(&store, run).await;
+    assert!(scheduler(&store, "sched-1").tick().await.unwrap() >= 1);
+    let b = claim_one(&store, "worker-b", 10_000).await;
+    let reason =
+        fence_reason(commit_one(&store, "worker-a", &commit_of(&a, &a.state, &["start"])).await);
+    assert_eq!(
+        reason,
+        FenceReason::TokenSuperseded {
+            token: a.token,
+            current: b.token
+        }
+    );
+    let text = reason.to_string();
+    assert!(
+        text.contains(&format!(
+            "token {} was superseded by token {}",
+            a.token, b.token
+        )),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_behind_the_log_says_the_sequence_moved() {
+    let store = store("fenced_sequence").await;
+    let run = enqueue(&store).await;
+    let c = claim_one(&store, "worker-a", 10_000).await;
+    let first = commit_of(&c, &c.state, &["start"]);
+    assert!(matches!(
+        commit_one(&store, "worker-a", &first).await,
+        CommitOutcome::Committed(_)
+    ));
+    let reason =
+        fence_reason(commit_one(&store, "worker-a", &commit_of(&c, &c.state, &["start"])).await);
+    assert_eq!(
+        reason,
+        FenceReason::SequenceMoved {
+            base: 0,
+            current: 1
+        }
+    );
+    assert!(reason.to_string().contains("sequence moved"), "{reason}");
+    assert_eq!(store.history(run).await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_to_an_archived_run_says_it_is_archived() {
+    let store = store("fenced_archived").await;
+    let run = enqueue(&store).await;
+    let c = claim_one(&store, "worker-a", 10_000).await;
+    sqlx::query("UPDATE rein_runs SET archived_at = now() WHERE run_id = $1")
+        .bind(run)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let reason =
+        fence_reason(commit_one(&store, "worker-a", &commit_of(&c, &c.state, &["start"])).await);
+    assert_eq!(reason, FenceReason::Archived);
+    assert!(reason.to_string().contains("archived"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_without_a_lease_beside_a_live_one_says_who_holds_it() {
+    let store = store("fenced_lease_held").await;
+    let run = enqueue(&store).await;
+    let c = claim_one(&store, "worker-a", 10_000).await;
+    let plan = CommitPlan {
+        writer: Writer::TakeToken,
+        release: false,
+        jitter_sample: 0.5,
+    };
+    let request = plan_commit(
+        &lifecycle(),
+        run,
+        c.token,
+        &c.state,
+        vec![NewEvent::new("start", json!({}))],
+        Vec::new(),
+        plan,
+    )
+    .unwrap();
+    match fence_reason(commit_one(&store, "sched-1", &request).await) {
+        FenceReason::LeaseHeld { owner, lease_until } => {
+            assert_eq!(owner.as_deref(), Some("worker-a"));
+            assert_eq!(lease_until, Some(c.lease_until));
+        }
+        other => panic!("not refused for the live lease: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_after_the_lease_was_released_says_no_lease_is_held() {
+    let store = store("fenced_released").await;
+    enqueue(&store).await;
+    let c = claim_one(&store, "worker-a", 10_000).await;
+    let release = plan_commit(
+        &lifecycle(),
+        c.run_id,
+        c.token,
+        &c.state,
+        vec![NewEvent::new("start", json!({}))],
+        Vec::new(),
+        leased(true),
+    )
+    .unwrap();
+    assert!(matches!(
+        commit_one(&store, "worker-a", &release).await,
+        CommitOutcome::Committed(_)
+    ));
+    // Same token, next sequence, but the lease was given back.
+    let after = commit_of(&c, &release.state, &["complete"]);
+    let reason = fence_reason(commit_one(&store, "worker-a", &after).await);
+    assert_eq!(reason, FenceReason::LeaseNotHeld { owner: None });
+    assert!(reason.to_string().contains("released"), "{reason}");
+    // Another worker's commit on a lease worker-a holds says who holds it.
+    let mut claimed = store.claim("worker-b", 1, 10_000, &queues()).await.unwrap();
+    let b = claimed.pop().expect("worker-b claims the released run");
+    let by_a = commit_of(&b, &b.state, &["complete"]);
+    assert_eq!(
+        fence_reason(commit_one(&store, "worker-a", &by_a).await),
+        FenceReason::LeaseNotHeld {
+            owner: Some("worker-b".to_owned())
+        }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_approval_is_gone_says_so() {
+    let store = store("fenced_approval").await;
+    enqueue(&store).await;
+    let c = claim_one(&store, "worker-a", 10_000).await;
+    let mut request = commit_of(&c, &c.state, &["start"]);
+    request.approval = Some(Uuid::now_v7());
+    let reason = fence_reason(commit_one(&store, "worker-a", &request).await);
+    assert_eq!(reason, FenceReason::ApprovalUnavailable);
 }

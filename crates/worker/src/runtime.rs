@@ -1229,10 +1229,11 @@ impl Driver {
                 Ok(CommitOutcome::Fenced {
                     current_token,
                     owner,
+                    reason,
                     ..
                 }) => {
                     warn!(run_id = %self.run_id, token = self.token, current_token, owner = ?owner,
-                          "fenced: another holder owns the run; stopping without writing");
+                          %reason, "fenced: {reason}; stopping without writing");
                     // Stop the action first; counting may wait on the database.
                     self.held.lost.cancel();
                     self.inner.stats.fenced.fetch_add(1, Ordering::Relaxed);
