@@ -87,6 +87,22 @@ pub(crate) fn invalid_transition(definition: &str, event: &str) {
         .increment(1);
 }
 
+/// An event refused as an invalid transition before any commit was planned (SPEC O1, O2):
+/// sent from outside (the API, `rein send`, an approval) or proposed by a node's reply.
+/// Counted in [`INVALID_TRANSITIONS`] and logged at WARN, once, by the process that refused
+/// it; `from` says who proposed it.
+pub fn transition_refused(
+    definition: &str,
+    run_id: uuid::Uuid,
+    refused: &rein_core::InvalidTransition,
+    from: &str,
+) {
+    invalid_transition(definition, &refused.event);
+    tracing::warn!(%run_id, definition, event = %refused.event, state = %refused.state,
+        sequence = refused.sequence, reason = %refused.reason, code = refused.reason.code(), from,
+        "transition refused");
+}
+
 /// The pool of `store` as gauges: connections in use and idle, and its maximum.
 pub fn record_pool(store: &crate::Store) {
     let pool = store.pool();

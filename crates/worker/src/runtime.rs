@@ -782,7 +782,12 @@ impl Driver {
             }
             Err(rejections) => {
                 for r in &rejections {
-                    warn!(run_id = %self.run_id, state = %r.state, event = %r.event, reason = %r.reason, "rejected transition");
+                    rein_store::metrics::transition_refused(
+                        self.def.name(),
+                        self.run_id,
+                        r,
+                        node.unwrap_or("handler"),
+                    );
                 }
                 let reasons: Vec<Value> = rejections
                     .iter()
