@@ -41,7 +41,11 @@ fn definitions_check_accepts_lifecycle_with_a_summary() {
     let out = rein(&["definitions", "check", LIFECYCLE_FILE]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let summary = stdout(&out);
-    assert!(summary.starts_with("ok: lifecycle v1"), "{summary}");
+    let version = rein_core::builtin::lifecycle().version();
+    assert!(
+        summary.starts_with(&format!("ok: lifecycle v{version}")),
+        "{summary}"
+    );
     assert!(
         summary.contains("7 states") && summary.contains("14 transitions"),
         "{summary}"

@@ -350,3 +350,104 @@ async fn a_node_reply_no_state_takes_is_counted_and_warned_by_the_worker() {
     );
     assert!(line.contains("INTAKE"), "{line}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_runs_count_as_failed_and_only_a_cancel_counts_as_cancelled() {
+    let (url, store) = common::fresh_store("outcomes").await;
+    let mut fleet = Fleet::new(&url, "outcomes");
+    let def = store.load_definition("lifecycle", None).await.unwrap();
+    // lifecycle's cancel state is also where its failures end.
+    assert_eq!(def.cancel_state(), "failed");
+    const FAILING: usize = 6;
+    const SUCCEEDING: usize = 4;
+    // A run the worker holds for a long while, cancelled as it runs.
+    let held = store
+        .enqueue(EnqueueRequest::new(
+            def.clone(),
+            json!({ "sim": { "work_ms": 60_000 } }),
+        ))
+        .await
+        .unwrap()
+        .run_id;
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    fleet.spawn(
+        "outcome-worker",
+        &[
+            "worker",
+            "--poll-interval-ms",
+            "20",
+            "--lease-ttl-ms",
+            "2000",
+            "--metrics-listen",
+            &addr,
+        ],
+    );
+    common::wait_for(
+        "the worker to hold the long run",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || async {
+            store
+                .run(held)
+                .await
+                .is_ok_and(|r| r.lease_owner.as_deref() == Some("outcome-worker"))
+        },
+    )
+    .await;
+    let requests: Vec<EnqueueRequest> = (0..FAILING + SUCCEEDING)
+        .map(|i| {
+            let sim = if i < FAILING {
+                json!({ "work_ms": 5, "fatal_at_step": 1 })
+            } else {
+                json!({ "work_ms": 5 })
+            };
+            EnqueueRequest::new(def.clone(), json!({ "sim": sim }))
+        })
+        .collect();
+    store.enqueue_batch(&requests).await.unwrap();
+    let out = common::rein(&[
+        "cancel",
+        &held.to_string(),
+        "--reason",
+        "not needed any more",
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("cancel queued"), "{}", stdout(&out));
+    common::await_all_terminal(&store, Duration::from_secs(60)).await;
+
+    let (_, text) = scrape(port, "/metrics").await;
+    let finished = |outcome: &str| {
+        sum(
+            &text,
+            "rein_runs_finished_total",
+            &[
+                "definition=\"lifecycle\"",
+                &format!("outcome=\"{outcome}\""),
+            ],
+        )
+    };
+    assert_eq!(finished("failed"), FAILING as f64, "{text}");
+    assert_eq!(finished("succeeded"), SUCCEEDING as f64, "{text}");
+    assert_eq!(finished("cancelled"), 1.0, "{text}");
+    // What ReinFailureRatioHigh computes: 6 of the 10 runs that ended on their own.
+    let ratio = finished("failed") / (finished("failed") + finished("succeeded"));
+    assert!((ratio - 0.6).abs() < 1e-9, "failure ratio {ratio}");
+    // The database agrees: seven runs in `failed`, one of them by the CANCEL.
+    let by_state: Vec<(String, i64)> =
+        sqlx::query_as("SELECT state, count(*) FROM rein_runs GROUP BY state ORDER BY state")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        by_state,
+        vec![
+            ("done".to_owned(), SUCCEEDING as i64),
+            ("failed".to_owned(), FAILING as i64 + 1)
+        ]
+    );
+    let reason = store.run(held).await.unwrap().terminal_reason;
+    assert_eq!(reason.as_deref(), Some("cancelled: not needed any more"));
+}

@@ -168,21 +168,7 @@ pub fn plan_commit(
     // A short log replays in no time: its final state needs no snapshot of its own.
     let long_log_ends = status == RunStatus::Terminal && state.sequence >= CHECKPOINT_EVERY;
     let checkpoint = long_log_ends || (!events.is_empty() && crossed);
-    let finish = (status == RunStatus::Terminal && !def.is_terminal(&base.state)).then(|| {
-        let ending = events.last().map(|e| (&e.kind, &e.payload));
-        if state.state == def.cancel_state() {
-            crate::metrics::Finish::Cancelled
-        } else if ending.is_some_and(|(kind, payload)| {
-            payload.get("error").is_some()
-                || def
-                    .states()
-                    .any(|s| s.backoff.as_ref().is_some_and(|b| b.exhausted == **kind))
-        }) {
-            crate::metrics::Finish::Failed
-        } else {
-            crate::metrics::Finish::Succeeded
-        }
-    });
+    let finish = crate::metrics::Finish::of(def, &base.state, &state.state, &events);
     let left_state = (state.state != base.state).then(|| base.state.clone());
     Ok(CommitRequest {
         run_id,
