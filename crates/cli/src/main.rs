@@ -165,6 +165,34 @@ enum Command {
     Retention(retention::RetentionCommand),
 }
 
+impl Command {
+    /// Commands that print an answer and exit. The others (roles, and demo, bench and chaos,
+    /// which own a private server and child processes) must handle a closed socket or pipe
+    /// as an error and clean up, not die of it.
+    fn ends_on_a_closed_pipe(&self) -> bool {
+        !matches!(
+            self,
+            Command::Worker(_)
+                | Command::Scheduler(_)
+                | Command::Api(_)
+                | Command::Demo(_)
+                | Command::Bench(_)
+                | Command::Chaos(_)
+        )
+    }
+}
+
+/// Output to a closed pipe (`rein runs list | head`) ends the command quietly the way it
+/// ends `ls`: killed by SIGPIPE, which a shell reports as status 141. Rust starts with
+/// SIGPIPE ignored, which turns that write into a panic instead.
+fn end_on_a_closed_pipe() {
+    // SAFETY: signal(2) with SIG_DFL changes only this process's disposition of SIGPIPE,
+    // before any other thread exists; no handler code runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     // Usage errors exit 1 like every other input error (clap's own code, 2, means "refused").
     let cli = match Cli::try_parse() {
@@ -178,6 +206,9 @@ fn main() -> ExitCode {
             });
         }
     };
+    if cli.command.ends_on_a_closed_pipe() {
+        end_on_a_closed_pipe();
+    }
     let code = match cli.command {
         Command::Definitions(cmd) if !cmd.needs_service() => offline::definitions(cmd),
         Command::Replay(args) => offline::replay(args),

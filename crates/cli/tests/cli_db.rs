@@ -343,3 +343,22 @@ async fn brief_prints_the_steps_done_and_the_pending_step_the_same_each_time() {
     let unknown = rein(&["brief", &Uuid::nil().to_string(), "--database-url", &url]);
     assert_eq!(unknown.status.code(), Some(1), "{}", stderr(&unknown));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_list_into_a_closed_pipe_ends_quietly_like_any_unix_tool() {
+    let (url, store) = common::fresh_store("closed_pipe").await;
+    common::enqueue_many(&store, "lifecycle", serde_json::json!({}), "default", 5).await;
+    // `rein runs list | head -1` once head has gone.
+    let out = common::rein_into_closed_pipe(&["runs", "list", "--database-url", &url]);
+    assert!(
+        common::ended_by_sigpipe(&out),
+        "{:?}: {}",
+        out.status,
+        stderr(&out)
+    );
+    let err = stderr(&out);
+    assert!(
+        !err.contains("panicked") && !err.contains("Broken pipe"),
+        "{err}"
+    );
+}

@@ -181,3 +181,17 @@ fn replay_reads_stdin_for_dash() {
         .expect("write stdin");
     assert_replayed_to_done(&child.wait_with_output().expect("wait"));
 }
+
+#[test]
+fn output_to_a_closed_pipe_ends_the_command_quietly_like_any_unix_tool() {
+    // `rein definitions list | head -1` once head has gone: no panic, no message, the
+    // status a shell reports as 141.
+    let out = common::rein_into_closed_pipe(&["definitions", "list"]);
+    assert!(
+        common::ended_by_sigpipe(&out),
+        "{:?}: {}",
+        out.status,
+        stderr(&out)
+    );
+    assert!(stderr(&out).is_empty(), "{}", stderr(&out));
+}
