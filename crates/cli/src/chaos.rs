@@ -220,7 +220,7 @@ impl Database {
             });
         }
         let server_url = shared.unwrap_or_default();
-        let server = Store::connect_without_migrating(&server_url, 2)
+        let server = Store::connect_within(&server_url, 2, args.db.db_connect_timeout_ms)
             .await
             .map_err(|e| report(&e))?;
         let millis = std::time::SystemTime::now()

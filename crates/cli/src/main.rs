@@ -56,6 +56,12 @@ pub struct DbArgs {
     /// Connections this process may open (sized for 2 cores and Postgres' 100 connections).
     #[arg(long, default_value_t = rein_store::POOL_MAX_DEFAULT, value_parser = clap::value_parser!(u32).range(1..=90))]
     pub db_pool_max: u32,
+    /// How long connecting to PostgreSQL may take before the command fails (exit 3); a
+    /// server that refuses connections is asked again until then.
+    #[arg(long, env = "REIN_DB_CONNECT_TIMEOUT_MS", value_name = "MS",
+          default_value_t = rein_store::CONNECT_FIRST_TIMEOUT_MS_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub db_connect_timeout_ms: u64,
 }
 
 /// Optional Redis (SPEC K1): wake-ups for idle workers. Never a source of truth.
