@@ -35,6 +35,23 @@ async fn scrape_at(base: &str, path: &str) -> (u16, String) {
     (r.status().as_u16(), r.text().await.unwrap_or_default())
 }
 
+/// Starts `rein worker` as `id`, polling every 20 ms with `extra` flags, serving `/metrics`
+/// on a free port; the port.
+fn spawn_metrics_worker(fleet: &mut Fleet, id: &str, extra: &[&str]) -> u16 {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "worker",
+        "--poll-interval-ms",
+        "20",
+        "--metrics-listen",
+        &addr,
+    ];
+    args.extend_from_slice(extra);
+    fleet.spawn(id, &args);
+    port
+}
+
 /// How many lines of the log file of process `id` contain `text`.
 fn log_lines(fleet: &Fleet, id: &str, text: &str) -> usize {
     std::fs::read_to_string(fleet.log_dir.join(format!("{id}.err")))
@@ -305,18 +322,7 @@ async fn a_node_reply_no_state_takes_is_counted_and_warned_by_the_worker() {
         .unwrap()
         .run_id;
 
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    fleet.spawn(
-        "node-worker",
-        &[
-            "worker",
-            "--poll-interval-ms",
-            "20",
-            "--metrics-listen",
-            &addr,
-        ],
-    );
+    let port = spawn_metrics_worker(&mut fleet, "node-worker", &[]);
     common::wait_for(
         "the refused reply to hand the run to an operator",
         Duration::from_secs(60),
@@ -369,20 +375,7 @@ async fn failed_runs_count_as_failed_and_only_a_cancel_counts_as_cancelled() {
         .await
         .unwrap()
         .run_id;
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    fleet.spawn(
-        "outcome-worker",
-        &[
-            "worker",
-            "--poll-interval-ms",
-            "20",
-            "--lease-ttl-ms",
-            "2000",
-            "--metrics-listen",
-            &addr,
-        ],
-    );
+    let port = spawn_metrics_worker(&mut fleet, "outcome-worker", &["--lease-ttl-ms", "2000"]);
     common::wait_for(
         "the worker to hold the long run",
         Duration::from_secs(30),

@@ -173,7 +173,23 @@ async fn stale_token_commit_is_fenced() {
     let stale = commit_of(&a, &a.state, &["start"]);
     let stale_id = stale.events[0].event_id;
     match commit_one(&store, "worker-a", &stale).await {
-        CommitOutcome::Fenced { current_token, .. } => assert_eq!(current_token, b.token),
+        CommitOutcome::Fenced {
+            current_token,
+            reason,
+            ..
+        } => {
+            assert_eq!(current_token, b.token);
+            assert_eq!(
+                reason,
+                FenceReason::TokenSuperseded {
+                    token: a.token,
+                    current: b.token
+                }
+            );
+            let text = reason.to_string();
+            let said = format!("token {} was superseded by token {}", a.token, b.token);
+            assert!(text.contains(&said), "{text}");
+        }
         other => panic!("stale commit was not fenced: {other:?}"),
     }
 
@@ -215,8 +231,21 @@ async fn out_of_order_sequence_is_rejected() {
     let behind = commit_of(&c, &c.state, &["start"]);
     match commit_one(&store, "worker-a", &behind).await {
         CommitOutcome::Fenced {
-            current_sequence, ..
-        } => assert_eq!(current_sequence, 1),
+            current_sequence,
+            reason,
+            ..
+        } => {
+            assert_eq!(current_sequence, 1);
+            // It names the sequence, not the token (still the writer's own).
+            assert_eq!(
+                reason,
+                FenceReason::SequenceMoved {
+                    base: 0,
+                    current: 1
+                }
+            );
+            assert!(reason.to_string().contains("sequence moved"), "{reason}");
+        }
         other => panic!("a commit behind the log was not refused: {other:?}"),
     }
     let history = store.history(run).await.unwrap();
@@ -601,7 +630,28 @@ fn fence_reason(outcome: CommitOutcome) -> FenceReason {
     }
 }
 
-/// Log lines written while `f` runs on this thread (WARN and above).
+/// Where this test process's WARN lines go: a subscriber installed for the whole process
+/// once (a thread-local one misses events that other tests' threads race it for).
+fn captured_log() -> std::sync::Arc<std::sync::Mutex<Vec<u8>>> {
+    static LOG: std::sync::OnceLock<std::sync::Arc<std::sync::Mutex<Vec<u8>>>> =
+        std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let buffer = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let writer = {
+            let buffer = buffer.clone();
+            move || Captured(buffer.clone())
+        };
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(writer)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("one subscriber");
+        buffer
+    })
+    .clone()
+}
+
 struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
 
 impl std::io::Write for Captured {
@@ -614,28 +664,16 @@ impl std::io::Write for Captured {
     }
 }
 
-#[tokio::test(flavor = "current_thread")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_after_its_lease_expired_says_when_by_the_database_clock() {
+    let log = captured_log();
     let store = store("fenced_lease_expired").await;
     let run = enqueue(&store).await;
     let c = claim_one(&store, "worker-a", 10_000).await;
     expire_lease(&store, run).await;
     let lease_until = store.run(run).await.unwrap().lease_until.expect("a lease");
 
-    let buffer = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let writer = {
-        let buffer = buffer.clone();
-        move || Captured(buffer.clone())
-    };
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(writer)
-        .finish();
-    let outcome = {
-        let _log = tracing::subscriber::set_default(subscriber);
-        commit_one(&store, "worker-a", &commit_of(&c, &c.state, &["start"])).await
-    };
+    let outcome = commit_one(&store, "worker-a", &commit_of(&c, &c.state, &["start"])).await;
     // The token is still the worker's own: only the lease refused the write.
     let CommitOutcome::Fenced { current_token, .. } = &outcome else {
         panic!("the commit was not fenced: {outcome:?}");
@@ -651,62 +689,16 @@ async fn a_commit_after_its_lease_expired_says_when_by_the_database_clock() {
         }
         other => panic!("not refused for the lease: {other:?}"),
     }
-    let log = String::from_utf8(buffer.lock().unwrap().clone()).unwrap();
-    assert!(log.contains("fenced write refused"), "{log}");
-    assert!(log.contains("lease expired at"), "{log}");
-    assert!(log.contains("by the database clock"), "{log}");
-    assert!(!log.contains("token is no longer current"), "{log}");
+    let text = String::from_utf8(log.lock().unwrap().clone()).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("fenced write refused") && l.contains(&run.to_string()))
+        .unwrap_or_else(|| panic!("no WARN for the fenced write:\n{text}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("lease expired at"), "{line}");
+    assert!(line.contains("by the database clock"), "{line}");
+    assert!(!line.contains("token is no longer current"), "{line}");
     assert!(store.history(run).await.unwrap().is_empty());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_commit_under_a_superseded_token_names_the_token_that_took_over() {
-    let store = store("fenced_token").await;
-    let run = enqueue(&store).await;
-    let a = claim_one(&store, "worker-a", 300).await;
-    wait_lease_expired(&store, run).await;
-    assert!(scheduler(&store, "sched-1").tick().await.unwrap() >= 1);
-    let b = claim_one(&store, "worker-b", 10_000).await;
-    let reason =
-        fence_reason(commit_one(&store, "worker-a", &commit_of(&a, &a.state, &["start"])).await);
-    assert_eq!(
-        reason,
-        FenceReason::TokenSuperseded {
-            token: a.token,
-            current: b.token
-        }
-    );
-    let text = reason.to_string();
-    assert!(
-        text.contains(&format!(
-            "token {} was superseded by token {}",
-            a.token, b.token
-        )),
-        "{text}"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_commit_behind_the_log_says_the_sequence_moved() {
-    let store = store("fenced_sequence").await;
-    let run = enqueue(&store).await;
-    let c = claim_one(&store, "worker-a", 10_000).await;
-    let first = commit_of(&c, &c.state, &["start"]);
-    assert!(matches!(
-        commit_one(&store, "worker-a", &first).await,
-        CommitOutcome::Committed(_)
-    ));
-    let reason =
-        fence_reason(commit_one(&store, "worker-a", &commit_of(&c, &c.state, &["start"])).await);
-    assert_eq!(
-        reason,
-        FenceReason::SequenceMoved {
-            base: 0,
-            current: 1
-        }
-    );
-    assert!(reason.to_string().contains("sequence moved"), "{reason}");
-    assert_eq!(store.history(run).await.unwrap().len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
