@@ -286,7 +286,7 @@ pub async fn bench(args: BenchArgs) -> u8 {
 }
 
 async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
-    let store = match Store::connect_without_migrating(&plan.url, 2).await {
+    let store = match Store::connect_within(&plan.url, 2, args.db.db_connect_timeout_ms).await {
         Ok(s) => s,
         Err(e) => return report(&e),
     };

@@ -72,10 +72,13 @@ pub async fn demo(args: DemoArgs) -> u8 {
 
 /// Runs the workload; returns the exit code and the API it served.
 async fn run_demo(args: &DemoArgs, url: &str) -> (u8, Option<DemoApi>) {
-    let store = match Store::connect(url, 24).await {
+    let store = match Store::connect_within(url, 24, args.db.db_connect_timeout_ms).await {
         Ok(s) => s,
         Err(e) => return (report(&e), None),
     };
+    if let Err(e) = store.migrate().await {
+        return (report(&e), None);
+    }
     // The API serves this database for the demo's lifetime (and with --keep, after it), with
     // a token made for the demo.
     let api = match start_api(&store).await {

@@ -56,6 +56,12 @@ pub struct DbArgs {
     /// Connections this process may open (sized for 2 cores and Postgres' 100 connections).
     #[arg(long, default_value_t = rein_store::POOL_MAX_DEFAULT, value_parser = clap::value_parser!(u32).range(1..=90))]
     pub db_pool_max: u32,
+    /// How long connecting to PostgreSQL may take before the command fails (exit 3); a
+    /// server that refuses connections is asked again until then.
+    #[arg(long, env = "REIN_DB_CONNECT_TIMEOUT_MS", value_name = "MS",
+          default_value_t = rein_store::CONNECT_FIRST_TIMEOUT_MS_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub db_connect_timeout_ms: u64,
 }
 
 /// Optional Redis (SPEC K1): wake-ups for idle workers. Never a source of truth.
@@ -165,6 +171,34 @@ enum Command {
     Retention(retention::RetentionCommand),
 }
 
+impl Command {
+    /// Commands that print an answer and exit. The others (roles, and demo, bench and chaos,
+    /// which own a private server and child processes) must handle a closed socket or pipe
+    /// as an error and clean up, not die of it.
+    fn ends_on_a_closed_pipe(&self) -> bool {
+        !matches!(
+            self,
+            Command::Worker(_)
+                | Command::Scheduler(_)
+                | Command::Api(_)
+                | Command::Demo(_)
+                | Command::Bench(_)
+                | Command::Chaos(_)
+        )
+    }
+}
+
+/// Output to a closed pipe (`rein runs list | head`) ends the command quietly the way it
+/// ends `ls`: killed by SIGPIPE, which a shell reports as status 141. Rust starts with
+/// SIGPIPE ignored, which turns that write into a panic instead.
+fn end_on_a_closed_pipe() {
+    // SAFETY: signal(2) with SIG_DFL changes only this process's disposition of SIGPIPE,
+    // before any other thread exists; no handler code runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     // Usage errors exit 1 like every other input error (clap's own code, 2, means "refused").
     let cli = match Cli::try_parse() {
@@ -178,6 +212,9 @@ fn main() -> ExitCode {
             });
         }
     };
+    if cli.command.ends_on_a_closed_pipe() {
+        end_on_a_closed_pipe();
+    }
     let code = match cli.command {
         Command::Definitions(cmd) if !cmd.needs_service() => offline::definitions(cmd),
         Command::Replay(args) => offline::replay(args),

@@ -270,7 +270,7 @@ async fn open(db: &DbArgs) -> Result<Store, u8> {
         );
         return Err(exit::INPUT);
     };
-    Store::connect_without_migrating(url, db.db_pool_max)
+    Store::connect_within(url, db.db_pool_max, db.db_connect_timeout_ms)
         .await
         .map_err(|e| report(&e))
 }

@@ -1,5 +1,7 @@
 //! The private PostgreSQL that `rein demo`, `rein bench` and `rein chaos` start from the
-//! installed server binaries when no database is given (SPEC I5).
+//! installed server binaries when no database is given (SPEC I5). Run as root from a
+//! checkout the `postgres` user cannot reach (root's 0700 home), the server lives in a
+//! private directory of its own in the temp dir instead, and says so.
 
 use std::path::PathBuf;
 
@@ -38,6 +40,9 @@ pub async fn start_because(role: &str, fast: bool, why: &str) -> Result<PrivateP
     };
     match tokio::task::spawn_blocking(move || PrivatePostgres::start(options)).await {
         Ok(Ok(pg)) => {
+            if let Some(relocated) = pg.relocated() {
+                eprintln!("note: {relocated}");
+            }
             eprintln!(
                 "private PostgreSQL on port {} (data in {})",
                 pg.port(),

@@ -59,6 +59,9 @@ impl Backend {
     /// as exit codes.
     pub async fn open(conn: &Conn) -> Result<Backend, u8> {
         let Some(url) = conn.url.as_deref().filter(|u| !u.is_empty()) else {
+            // This process is the one that refuses what the database route refuses (an
+            // invalid transition): its warnings go to stderr like a role's.
+            crate::init_logging_at(false, "warn,sqlx=error");
             return ops::connect(&conn.db, false).await.map(Backend::Db);
         };
         match Client::new(url, conn.token.clone()) {

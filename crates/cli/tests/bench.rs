@@ -5,6 +5,7 @@ mod common;
 
 use common::{PrivateRedis, REIN, free_port, rein, stderr, stdout};
 use serde_json::Value;
+use std::path::Path;
 use std::process::Command;
 
 fn bench(url: &str, extra: &[&str]) -> (Option<i32>, Value, String) {
@@ -322,4 +323,61 @@ fn bench_compares_polling_only_with_redis_wakeups_at_the_same_load() {
         assert_eq!(report["params"]["redis"], "compare", "{report}");
         assert_eq!(report["params"]["poll_interval_ms"], 100, "{report}");
     }
+}
+
+#[test]
+fn bench_runs_from_a_checkout_the_postgres_user_cannot_reach() {
+    use std::os::unix::fs::PermissionsExt;
+    // A clone in root's home: the home is 0700, so `postgres` cannot reach its `target/`.
+    let locked = common::tmp_dir("bench_locked_home");
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let checkout = locked.join("rein");
+    std::fs::create_dir_all(checkout.join("target")).unwrap();
+    let out = Command::new(REIN)
+        .args([
+            "bench",
+            "--runs",
+            "20",
+            "--reference-s",
+            "1",
+            "--duration-s",
+            "60",
+            "--json",
+        ])
+        .current_dir(&checkout)
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("run the rein binary");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON report");
+    assert_eq!(report["points"][0]["runs_finished"], 20, "{report}");
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if root {
+        // Said where it went instead, and why.
+        let note = err
+            .lines()
+            .find(|l| l.starts_with("note: the postgres user cannot reach"))
+            .unwrap_or_else(|| panic!("no note on where the server went:\n{err}"));
+        assert!(
+            note.contains(&checkout.join("target/rein-pg").display().to_string()),
+            "{note}"
+        );
+        assert!(note.contains("mode 700"), "{note}");
+        let dir = note
+            .rsplit_once(" are in ")
+            .and_then(|(_, rest)| rest.strip_suffix(" instead"))
+            .unwrap_or_else(|| panic!("no directory in: {note}"));
+        assert!(
+            dir.starts_with(&std::env::temp_dir().display().to_string()),
+            "{note}"
+        );
+        assert!(err.contains(&format!("data in {dir}/data")), "{err}");
+        // Removed with the server once the benchmark succeeded.
+        assert!(!Path::new(dir).exists(), "{dir} left behind");
+    }
+    let _ = std::fs::remove_dir_all(&locked);
 }

@@ -16,9 +16,11 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 /// Every field the JSON report promises.
-const FIELDS: [&str; 14] = [
+const FIELDS: [&str; 16] = [
     "runs_enqueued",
     "runs_terminal",
+    "runs_unfinished",
+    "integrity_violations",
     "sequence_gaps",
     "stale_token_events",
     "fenced_writes_rejected",
@@ -212,7 +214,7 @@ async fn check_only_reports_each_planted_violation_under_its_field() {
         before = after;
     }
 
-    // A run that never ended: enqueued but not terminal.
+    // A run not finished yet is reported as such, not as a violation.
     let def = f
         .store
         .load_definition("lifecycle", None)
@@ -227,10 +229,8 @@ async fn check_only_reports_each_planted_violation_under_its_field() {
     let after = report_of(&out);
     assert_eq!(after["runs_enqueued"], 8, "{after}");
     assert_eq!(after["runs_terminal"], 7, "{after}");
-    assert!(
-        after["violations"].as_i64() > before["violations"].as_i64(),
-        "{after}"
-    );
+    assert_eq!(after["runs_unfinished"]["queued"], 1, "{after}");
+    assert_eq!(after["violations"], before["violations"], "{after}");
 
     // The table names the failed checks.
     let out = rein(&["chaos", "--check-only"], Some(&f.url));
@@ -240,6 +240,73 @@ async fn check_only_reports_each_planted_violation_under_its_field() {
         table.contains("VIOLATED") && table.contains("runs with sequence gaps"),
         "{table}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_only_passes_a_live_database_and_reports_its_unfinished_runs_apart() {
+    let f = common::finished_runs("chaos_live").await;
+    let def = f
+        .store
+        .load_definition("lifecycle", None)
+        .await
+        .expect("def");
+    let enqueue = || async {
+        f.store
+            .enqueue(EnqueueRequest::new(def.clone(), json!({})))
+            .await
+            .expect("enqueue")
+            .run_id
+    };
+    // One run a worker holds, one parked on a dependency, one waiting for a worker.
+    let running = enqueue().await;
+    let claimed = f
+        .store
+        .claim("busy-worker", 1, 60_000, &["default".to_owned()])
+        .await
+        .expect("claim");
+    assert_eq!(claimed.first().map(|c| c.run_id), Some(running));
+    let parked = enqueue().await;
+    for event in ["start", "block_on_dependency"] {
+        f.store
+            .send(parked, event, json!({}), "test", 60_000)
+            .await
+            .expect("send");
+    }
+    assert_eq!(f.store.run(parked).await.unwrap().status, "parked");
+    enqueue().await;
+
+    let out = check_only(&f.url);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let r = report_of(&out);
+    assert_eq!(r["violations"], 0, "{r}");
+    assert_eq!(r["integrity_violations"], 0, "{r}");
+    assert_eq!(
+        r["runs_unfinished"],
+        json!({ "total": 3, "queued": 1, "running": 1, "parked": 1, "needs_operator": 0 }),
+        "{r}"
+    );
+    assert_eq!(
+        (&r["runs_in_database"], &r["runs_terminal"]),
+        (&json!(10), &json!(7))
+    );
+    let out = rein(&["chaos", "--check-only"], Some(&f.url));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let table = stdout(&out);
+    assert!(!table.contains("VIOLATED"), "{table}");
+    assert!(table.contains("runs not finished yet"), "{table}");
+
+    // A broken invariant still fails the audit of a live database.
+    sqlx::query("DELETE FROM rein_events WHERE run_id = $1 AND sequence = 2")
+        .bind(f.done[0])
+        .execute(f.store.pool())
+        .await
+        .expect("plant a sequence gap");
+    let out = check_only(&f.url);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let r = report_of(&out);
+    assert!(r["sequence_gaps"].as_i64() >= Some(1), "{r}");
+    assert!(r["violations"].as_i64() >= Some(1), "{r}");
+    assert_eq!(r["runs_unfinished"]["total"], 3, "{r}");
 }
 
 #[test]

@@ -171,8 +171,12 @@ fn definitions_register_stores_a_file_and_refuses_a_changed_body_under_the_same_
 
     let out = rein(&["definitions", "register", &path, "--database-url", &url]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let version = rein_core::builtin::load("chain4")
+        .and_then(Result::ok)
+        .expect("the built-in chain4")
+        .version();
     assert!(
-        stdout(&out).contains("registered my-chain v1"),
+        stdout(&out).contains(&format!("registered my-chain v{version}")),
         "{}",
         stdout(&out)
     );
@@ -338,4 +342,82 @@ async fn brief_prints_the_steps_done_and_the_pending_step_the_same_each_time() {
 
     let unknown = rein(&["brief", &Uuid::nil().to_string(), "--database-url", &url]);
     assert_eq!(unknown.status.code(), Some(1), "{}", stderr(&unknown));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_list_into_a_closed_pipe_ends_quietly_like_any_unix_tool() {
+    let (url, store) = common::fresh_store("closed_pipe").await;
+    common::enqueue_many(&store, "lifecycle", serde_json::json!({}), "default", 5).await;
+    // `rein runs list | head -1` once head has gone.
+    let out = common::rein_into_closed_pipe(&["runs", "list", "--database-url", &url]);
+    assert!(
+        common::ended_by_sigpipe(&out),
+        "{:?}: {}",
+        out.status,
+        stderr(&out)
+    );
+    let err = stderr(&out);
+    assert!(
+        !err.contains("panicked") && !err.contains("Broken pipe"),
+        "{err}"
+    );
+}
+
+/// Runs `rein runs list` against `url` with `extra` arguments and environment; the output
+/// and how long it took.
+fn timed_runs_list(
+    url: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (std::process::Output, Duration) {
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(common::REIN)
+        .args(["runs", "list", "--database-url", url])
+        .args(extra)
+        .env_remove("DATABASE_URL")
+        .env_remove("REIN_DB_CONNECT_TIMEOUT_MS")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run the rein binary");
+    (out, started.elapsed())
+}
+
+#[test]
+fn a_database_that_refuses_or_ignores_connections_fails_the_command_within_the_connect_timeout() {
+    let refused = format!("postgres://rein@127.0.0.1:{}/rein", common::free_port());
+    // Default: a few seconds.
+    let (out, took) = timed_runs_list(&refused, &[], &[]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("cannot reach PostgreSQL"), "{err}");
+    assert!(err.contains("within 5000 ms"), "{err}");
+    assert!(took < Duration::from_secs(8), "took {took:?}");
+    // The flag shortens it.
+    let (out, took) = timed_runs_list(&refused, &["--db-connect-timeout-ms", "600"], &[]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("within 600 ms"), "{}", stderr(&out));
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    // So does the environment; a server refusing connections is asked again until then.
+    let (out, took) = timed_runs_list(&refused, &[], &[("REIN_DB_CONNECT_TIMEOUT_MS", "2500")]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("within 2500 ms"), "{}", stderr(&out));
+    assert!(
+        took >= Duration::from_millis(2_300) && took < Duration::from_secs(6),
+        "took {took:?}"
+    );
+    // A server that takes the connection and never answers is given up on just the same.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener");
+    let port = silent.local_addr().expect("its address").port();
+    let ignored = format!("postgres://rein@127.0.0.1:{port}/rein");
+    let (out, took) = timed_runs_list(&ignored, &["--db-connect-timeout-ms", "800"], &[]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("did not answer"), "{}", stderr(&out));
+    assert!(
+        took >= Duration::from_millis(750) && took < Duration::from_secs(4),
+        "took {took:?}"
+    );
+    drop(silent);
+    // Out of range is a usage error.
+    let (out, _) = timed_runs_list(&refused, &["--db-connect-timeout-ms", "0"], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
 }

@@ -41,7 +41,11 @@ fn definitions_check_accepts_lifecycle_with_a_summary() {
     let out = rein(&["definitions", "check", LIFECYCLE_FILE]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let summary = stdout(&out);
-    assert!(summary.starts_with("ok: lifecycle v1"), "{summary}");
+    let version = rein_core::builtin::lifecycle().version();
+    assert!(
+        summary.starts_with(&format!("ok: lifecycle v{version}")),
+        "{summary}"
+    );
     assert!(
         summary.contains("7 states") && summary.contains("14 transitions"),
         "{summary}"
@@ -176,4 +180,18 @@ fn replay_reads_stdin_for_dash() {
         .write_all(GOOD_LOG.as_bytes())
         .expect("write stdin");
     assert_replayed_to_done(&child.wait_with_output().expect("wait"));
+}
+
+#[test]
+fn output_to_a_closed_pipe_ends_the_command_quietly_like_any_unix_tool() {
+    // `rein definitions list | head -1` once head has gone: no panic, no message, the
+    // status a shell reports as 141.
+    let out = common::rein_into_closed_pipe(&["definitions", "list"]);
+    assert!(
+        common::ended_by_sigpipe(&out),
+        "{:?}: {}",
+        out.status,
+        stderr(&out)
+    );
+    assert!(stderr(&out).is_empty(), "{}", stderr(&out));
 }

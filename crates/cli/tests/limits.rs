@@ -17,21 +17,15 @@ use serde_json::json;
 
 const KEY: &str = "api:charge";
 
-/// Version 2 of the lifecycle definition (the sim actions know its states), its `running`
-/// action taking `api:charge`, plus `extra` (e.g. a `[limits]` table). Enqueues of
+/// The next version of the lifecycle definition (the sim actions know its states), its
+/// `running` action taking `api:charge`, plus `extra` (e.g. a `[limits]` table). Enqueues of
 /// `lifecycle` take the newest version.
 async fn register_limited(store: &Store, extra: &str) -> Definition {
-    let base = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../definitions/lifecycle.toml"
-    ))
-    .expect("lifecycle.toml");
+    let next = rein_core::builtin::lifecycle().version() + 1;
+    let base = rein_core::builtin::source_at_version("lifecycle", next).expect("a built-in");
     let marker = "name = \"running\"\nkind = \"active\"\naction = \"sim\"\n";
     assert!(base.contains(marker), "lifecycle.toml changed shape");
-    let text = base
-        .replace("version = 1\n", "version = 2\n")
-        .replace(marker, &format!("{marker}limits = [\"{KEY}\"]\n"))
-        + extra;
+    let text = base.replace(marker, &format!("{marker}limits = [\"{KEY}\"]\n")) + extra;
     let def = Definition::parse(&text, Format::Toml, &GuardRegistry::default()).expect("parse");
     store.register_definition(&def).await.expect("register");
     def

@@ -1,11 +1,12 @@
-//! `/metrics` of real `rein worker` and `rein scheduler` processes: the counters add up to
-//! what the database holds, and the fleet gauges read from it.
+//! `/metrics` of real `rein worker`, `rein scheduler` and `rein api` processes: the counters
+//! add up to what the database holds, the fleet gauges read from it, each refused transition
+//! is counted by the process that refused it, and finished runs carry their real outcome.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{Fleet, free_port};
+use common::{Fleet, free_port, stderr, stdout};
 use rein_store::EnqueueRequest;
 use serde_json::json;
 
@@ -24,10 +25,40 @@ fn sum(text: &str, name: &str, labels: &[&str]) -> f64 {
 }
 
 async fn scrape(port: u16, path: &str) -> (u16, String) {
-    let r = reqwest::get(format!("http://127.0.0.1:{port}{path}"))
+    scrape_at(&format!("http://127.0.0.1:{port}"), path).await
+}
+
+async fn scrape_at(base: &str, path: &str) -> (u16, String) {
+    let r = reqwest::get(format!("{base}{path}"))
         .await
-        .unwrap_or_else(|e| panic!("GET {path} on {port}: {e}"));
+        .unwrap_or_else(|e| panic!("GET {path} on {base}: {e}"));
     (r.status().as_u16(), r.text().await.unwrap_or_default())
+}
+
+/// Starts `rein worker` as `id`, polling every 20 ms with `extra` flags, serving `/metrics`
+/// on a free port; the port.
+fn spawn_metrics_worker(fleet: &mut Fleet, id: &str, extra: &[&str]) -> u16 {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "worker",
+        "--poll-interval-ms",
+        "20",
+        "--metrics-listen",
+        &addr,
+    ];
+    args.extend_from_slice(extra);
+    fleet.spawn(id, &args);
+    port
+}
+
+/// How many lines of the log file of process `id` contain `text`.
+fn log_lines(fleet: &Fleet, id: &str, text: &str) -> usize {
+    std::fs::read_to_string(fleet.log_dir.join(format!("{id}.err")))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(text))
+        .count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,4 +229,218 @@ async fn worker_and_scheduler_metrics_add_up_to_the_database() {
         sum(&scheduler_text, "rein_build_info", &["role=\"scheduler\""]),
         1.0
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_the_api_refuses_is_counted_and_warned_by_the_api() {
+    let (url, store) = common::fresh_store("refused_api").await;
+    let mut fleet = Fleet::new(&url, "refused_api");
+    let api = fleet.spawn_server("api", &["api", "--insecure-dev", "--listen", "127.0.0.1:0"]);
+    let def = store.load_definition("lifecycle", None).await.unwrap();
+    let run = store
+        .enqueue(EnqueueRequest::new(def, json!({})))
+        .await
+        .unwrap()
+        .run_id;
+    store
+        .send(run, "start", json!({}), "test", 60_000)
+        .await
+        .unwrap();
+    let refused = |text: &str| {
+        sum(
+            text,
+            "rein_invalid_transitions_total",
+            &["definition=\"lifecycle\"", "event=\"start\""],
+        )
+    };
+
+    // Straight to the API: no state reachable from `running` takes `start`.
+    let response = reqwest::Client::new()
+        .post(format!("{api}/v1/runs/{run}/events"))
+        .json(&json!({ "type": "start", "payload": {} }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 409);
+    let (_, text) = scrape_at(&api, "/metrics").await;
+    assert_eq!(refused(&text), 1.0, "{text}");
+    assert_eq!(log_lines(&fleet, "api", "transition refused"), 1);
+
+    // `rein send` through the API: the API refuses it, counts it and warns.
+    let out = common::rein(&["send", &run.to_string(), "start", "--api-url", &api]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let (_, text) = scrape_at(&api, "/metrics").await;
+    assert_eq!(refused(&text), 2.0, "{text}");
+    let warned = std::fs::read_to_string(fleet.log_dir.join("api.err")).unwrap();
+    let lines: Vec<&str> = warned
+        .lines()
+        .filter(|l| l.contains("transition refused"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{warned}");
+    for line in lines {
+        assert!(line.contains("WARN"), "{line}");
+        assert!(line.contains(&run.to_string()), "{line}");
+        assert!(line.contains("not_in_table"), "{line}");
+    }
+
+    // `rein send` straight to the database: that process refuses it and warns on stderr.
+    let out = common::rein(&["send", &run.to_string(), "start", "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.lines()
+            .any(|l| l.contains("WARN") && l.contains("transition refused")),
+        "{err}"
+    );
+    assert!(err.contains("start in state running"), "{err}");
+    assert!(stdout(&out).is_empty(), "{}", stdout(&out));
+    assert_eq!(store.run(run).await.unwrap().last_sequence, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_reply_no_state_takes_is_counted_and_warned_by_the_worker() {
+    let (url, store) = common::fresh_store("refused_node").await;
+    let mut fleet = Fleet::new(&url, "refused_node");
+    // A node endpoint that answers every call with an event its state has no transition for.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let node_port = listener.local_addr().unwrap().port();
+    let node = axum::Router::new()
+        .fallback(|| async { axum::Json(json!({ "events": [{ "type": "PLAN_READY" }] })) });
+    tokio::spawn(async move { axum::serve(listener, node).await });
+    let text = include_str!("../../../examples/research-agent-http.toml")
+        .replace("{{PORT}}", &node_port.to_string());
+    let def = rein_core::Definition::parse(
+        &text,
+        rein_core::Format::Toml,
+        &rein_core::GuardRegistry::new(),
+    )
+    .unwrap();
+    store.register_definition(&def).await.unwrap();
+    let run = store
+        .enqueue(EnqueueRequest::new(def, json!({})))
+        .await
+        .unwrap()
+        .run_id;
+
+    let port = spawn_metrics_worker(&mut fleet, "node-worker", &[]);
+    common::wait_for(
+        "the refused reply to hand the run to an operator",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || async {
+            store
+                .run(run)
+                .await
+                .is_ok_and(|r| r.status == "needs_operator")
+        },
+    )
+    .await;
+    let (_, text) = scrape(port, "/metrics").await;
+    assert_eq!(
+        sum(
+            &text,
+            "rein_invalid_transitions_total",
+            &["definition=\"research-agent-http\"", "event=\"PLAN_READY\""]
+        ),
+        1.0,
+        "{text}"
+    );
+    let warned = std::fs::read_to_string(fleet.log_dir.join("node-worker.err")).unwrap();
+    let line = warned
+        .lines()
+        .find(|l| l.contains("transition refused"))
+        .unwrap_or_else(|| panic!("no WARN for the refused reply:\n{warned}"));
+    assert!(
+        line.contains("WARN") && line.contains("PLAN_READY"),
+        "{line}"
+    );
+    assert!(line.contains("INTAKE"), "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_runs_count_as_failed_and_only_a_cancel_counts_as_cancelled() {
+    let (url, store) = common::fresh_store("outcomes").await;
+    let mut fleet = Fleet::new(&url, "outcomes");
+    let def = store.load_definition("lifecycle", None).await.unwrap();
+    // lifecycle's cancel state is also where its failures end.
+    assert_eq!(def.cancel_state(), "failed");
+    const FAILING: usize = 6;
+    const SUCCEEDING: usize = 4;
+    // A run the worker holds for a long while, cancelled as it runs.
+    let held = store
+        .enqueue(EnqueueRequest::new(
+            def.clone(),
+            json!({ "sim": { "work_ms": 60_000 } }),
+        ))
+        .await
+        .unwrap()
+        .run_id;
+    let port = spawn_metrics_worker(&mut fleet, "outcome-worker", &["--lease-ttl-ms", "2000"]);
+    common::wait_for(
+        "the worker to hold the long run",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || async {
+            store
+                .run(held)
+                .await
+                .is_ok_and(|r| r.lease_owner.as_deref() == Some("outcome-worker"))
+        },
+    )
+    .await;
+    let requests: Vec<EnqueueRequest> = (0..FAILING + SUCCEEDING)
+        .map(|i| {
+            let sim = if i < FAILING {
+                json!({ "work_ms": 5, "fatal_at_step": 1 })
+            } else {
+                json!({ "work_ms": 5 })
+            };
+            EnqueueRequest::new(def.clone(), json!({ "sim": sim }))
+        })
+        .collect();
+    store.enqueue_batch(&requests).await.unwrap();
+    let out = common::rein(&[
+        "cancel",
+        &held.to_string(),
+        "--reason",
+        "not needed any more",
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("cancel queued"), "{}", stdout(&out));
+    common::await_all_terminal(&store, Duration::from_secs(60)).await;
+
+    let (_, text) = scrape(port, "/metrics").await;
+    let finished = |outcome: &str| {
+        sum(
+            &text,
+            "rein_runs_finished_total",
+            &[
+                "definition=\"lifecycle\"",
+                &format!("outcome=\"{outcome}\""),
+            ],
+        )
+    };
+    assert_eq!(finished("failed"), FAILING as f64, "{text}");
+    assert_eq!(finished("succeeded"), SUCCEEDING as f64, "{text}");
+    assert_eq!(finished("cancelled"), 1.0, "{text}");
+    // What ReinFailureRatioHigh computes: 6 of the 10 runs that ended on their own.
+    let ratio = finished("failed") / (finished("failed") + finished("succeeded"));
+    assert!((ratio - 0.6).abs() < 1e-9, "failure ratio {ratio}");
+    // The database agrees: seven runs in `failed`, one of them by the CANCEL.
+    let by_state: Vec<(String, i64)> =
+        sqlx::query_as("SELECT state, count(*) FROM rein_runs GROUP BY state ORDER BY state")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        by_state,
+        vec![
+            ("done".to_owned(), SUCCEEDING as i64),
+            ("failed".to_owned(), FAILING as i64 + 1)
+        ]
+    );
+    let reason = store.run(held).await.unwrap().terminal_reason;
+    assert_eq!(reason.as_deref(), Some("cancelled: not needed any more"));
 }

@@ -20,6 +20,21 @@ pub fn source(name: &str) -> Option<&'static str> {
     ALL.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
 }
 
+/// The source of built-in `name` declaring `version` instead of its own: the start of a
+/// new version derived from it (a changed copy needs a version of its own, SPEC V1).
+pub fn source_at_version(name: &str, version: u32) -> Option<String> {
+    let text = source(name)?;
+    let own = text
+        .lines()
+        .find_map(|l| l.strip_prefix("version = "))
+        .filter(|v| v.parse::<u32>().is_ok())?;
+    Some(text.replacen(
+        &format!("\nversion = {own}\n"),
+        &format!("\nversion = {version}\n"),
+        1,
+    ))
+}
+
 /// Loads a built-in definition by name.
 pub fn load(name: &str) -> Option<Result<Definition, DefinitionError>> {
     source(name).map(|text| Definition::parse(text, Format::Toml, &GuardRegistry::new()))

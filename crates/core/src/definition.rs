@@ -311,6 +311,19 @@ pub struct StateSpec {
     /// `action:NAME` (and `tool:NAME` for a tool a model calls).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limits: Vec<String>,
+    /// Terminal states only: whether a run that ends here succeeded or failed (SPEC O2, the
+    /// `outcome` of `rein_runs_finished_total`). A run that a CANCEL ended counts as
+    /// cancelled wherever it ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<TerminalOutcome>,
+}
+
+/// How a run that ends in a terminal state counts: [`StateSpec::outcome`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TerminalOutcome {
+    Succeeded,
+    Failed,
 }
 
 /// An `http` node: Rein POSTs the run context to `url` and commits what the reply says.
@@ -658,6 +671,13 @@ impl Definition {
                 if state.kind == StateKind::Terminal {
                     p(item.clone(), "the initial state cannot be terminal".into());
                 }
+            }
+            if state.outcome.is_some() && state.kind != StateKind::Terminal {
+                p(
+                    format!("{item}.outcome"),
+                    "only a terminal state has an outcome (how a run that ends there counts)"
+                        .into(),
+                );
             }
             if let Some(action) = &state.action {
                 check_name(&mut p, &format!("{item}.action"), action);

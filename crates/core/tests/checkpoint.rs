@@ -5,10 +5,12 @@ use rein_core::checkpoint::{Checkpoint, Migrations, RecoveryError};
 use rein_core::{Definition, Event, Format, GuardRegistry, RunState, builtin, replay};
 use serde_json::{Value, json};
 
+/// The built-in research agent as version `version`.
 fn research_agent_v(version: u32) -> Definition {
-    let text = builtin::RESEARCH_AGENT.replacen("version = 1", &format!("version = {version}"), 1);
-    assert!(builtin::RESEARCH_AGENT.contains("version = 1"));
-    Definition::parse(&text, Format::Toml, &GuardRegistry::new()).expect("valid definition")
+    let text = builtin::source_at_version("research-agent", version).expect("a built-in");
+    let def = Definition::parse(&text, Format::Toml, &GuardRegistry::new()).expect("valid");
+    assert_eq!(def.version(), version);
+    def
 }
 
 fn dispatched(call_id: &str, step: u32) -> Value {
@@ -70,7 +72,7 @@ fn initial(def: &Definition) -> RunState {
 
 #[test]
 fn the_test_log_is_a_complete_successful_run() {
-    let def = builtin::research_agent();
+    let def = research_agent_v(1);
     let events = events();
     let run = replay(&def, initial(&def), &events).expect("the log is legal");
     assert_eq!(run.state, "SUCCEEDED");
@@ -82,7 +84,7 @@ fn the_test_log_is_a_complete_successful_run() {
 
 #[test]
 fn recovery_from_any_checkpoint_plus_tail_equals_full_replay() {
-    let def = builtin::research_agent();
+    let def = research_agent_v(1);
     let events = events();
     let full = replay(&def, initial(&def), &events).expect("the log is legal");
     for cut in 0..=events.len() {
@@ -98,7 +100,7 @@ fn recovery_from_any_checkpoint_plus_tail_equals_full_replay() {
 
 #[test]
 fn checkpoint_survives_serialisation() {
-    let def = builtin::research_agent();
+    let def = research_agent_v(1);
     let events = events();
     let at = replay(&def, initial(&def), &events[..8]).expect("prefix is legal");
     let checkpoint = Checkpoint::of(&at);
@@ -111,7 +113,7 @@ fn checkpoint_survives_serialisation() {
 
 #[test]
 fn checkpoint_bound_to_another_version_is_refused() {
-    let v1 = builtin::research_agent();
+    let v1 = research_agent_v(1);
     let v2 = research_agent_v(2);
     let at = replay(&v1, initial(&v1), &events()[..5]).expect("prefix is legal");
     let err = Checkpoint::of(&at)
@@ -131,7 +133,7 @@ fn checkpoint_bound_to_another_version_is_refused() {
 #[test]
 fn checkpoint_of_another_definition_is_refused() {
     let lifecycle = builtin::lifecycle();
-    let agent = builtin::research_agent();
+    let agent = research_agent_v(1);
     let checkpoint = Checkpoint::of(&initial(&lifecycle));
     let err = checkpoint
         .recover(&agent, &[])
@@ -144,7 +146,7 @@ fn checkpoint_of_another_definition_is_refused() {
 
 #[test]
 fn checkpoint_whose_state_disagrees_with_its_sequence_is_refused() {
-    let def = builtin::research_agent();
+    let def = research_agent_v(1);
     let at = replay(&def, initial(&def), &events()[..3]).expect("prefix is legal");
     let mut checkpoint = Checkpoint::of(&at);
     checkpoint.sequence = 2;
@@ -162,7 +164,7 @@ fn checkpoint_whose_state_disagrees_with_its_sequence_is_refused() {
 
 #[test]
 fn tail_that_does_not_continue_the_checkpoint_is_refused() {
-    let def = builtin::research_agent();
+    let def = research_agent_v(1);
     let events = events();
     let at = replay(&def, initial(&def), &events[..6]).expect("prefix is legal");
     let err = Checkpoint::of(&at)
@@ -183,7 +185,7 @@ fn mark(step: &'static str) -> impl Fn(RunState) -> Result<RunState, String> {
 }
 
 fn v1_checkpoint() -> Checkpoint {
-    let def = builtin::research_agent();
+    let def = research_agent_v(1);
     let at = replay(&def, initial(&def), &events()[..9]).expect("prefix is legal");
     Checkpoint::of(&at)
 }

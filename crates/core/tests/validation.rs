@@ -254,6 +254,67 @@ fn timeout_whose_event_leaves_its_state_is_accepted() {
 }
 
 #[test]
+fn a_terminal_state_declares_whether_its_runs_succeeded_or_failed() {
+    use rein_core::definition::TerminalOutcome;
+    let text = replaced(
+        "name = \"done\"\nkind = \"terminal\"\n",
+        "name = \"done\"\nkind = \"terminal\"\noutcome = \"succeeded\"\n",
+    )
+    .replace(
+        "name = \"cancelled\"\nkind = \"terminal\"\n",
+        "name = \"cancelled\"\nkind = \"terminal\"\noutcome = \"failed\"\n",
+    );
+    let def = parse(&text).expect("valid");
+    let outcome = |state: &str| def.state(state).and_then(|s| s.outcome);
+    assert_eq!(outcome("done"), Some(TerminalOutcome::Succeeded));
+    assert_eq!(outcome("cancelled"), Some(TerminalOutcome::Failed));
+    // Without the field (definitions written before it existed) it is simply absent.
+    assert_eq!(parse(BASE).unwrap().state("done").unwrap().outcome, None);
+    // Only the two outcomes exist.
+    let err = parse(&replaced(
+        "name = \"done\"\nkind = \"terminal\"\n",
+        "name = \"done\"\nkind = \"terminal\"\noutcome = \"cancelled\"\n",
+    ))
+    .expect_err("cancelled is not a state's outcome");
+    assert!(err.to_string().contains("succeeded"), "{err}");
+}
+
+#[test]
+fn an_outcome_on_a_state_that_is_not_terminal_is_rejected() {
+    let err = invalid(&replaced(
+        "name = \"work\"\nkind = \"active\"\n",
+        "name = \"work\"\nkind = \"active\"\noutcome = \"failed\"\n",
+    ));
+    assert_problem(&err, "states[1] (work).outcome", "only a terminal state");
+}
+
+#[test]
+fn every_terminal_state_of_the_built_ins_declares_its_outcome() {
+    use rein_core::definition::TerminalOutcome;
+    for (name, _) in rein_core::builtin::ALL {
+        let def = rein_core::builtin::load(name).unwrap().unwrap();
+        for state in def.states().filter(|s| def.is_terminal(&s.name)) {
+            assert!(
+                state.outcome.is_some(),
+                "{name}: {} has no outcome",
+                state.name
+            );
+        }
+    }
+    let lifecycle = rein_core::builtin::lifecycle();
+    // lifecycle's cancel state is where its failures end too: they are failures.
+    assert_eq!(lifecycle.cancel_state(), "failed");
+    assert_eq!(
+        lifecycle.state("failed").unwrap().outcome,
+        Some(TerminalOutcome::Failed)
+    );
+    assert_eq!(
+        lifecycle.state("done").unwrap().outcome,
+        Some(TerminalOutcome::Succeeded)
+    );
+}
+
+#[test]
 fn missing_cancel_state_is_rejected() {
     let err = invalid(&replaced("cancel_state = \"cancelled\"\n", ""));
     assert_problem(&err, "cancel_state", "missing cancel state");

@@ -10,5 +10,5 @@ mod testdb;
 
 pub use bin_dir::{find_pg_bin_dir, find_pg_bin_dir_in};
 pub use error::DevDbError;
-pub use server::{PrivatePostgres, PrivatePostgresOptions};
+pub use server::{PrivatePostgres, PrivatePostgresOptions, Relocated};
 pub use testdb::{replace_database, test_database};

@@ -73,6 +73,52 @@ pub struct PrivatePostgres {
     server_opts: String,
     running: bool,
     kept: bool,
+    relocated: Option<Relocated>,
+}
+
+/// Why a server does not live where it was asked to: running as root, the `postgres` user
+/// could not reach the requested directory (e.g. a checkout in root's 0700 home), so its
+/// data, socket and log went to a private directory of its own in the temp dir.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Relocated {
+    /// The instance directory asked for.
+    pub wanted: PathBuf,
+    /// The first directory on the way that the `postgres` user may not enter, and its mode.
+    pub blocked_at: PathBuf,
+    pub mode: u32,
+    /// Where the instance lives instead (mode 0700, owned by `postgres`).
+    pub dir: PathBuf,
+}
+
+impl std::fmt::Display for Relocated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the postgres user cannot reach {} ({} has mode {:o}), so the server's data, socket \
+             and log are in {} instead",
+            self.wanted.display(),
+            self.blocked_at.display(),
+            self.mode,
+            self.dir.display()
+        )
+    }
+}
+
+/// A private directory for the instance `name` in `temp_dir` that does not exist yet.
+fn fallback_instance_dir(temp_dir: &Path, name: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    let mut nonce = u64::from(nanos) ^ (u64::from(std::process::id()) << 32);
+    loop {
+        let dir = temp_dir.join(format!("rein-pg-{name}-{nonce:x}"));
+        // symlink_metadata: a dangling link is taken too.
+        if std::fs::symlink_metadata(&dir).is_err() {
+            return dir;
+        }
+        nonce = nonce.wrapping_mul(6364136223846793005).wrapping_add(1);
+    }
 }
 
 impl PrivatePostgres {
@@ -100,26 +146,47 @@ impl PrivatePostgres {
         };
 
         let instance_dir = opts.base_dir.join(&opts.name);
-        let data_dir = instance_dir.join("data");
-        let socket_dir = instance_dir.join("sock");
-        let log_file = opts
-            .log_file
-            .clone()
-            .unwrap_or_else(|| instance_dir.join("postgres.log"));
-
         let mut pg = Self {
             bin_dir,
             runner,
+            data_dir: instance_dir.join("data"),
+            log_file: opts
+                .log_file
+                .clone()
+                .unwrap_or_else(|| instance_dir.join("postgres.log")),
             instance_dir,
-            data_dir,
-            log_file,
             port: 0,
             server_opts: String::new(),
             running: false,
             kept: false,
+            relocated: None,
         };
 
-        pg.prepare_dirs(&socket_dir)?;
+        match pg.prepare_dirs() {
+            Err(DevDbError::NotTraversable {
+                dir,
+                blocked_at,
+                mode,
+            }) => {
+                // Nothing of ours is in it yet but the empty directories just made.
+                let _ = std::fs::remove_dir_all(&dir);
+                let fallback = fallback_instance_dir(&std::env::temp_dir(), &opts.name);
+                pg.data_dir = fallback.join("data");
+                if opts.log_file.is_none() {
+                    pg.log_file = fallback.join("postgres.log");
+                }
+                pg.instance_dir = fallback.clone();
+                pg.relocated = Some(Relocated {
+                    wanted: dir,
+                    blocked_at,
+                    mode,
+                    dir: fallback,
+                });
+                pg.prepare_dirs()?;
+            }
+            other => other?,
+        }
+        let socket_dir = pg.instance_dir.join("sock");
         pg.initdb()?;
 
         let mut server_opts = vec![
@@ -176,6 +243,16 @@ impl PrivatePostgres {
 
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
+    }
+
+    /// The directory holding the data, socket and (by default) log.
+    pub fn instance_dir(&self) -> &Path {
+        &self.instance_dir
+    }
+
+    /// Set when the server could not live where it was asked to and why (see [`Relocated`]).
+    pub fn relocated(&self) -> Option<&Relocated> {
+        self.relocated.as_ref()
     }
 
     /// Useful to attach to a failing test's output.
@@ -237,15 +314,23 @@ impl PrivatePostgres {
     /// binaries, whose statics are never dropped. Returns the server URL.
     pub fn stop_when_process_exits(mut self, pid: u32) -> Result<String, DevDbError> {
         let pg_ctl = self.bin_dir.join("pg_ctl");
+        // A relocated instance has a name of its own in the temp dir that nothing reuses:
+        // it is removed with the server.
+        let remove = if self.relocated.is_some() {
+            "; rm -rf \"$2\""
+        } else {
+            ""
+        };
         let script = format!(
-            "while [ -e /proc/{pid} ]; do sleep 1; done; \"$0\" -D \"$1\" -m immediate stop >/dev/null 2>&1"
+            "while [ -e /proc/{pid} ]; do sleep 1; done; \"$0\" -D \"$1\" -m immediate stop >/dev/null 2>&1{remove}"
         );
         let mut cmd = self.as_postgres(Path::new("/bin/sh"));
         cmd.arg("-c")
             .arg(script)
             .arg(&pg_ctl)
             .arg(&self.data_dir)
-            .current_dir(&self.instance_dir)
+            .arg(&self.instance_dir)
+            .current_dir("/")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
@@ -257,7 +342,8 @@ impl PrivatePostgres {
         Ok(self.url())
     }
 
-    fn prepare_dirs(&self, socket_dir: &Path) -> Result<(), DevDbError> {
+    fn prepare_dirs(&self) -> Result<(), DevDbError> {
+        let socket_dir = &self.instance_dir.join("sock");
         // A server left running by a killed earlier run would keep the old
         // files open and the port busy; stop it before deleting its data.
         if self.data_dir.join("postmaster.pid").exists() {
@@ -291,6 +377,13 @@ impl PrivatePostgres {
         if matches!(self.runner, Runner::Direct) {
             return Ok(());
         }
+        // The server's files are the `postgres` user's alone (root still gets in).
+        std::fs::set_permissions(&self.instance_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|source| DevDbError::Io {
+                action: "make private",
+                path: self.instance_dir.clone(),
+                source,
+            })?;
         let chown = which("chown").unwrap_or_else(|| PathBuf::from("chown"));
         let hint = "running as root needs a `postgres` system user \
                     (apt-get install postgresql creates one), or run as non-root";

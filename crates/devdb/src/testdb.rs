@@ -27,7 +27,12 @@ fn server_url(base_dir: PathBuf) -> Result<String, String> {
                 ..Default::default()
             };
             PrivatePostgres::start(options)
-                .and_then(|pg| pg.stop_when_process_exits(std::process::id()))
+                .and_then(|pg| {
+                    if let Some(relocated) = pg.relocated() {
+                        eprintln!("rein-devdb: {relocated}");
+                    }
+                    pg.stop_when_process_exits(std::process::id())
+                })
                 .map_err(|e| e.to_string())
         })
         .clone()

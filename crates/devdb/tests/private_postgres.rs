@@ -144,29 +144,79 @@ fn highest_installed_version_wins_without_path() {
     assert_eq!(found, lib.join("15/bin"));
 }
 
-#[test]
-fn root_reports_a_base_dir_the_postgres_user_cannot_reach() {
-    let is_root = Command::new("id")
+fn is_root() -> bool {
+    Command::new("id")
         .arg("-u")
         .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-    if !is_root {
-        return; // Only root hands the server to another user.
-    }
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// Owner uid and mode of `path`.
+fn owner_and_mode(path: &Path) -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).unwrap();
+    (m.uid(), m.mode() & 0o7777)
+}
+
+fn uid_of(user: &str) -> u32 {
+    let out = Command::new("id").args(["-u", user]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+#[test]
+fn a_base_dir_the_postgres_user_cannot_reach_moves_the_server_to_a_private_dir_it_can() {
     let locked = scratch("locked");
     std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let err = PrivatePostgres::start(PrivatePostgresOptions {
-        base_dir: locked.join("pg"),
+    let pg = PrivatePostgres::start(PrivatePostgresOptions {
+        base_dir: locked.join("checkout/target/rein-pg"),
         name: "unreachable".to_owned(),
+        fast: true,
         ..Default::default()
     })
-    .expect_err("postgres cannot enter a 0700 root-owned dir");
-    let text = err.to_string();
-    assert!(
-        matches!(&err, DevDbError::NotTraversable { blocked_at, .. } if *blocked_at == locked),
-        "{text}"
+    .unwrap_or_else(|e| panic!("start failed:\n{e}"));
+    if !is_root() {
+        // Without root the server runs as this user, who can reach its own directories.
+        assert!(pg.relocated().is_none());
+        assert!(pg.data_dir().starts_with(&locked));
+        return;
+    }
+    // Root hands the server to `postgres`, which may not enter the 0700 directory.
+    let relocated = pg.relocated().expect("the server was moved").clone();
+    assert_eq!(relocated.blocked_at, locked);
+    assert_eq!(relocated.mode, 0o700);
+    assert_eq!(
+        relocated.wanted,
+        locked.join("checkout/target/rein-pg/unreachable")
     );
-    assert!(text.contains("chmod o+x"), "{text}");
+    assert_eq!(relocated.dir, pg.instance_dir());
+    assert!(
+        relocated.dir.starts_with(std::env::temp_dir()),
+        "{relocated:?}"
+    );
+    assert!(!pg.data_dir().starts_with(&locked));
+    assert!(pg.data_dir().starts_with(&relocated.dir));
+    assert!(pg.log_file().starts_with(&relocated.dir));
+    // Private: the postgres user's alone.
+    assert_eq!(owner_and_mode(&relocated.dir), (uid_of("postgres"), 0o700));
+    // Reported, naming both places and why.
+    let said = relocated.to_string();
+    for part in [
+        locked.display().to_string(),
+        "mode 700".to_owned(),
+        relocated.dir.display().to_string(),
+    ] {
+        assert!(said.contains(&part), "{part:?} missing in: {said}");
+    }
+    // Nothing was left where the server could not live.
+    assert!(!relocated.wanted.exists());
+    let port = pg.port();
+    assert!(psql_select_1(port), "the relocated server does not answer");
+    pg.discard().unwrap();
+    assert!(!pg_isready(port));
+    assert!(
+        !relocated.dir.exists(),
+        "the private directory is left behind"
+    );
 }
 
 #[test]

@@ -20,9 +20,12 @@ ev AS (
 t AS (SELECT clock_timestamp() AS now),
 -- Row locks in run_id order: concurrent batches and renewals touching the same runs then
 -- queue behind each other instead of deadlocking. The update only reaches a row this has
--- already locked.
+-- already locked. A locking read returns the newest version of each row, the one the
+-- update judges, so a refused run's reason below is read from here.
 locked AS (
-    SELECT r.run_id, r.state, r.state_entered_at FROM rein_runs r
+    SELECT r.run_id, r.state, r.state_entered_at, r.fencing_token, r.last_sequence,
+           r.lease_owner, r.lease_until, r.archived_at
+    FROM rein_runs r
     WHERE r.run_id IN (SELECT run_id FROM req)
     ORDER BY r.run_id
     FOR UPDATE
@@ -172,17 +175,37 @@ checkpoints AS (
     JOIN upd ON upd.run_id = c.run_id
     ON CONFLICT DO NOTHING
 )
+-- A refused run says which condition refused it, checked in this order against the row the
+-- update judged: archived, token, sequence, events already stored (a retried commit),
+-- approval, and then, by elimination, the lease (a lease that was live when the update
+-- looked may have run out since, so it is never re-judged by the clock here).
 SELECT q.run_id,
        upd.run_id IS NOT NULL AS committed,
        upd.fencing_token AS new_token,
        upd.last_sequence AS new_sequence,
        upd.left_after_s,
-       r.fencing_token AS current_token,
-       r.last_sequence AS current_sequence,
-       r.lease_owner AS current_owner,
-       COALESCE(r.lease_until > clock_timestamp(), false) AS lease_live,
+       l.fencing_token AS current_token,
+       l.last_sequence AS current_sequence,
+       l.lease_owner AS current_owner,
+       l.lease_until AS current_lease_until,
+       clock_timestamp() AS db_now,
+       CASE
+           WHEN upd.run_id IS NOT NULL OR l.run_id IS NULL THEN NULL
+           WHEN l.archived_at IS NOT NULL THEN 'archived'
+           WHEN l.fencing_token <> q.token THEN 'token'
+           WHEN l.last_sequence <> q.base_seq THEN 'sequence'
+           WHEN EXISTS (SELECT 1 FROM rein_events x JOIN ev ON ev.run_id = x.run_id AND ev.event_id = x.event_id
+                        WHERE x.run_id = q.run_id) THEN 'already_stored'
+           WHEN q.approval_id IS NOT NULL AND NOT EXISTS (
+               SELECT 1 FROM rein_approvals a
+               WHERE a.approval_id = q.approval_id AND a.run_id = q.run_id
+                 AND a.status = 'granted' AND a.consumed_at IS NULL) THEN 'approval'
+           WHEN q.bump THEN 'lease_held'
+           WHEN l.lease_owner IS DISTINCT FROM $17 THEN 'lease_not_held'
+           ELSE 'lease_expired'
+       END AS fenced_by,
        EXISTS (SELECT 1 FROM rein_inbox b
                WHERE b.run_id = q.run_id AND NOT (b.id = ANY($19::bigint[]))) AS inbox_pending
 FROM req q
 LEFT JOIN upd ON upd.run_id = q.run_id
-LEFT JOIN rein_runs r ON r.run_id = q.run_id
+LEFT JOIN locked l ON l.run_id = q.run_id

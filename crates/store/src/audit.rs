@@ -3,16 +3,21 @@
 //! run of the fleet under faults left nothing broken.
 
 use serde::Serialize;
+use sqlx::{FromRow, Row};
 use uuid::Uuid;
 
 use crate::{Store, StoreError, counters};
 
-/// What [`Store::audit`] found. Every field but `runs`, `runs_terminal` and
-/// `fenced_writes_rejected` counts violations; see [`AuditReport::violations`].
+/// What [`Store::audit`] found. Every field but `runs`, `runs_terminal`, `unfinished` and
+/// `fenced_writes_rejected` counts integrity violations; see
+/// [`AuditReport::integrity_violations`] and [`AuditReport::violations`].
 #[derive(Debug, Clone, Serialize, Default, PartialEq, Eq)]
 pub struct AuditReport {
     pub runs: i64,
     pub runs_terminal: i64,
+    /// The runs that are not terminal, by what they wait for: not a violation on a live
+    /// database, where runs are queued, running and parked all the time.
+    pub unfinished: Unfinished,
     /// Runs whose event sequences are not exactly `1..=last_sequence` (SPEC E2).
     pub sequence_gaps: i64,
     /// Events whose fencing token is not the token of the grant in force when they were
@@ -30,18 +35,53 @@ pub struct AuditReport {
     pub denied_but_applied: i64,
 }
 
+/// Runs not terminal yet, by status (the runnable ones split by whether a live lease is held).
+#[derive(Debug, Clone, Copy, Serialize, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct Unfinished {
+    /// Runnable and waiting for a worker.
+    pub queued: i64,
+    /// Runnable under a live lease: a worker is on it.
+    pub running: i64,
+    /// Waiting for a timer, an event or an approval.
+    pub parked: i64,
+    /// Waiting for an operator (an in-doubt call, a rejected decision).
+    pub needs_operator: i64,
+}
+
+impl Unfinished {
+    pub fn total(&self) -> i64 {
+        self.queued + self.running + self.parked + self.needs_operator
+    }
+}
+
 impl AuditReport {
-    /// Every violation, non-terminal runs included.
-    pub fn violations(&self) -> i64 {
+    /// Broken invariants: what no database, live or quiet, may ever hold.
+    pub fn integrity_violations(&self) -> i64 {
         self.sequence_gaps
             + self.stale_token_events
             + self.duplicate_effects
             + self.replay_mismatches
             + self.terminal_without_reason
             + self.denied_but_applied
-            + (self.runs - self.runs_terminal)
+    }
+
+    /// Every violation, non-terminal runs included: for a fleet that was meant to finish
+    /// every run.
+    pub fn violations(&self) -> i64 {
+        self.integrity_violations() + (self.runs - self.runs_terminal)
     }
 }
+
+/// Runs by status, in one snapshot.
+const RUN_TOTALS: &str = "
+SELECT count(*) AS runs,
+       count(*) FILTER (WHERE status = 'terminal') AS runs_terminal,
+       count(*) FILTER (WHERE status = 'runnable'
+                        AND NOT COALESCE(lease_until > clock_timestamp(), false)) AS queued,
+       count(*) FILTER (WHERE status = 'runnable' AND lease_until > clock_timestamp()) AS running,
+       count(*) FILTER (WHERE status = 'parked') AS parked,
+       count(*) FILTER (WHERE status = 'needs_operator') AS needs_operator
+FROM rein_runs";
 
 /// Runs with event sequences other than exactly 1..=last_sequence. Sequences are positive and
 /// unique per run, so count == max == last_sequence implies contiguity from 1.
@@ -87,11 +127,10 @@ WHERE r.status = 'terminal'
 impl Store {
     /// Audits the whole database; see [`AuditReport`].
     pub async fn audit(&self) -> Result<AuditReport, StoreError> {
-        let (runs, runs_terminal): (i64, i64) = sqlx::query_as(
-            "SELECT count(*), count(*) FILTER (WHERE status = 'terminal') FROM rein_runs",
-        )
-        .fetch_one(self.pool())
-        .await?;
+        let totals = sqlx::query(RUN_TOTALS).fetch_one(self.pool()).await?;
+        let runs: i64 = totals.try_get("runs")?;
+        let runs_terminal: i64 = totals.try_get("runs_terminal")?;
+        let unfinished = Unfinished::from_row(&totals)?;
         let count = |sql: &'static str| async move {
             sqlx::query_scalar::<_, i64>(sql)
                 .fetch_one(self.pool())
@@ -101,6 +140,7 @@ impl Store {
         let mut report = AuditReport {
             runs,
             runs_terminal,
+            unfinished,
             sequence_gaps: count(SEQUENCE_GAPS).await?,
             stale_token_events: count(STALE_TOKEN_EVENTS).await?,
             fenced_writes_rejected: self.counter(counters::FENCED_WRITES).await?,

@@ -168,21 +168,7 @@ pub fn plan_commit(
     // A short log replays in no time: its final state needs no snapshot of its own.
     let long_log_ends = status == RunStatus::Terminal && state.sequence >= CHECKPOINT_EVERY;
     let checkpoint = long_log_ends || (!events.is_empty() && crossed);
-    let finish = (status == RunStatus::Terminal && !def.is_terminal(&base.state)).then(|| {
-        let ending = events.last().map(|e| (&e.kind, &e.payload));
-        if state.state == def.cancel_state() {
-            crate::metrics::Finish::Cancelled
-        } else if ending.is_some_and(|(kind, payload)| {
-            payload.get("error").is_some()
-                || def
-                    .states()
-                    .any(|s| s.backoff.as_ref().is_some_and(|b| b.exhausted == **kind))
-        }) {
-            crate::metrics::Finish::Failed
-        } else {
-            crate::metrics::Finish::Succeeded
-        }
-    });
+    let finish = crate::metrics::Finish::of(def, &base.state, &state.state, &events);
     let left_state = (state.state != base.state).then(|| base.state.clone());
     Ok(CommitRequest {
         run_id,
@@ -251,17 +237,130 @@ fn ledger_op(before: &RunState, after: &RunState, event: &Event) -> Option<Ledge
 pub enum CommitOutcome {
     Committed(Committed),
     /// The writer's token is no longer current, its lease expired, or someone else advanced
-    /// the log: it must stop and never retry the write (SPEC X3).
+    /// the log: it must stop and never retry the write (SPEC X3). `reason` names the
+    /// condition that refused it.
     Fenced {
         current_token: i64,
         current_sequence: i64,
         owner: Option<String>,
+        reason: FenceReason,
     },
     /// These event ids are already stored (a retried commit): nothing was written again.
     AlreadyCommitted {
         sequence: i64,
     },
     RunNotFound,
+}
+
+/// Which condition of the commit statement refused a run's write, judged on the row the
+/// statement locked (SPEC X3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FenceReason {
+    /// Another writer took the run since: the token is now `current`.
+    TokenSuperseded { token: i64, current: i64 },
+    /// The token is still the writer's, but its lease ran out at `lease_until` by the
+    /// database clock (`db_now` when the statement reported it).
+    LeaseExpired {
+        lease_until: chrono::DateTime<chrono::Utc>,
+        db_now: chrono::DateTime<chrono::Utc>,
+    },
+    /// The writer holds no lease on the run: it was released, or `owner` holds it.
+    LeaseNotHeld { owner: Option<String> },
+    /// A writer without a lease found a live one (`owner` until `lease_until`).
+    LeaseHeld {
+        owner: Option<String>,
+        lease_until: Option<chrono::DateTime<chrono::Utc>>,
+    },
+    /// The log moved past the writer's base: its last sequence is `current`, not `base`.
+    SequenceMoved { base: i64, current: i64 },
+    /// The run's log was archived: nothing is appended to it any more.
+    Archived,
+    /// The approval the commit would use is no longer granted and unused.
+    ApprovalUnavailable,
+    /// The commit's events are already stored (a retried commit).
+    AlreadyStored,
+}
+
+impl FenceReason {
+    /// The reason the statement reported (`fenced_by`), with the row's values.
+    fn from_row(row: &sqlx::postgres::PgRow, request: &CommitRequest) -> Result<Self, StoreError> {
+        let by: Option<String> = row.try_get("fenced_by")?;
+        let owner: Option<String> = row.try_get("current_owner")?;
+        let lease_until: Option<chrono::DateTime<chrono::Utc>> =
+            row.try_get("current_lease_until")?;
+        Ok(match by.as_deref() {
+            Some("archived") => FenceReason::Archived,
+            Some("token") => FenceReason::TokenSuperseded {
+                token: request.token,
+                current: row.try_get::<Option<i64>, _>("current_token")?.unwrap_or(0),
+            },
+            Some("sequence") => FenceReason::SequenceMoved {
+                base: request.base_sequence as i64,
+                current: row
+                    .try_get::<Option<i64>, _>("current_sequence")?
+                    .unwrap_or(0),
+            },
+            Some("already_stored") => FenceReason::AlreadyStored,
+            Some("approval") => FenceReason::ApprovalUnavailable,
+            Some("lease_held") => FenceReason::LeaseHeld { owner, lease_until },
+            Some("lease_not_held") => FenceReason::LeaseNotHeld { owner },
+            Some("lease_expired") => match lease_until {
+                Some(lease_until) => FenceReason::LeaseExpired {
+                    lease_until,
+                    db_now: row.try_get("db_now")?,
+                },
+                None => FenceReason::LeaseNotHeld { owner },
+            },
+            other => {
+                return Err(StoreError::Corrupt(format!(
+                    "the commit refused run {} for no reason it knows ({other:?})",
+                    request.run_id
+                )));
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for FenceReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FenceReason::TokenSuperseded { token, current } => write!(
+                f,
+                "token {token} was superseded by token {current}: another writer took the run"
+            ),
+            FenceReason::LeaseExpired {
+                lease_until,
+                db_now,
+            } => write!(
+                f,
+                "the lease expired at {} by the database clock ({} ms before it was checked at {})",
+                lease_until.to_rfc3339(),
+                (*db_now - *lease_until).num_milliseconds().max(0),
+                db_now.to_rfc3339()
+            ),
+            FenceReason::LeaseNotHeld { owner: None } => {
+                write!(f, "the writer holds no lease: it was released")
+            }
+            FenceReason::LeaseNotHeld { owner: Some(owner) } => {
+                write!(f, "the writer holds no lease: {owner} holds it")
+            }
+            FenceReason::LeaseHeld { owner, lease_until } => write!(
+                f,
+                "a live lease is held by {} until {}: the event must wait in the run's inbox",
+                owner.as_deref().unwrap_or("another worker"),
+                lease_until.map_or_else(|| "?".to_owned(), |t| t.to_rfc3339())
+            ),
+            FenceReason::SequenceMoved { base, current } => write!(
+                f,
+                "the sequence moved: the write continues sequence {base} but the log is at {current}"
+            ),
+            FenceReason::Archived => write!(f, "the run is archived: its log takes no more events"),
+            FenceReason::ApprovalUnavailable => {
+                write!(f, "the approval it uses is no longer granted and unused")
+            }
+            FenceReason::AlreadyStored => write!(f, "its events are already stored"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -635,9 +734,8 @@ pub(crate) async fn commit_on(
             })
         } else {
             let current_token: Option<i64> = row.try_get("current_token")?;
-            match current_token {
-                None => CommitOutcome::RunNotFound,
-                Some(current_token) => {
+            match (current_token, request_of.get(&run_id)) {
+                (Some(current_token), Some(request)) => {
                     failed.push(run_id);
                     CommitOutcome::Fenced {
                         current_token,
@@ -645,8 +743,10 @@ pub(crate) async fn commit_on(
                             .try_get::<Option<i64>, _>("current_sequence")?
                             .unwrap_or(0),
                         owner: row.try_get("current_owner")?,
+                        reason: FenceReason::from_row(&row, request)?,
                     }
                 }
+                _ => CommitOutcome::RunNotFound,
             }
         };
         by_run.insert(run_id, outcome);
@@ -669,14 +769,16 @@ pub(crate) async fn commit_on(
         for r in requests {
             if let Some(CommitOutcome::Fenced {
                 current_token,
+                current_sequence,
                 owner,
-                ..
+                reason,
             }) = by_run.get(&r.run_id)
             {
                 crate::metrics::fenced();
                 tracing::warn!(run_id = %r.run_id, worker, token = r.token, current_token,
-                    owner = owner.as_deref().unwrap_or(""),
-                    "fenced write refused: the token is no longer current");
+                    base_sequence = r.base_sequence, current_sequence,
+                    owner = owner.as_deref().unwrap_or(""), %reason,
+                    "fenced write refused: {reason}");
             }
         }
     }

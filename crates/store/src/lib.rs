@@ -26,15 +26,15 @@ mod why;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, PgPool};
+use sqlx::{ConnectOptions, Connection, PgPool};
 
 pub use approvals::{Approval, ApprovalAsk, COMMENT_BYTES_MAX};
 pub use audit::*;
 pub use bench::{Percentiles, QueueStats};
 pub use blobs::BlobStats;
 pub use commit::{
-    ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, Committed, LedgerOp, NewEvent, Renewed,
-    Writer, plan_commit,
+    ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, Committed, FenceReason, LedgerOp,
+    NewEvent, Renewed, Writer, plan_commit,
 };
 pub use error::{StoreError, is_unreachable};
 pub use gauges::{FleetGauges, RETRYING_ATTEMPTS_MIN};
@@ -71,7 +71,13 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations"
 /// Defaults sized for 2 cores and Postgres' default 100 connections shared by a fleet of a
 /// few processes.
 pub const POOL_MAX_DEFAULT: u32 = 8;
+/// How long a pooled statement waits for a connection of its pool.
 pub const CONNECT_TIMEOUT_MS: u64 = 10_000;
+/// How long a command's first connection may take, by default, before it gives up: a
+/// server that refuses connections is asked again until then (it may be restarting).
+pub const CONNECT_FIRST_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+/// Pause between connection attempts while the server refuses them.
+const CONNECT_RETRY_MS: u64 = 100;
 
 /// Told, after a commit, that work became runnable on a queue (`None`: on some queue). It
 /// must not block; Rein uses it to publish wake-ups (SPEC K1). Nothing depends on it.
@@ -93,16 +99,56 @@ impl Store {
     }
 
     pub async fn connect_without_migrating(url: &str, pool_max: u32) -> Result<Store, StoreError> {
-        let options: PgConnectOptions = url
-            .parse()
-            .map_err(|e: sqlx::Error| StoreError::BadUrl(e.to_string()))?;
-        let options = options
-            .application_name(&format!("rein-{}", std::process::id()))
-            // Rein's statements are few, fixed and index-driven: plan each once per
-            // connection instead of re-planning the claim on every call.
-            .options([("plan_cache_mode", "force_generic_plan")])
-            .log_statements(tracing::log::LevelFilter::Trace)
-            .log_slow_statements(tracing::log::LevelFilter::Debug, Duration::from_secs(1));
+        Store::connect_within(url, pool_max, CONNECT_TIMEOUT_MS).await
+    }
+
+    /// A pool on the database, schema unchecked, once a first connection is made within
+    /// `connect_timeout_ms`: a server that refuses connections (or resets them) is asked
+    /// again until then, one that does not answer is given up on then, and one that answers
+    /// with an error (authentication, an unknown database) fails at once.
+    pub async fn connect_within(
+        url: &str,
+        pool_max: u32,
+        connect_timeout_ms: u64,
+    ) -> Result<Store, StoreError> {
+        let options = connect_options(url)?;
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(connect_timeout_ms);
+        let target = format!("{}:{}", options.get_host(), options.get_port());
+        let gave_up = |last: &str| {
+            StoreError::Unreachable(format!(
+                "no connection to {target} within {connect_timeout_ms} ms (the connect timeout){}",
+                if last.is_empty() {
+                    ": the server did not answer".to_owned()
+                } else {
+                    format!("; last attempt: {last}")
+                }
+            ))
+        };
+        let mut last = String::new();
+        loop {
+            match tokio::time::timeout_at(deadline, options.connect()).await {
+                Ok(Ok(first)) => {
+                    // It was only a probe: the pool opens its own.
+                    let _ = first.close().await;
+                    break;
+                }
+                // Refused or reset, or "the database system is starting up" (57P03).
+                Ok(Err(e))
+                    if is_unreachable(&e)
+                        || e.as_database_error().and_then(|d| d.code()).as_deref()
+                            == Some("57P03") =>
+                {
+                    last = e.to_string()
+                }
+                Ok(Err(e)) => return Err(StoreError::from_connect(e)),
+                Err(_) => return Err(gave_up(&last)),
+            }
+            let pause = Duration::from_millis(CONNECT_RETRY_MS);
+            if tokio::time::Instant::now() + pause >= deadline {
+                return Err(gave_up(&last));
+            }
+            tokio::time::sleep(pause).await;
+        }
         let pool = PgPoolOptions::new()
             .max_connections(pool_max.max(1))
             .acquire_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
@@ -343,6 +389,20 @@ impl Store {
         .await?;
         Ok(())
     }
+}
+
+/// The connection options of every connection Rein opens.
+fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
+    let options: PgConnectOptions = url
+        .parse()
+        .map_err(|e: sqlx::Error| StoreError::BadUrl(e.to_string()))?;
+    Ok(options
+        .application_name(&format!("rein-{}", std::process::id()))
+        // Rein's statements are few, fixed and index-driven: plan each once per
+        // connection instead of re-planning the claim on every call.
+        .options([("plan_cache_mode", "force_generic_plan")])
+        .log_statements(tracing::log::LevelFilter::Trace)
+        .log_slow_statements(tracing::log::LevelFilter::Debug, Duration::from_secs(1)))
 }
 
 /// [`Store::load_definition`] on any executor (a transaction's connection too).

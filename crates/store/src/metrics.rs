@@ -38,9 +38,10 @@ pub const RUNS_RETRYING: &str = "rein_runs_retrying";
 pub const APPROVALS_PENDING: &str = "rein_approvals_pending";
 pub const APPROVALS_OLDEST_AGE: &str = "rein_approvals_oldest_pending_age_seconds";
 
-/// How a run ended, for [`RUNS_FINISHED`]: its definition's cancel state is `cancelled`; an
-/// ending reached by an event that carries an error (a fatal failure, retries exhausted) is
-/// `failed`; anything else is `succeeded`.
+/// How a run ended, for [`RUNS_FINISHED`]: `cancelled` when a CANCEL ended it; otherwise the
+/// `outcome` its terminal state declares. A terminal state that declares none (definitions
+/// written before `outcome` existed) counts as `failed` when the ending event carries an
+/// error or is a backoff's `exhausted` event, and as `succeeded` otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {
     Succeeded,
@@ -49,6 +50,41 @@ pub enum Finish {
 }
 
 impl Finish {
+    /// How a commit that took a run from `base` to the terminal state `end` with `events`
+    /// ended it; `None` when the run does not end with it.
+    pub fn of(
+        def: &rein_core::Definition,
+        base: &str,
+        end: &str,
+        events: &[crate::NewEvent],
+    ) -> Option<Finish> {
+        use rein_core::definition::TerminalOutcome;
+        if !def.is_terminal(end) || def.is_terminal(base) {
+            return None;
+        }
+        // The last event is the one that ended the run: a terminal state takes no more.
+        let ending = events.last()?;
+        if ending.kind == rein_core::EngineEvent::Cancel.as_str() {
+            return Some(Finish::Cancelled);
+        }
+        Some(match def.state(end).and_then(|s| s.outcome) {
+            Some(TerminalOutcome::Succeeded) => Finish::Succeeded,
+            Some(TerminalOutcome::Failed) => Finish::Failed,
+            None => {
+                let exhausted = def.states().any(|s| {
+                    s.backoff
+                        .as_ref()
+                        .is_some_and(|b| b.exhausted == ending.kind)
+                });
+                if ending.payload.get("error").is_some() || exhausted {
+                    Finish::Failed
+                } else {
+                    Finish::Succeeded
+                }
+            }
+        })
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Finish::Succeeded => "succeeded",
@@ -90,6 +126,22 @@ pub(crate) fn invalid_transition(definition: &str, event: &str) {
         .increment(1);
 }
 
+/// An event refused as an invalid transition before any commit was planned (SPEC O1, O2):
+/// sent from outside (the API, `rein send`, an approval) or proposed by a node's reply.
+/// Counted in [`INVALID_TRANSITIONS`] and logged at WARN, once, by the process that refused
+/// it; `from` says who proposed it.
+pub fn transition_refused(
+    definition: &str,
+    run_id: uuid::Uuid,
+    refused: &rein_core::InvalidTransition,
+    from: &str,
+) {
+    invalid_transition(definition, &refused.event);
+    tracing::warn!(%run_id, definition, event = %refused.event, state = %refused.state,
+        sequence = refused.sequence, reason = %refused.reason, code = refused.reason.code(), from,
+        "transition refused");
+}
+
 /// The pool of `store` as gauges: connections in use and idle, and its maximum.
 pub fn record_pool(store: &crate::Store) {
     let pool = store.pool();
@@ -113,5 +165,57 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         gauge!(ACTIONS_IN_FLIGHT).decrement(1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rein_core::{Event, RunState, apply};
+    use serde_json::json;
+
+    use super::Finish;
+    use crate::NewEvent;
+
+    /// How a lifecycle run that took `path` and then `last` ends.
+    fn finish_after(path: &[&str], last: NewEvent) -> Option<Finish> {
+        let def = rein_core::builtin::lifecycle();
+        let mut run = RunState::initial(&def, json!({}));
+        for kind in path {
+            run = apply(&def, &run, &Event::new(run.sequence + 1, *kind, json!({}))).unwrap();
+        }
+        let end = apply(
+            &def,
+            &run,
+            &Event::new(run.sequence + 1, last.kind.clone(), last.payload.clone()),
+        )
+        .unwrap();
+        Finish::of(&def, &run.state, &end.state, &[last])
+    }
+
+    #[test]
+    fn a_run_that_ends_in_a_failed_state_failed_even_when_it_is_the_cancel_state() {
+        let fatal = NewEvent::new("fatal_error", json!({ "error": { "class": "fatal" } }));
+        assert_eq!(finish_after(&["start"], fatal), Some(Finish::Failed));
+        let denied = NewEvent::new("approval_denied", json!({}));
+        assert_eq!(
+            finish_after(&["start", "pause_for_approval"], denied),
+            Some(Finish::Failed)
+        );
+        let done = NewEvent::new("complete", json!({}));
+        assert_eq!(finish_after(&["start"], done), Some(Finish::Succeeded));
+    }
+
+    #[test]
+    fn only_a_cancel_makes_a_run_cancelled() {
+        let cancel = NewEvent::new("CANCEL", json!({ "reason": "not needed" }));
+        assert_eq!(finish_after(&["start"], cancel), Some(Finish::Cancelled));
+    }
+
+    #[test]
+    fn a_commit_that_does_not_end_the_run_finishes_nothing() {
+        let def = rein_core::builtin::lifecycle();
+        let start = [NewEvent::new("start", json!({}))];
+        assert_eq!(Finish::of(&def, "planned", "running", &start), None);
+        assert_eq!(Finish::of(&def, "done", "done", &start), None);
     }
 }

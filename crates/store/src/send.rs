@@ -234,14 +234,18 @@ impl Store {
         let lease_live: bool = row.try_get("lease_live")?;
         let def = crate::load_definition_with(&mut *tx, &definition, Some(version as u32)).await?;
 
-        let refuse = |reason| InvalidTransition {
-            state: state.state.clone(),
-            event: kind.to_owned(),
-            sequence: state.sequence + 1,
-            reason,
+        let refuse = |reason| {
+            let refused = InvalidTransition {
+                state: state.state.clone(),
+                event: kind.to_owned(),
+                sequence: state.sequence + 1,
+                reason,
+            };
+            crate::metrics::transition_refused(def.name(), run_id, &refused, sender);
+            StoreError::InvalidTransition(refused)
         };
         if !def.has_event(kind) && !EngineEvent::is_reserved(kind) {
-            return Err(refuse(RejectReason::UnknownEvent).into());
+            return Err(refuse(RejectReason::UnknownEvent));
         }
         if !def.could_ever_accept(&state.state, kind) {
             let reason = if def.is_terminal(&state.state) {
@@ -249,7 +253,7 @@ impl Store {
             } else {
                 RejectReason::NotInTable
             };
-            return Err(refuse(reason).into());
+            return Err(refuse(reason));
         }
         let event = NewEvent::new(kind, payload.clone());
         let acceptable_now = apply(

@@ -6,8 +6,8 @@ use common::{assert_replays, event_types, store, wait_lease_expired};
 use rein_core::{Definition, EngineEvent, Event, RejectReason, RunState, apply};
 use rein_scheduler::{Scheduler, SchedulerConfig};
 use rein_store::{
-    ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, EnqueueRequest, INBOX_TTL_MS_DEFAULT,
-    NewEvent, SendOutcome, Store, StoreError, Writer, plan_commit,
+    ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, EnqueueRequest, FenceReason,
+    INBOX_TTL_MS_DEFAULT, NewEvent, SendOutcome, Store, StoreError, Writer, plan_commit,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -173,7 +173,23 @@ async fn stale_token_commit_is_fenced() {
     let stale = commit_of(&a, &a.state, &["start"]);
     let stale_id = stale.events[0].event_id;
     match commit_one(&store, "worker-a", &stale).await {
-        CommitOutcome::Fenced { current_token, .. } => assert_eq!(current_token, b.token),
+        CommitOutcome::Fenced {
+            current_token,
+            reason,
+            ..
+        } => {
+            assert_eq!(current_token, b.token);
+            assert_eq!(
+                reason,
+                FenceReason::TokenSuperseded {
+                    token: a.token,
+                    current: b.token
+                }
+            );
+            let text = reason.to_string();
+            let said = format!("token {} was superseded by token {}", a.token, b.token);
+            assert!(text.contains(&said), "{text}");
+        }
         other => panic!("stale commit was not fenced: {other:?}"),
     }
 
@@ -215,8 +231,21 @@ async fn out_of_order_sequence_is_rejected() {
     let behind = commit_of(&c, &c.state, &["start"]);
     match commit_one(&store, "worker-a", &behind).await {
         CommitOutcome::Fenced {
-            current_sequence, ..
-        } => assert_eq!(current_sequence, 1),
+            current_sequence,
+            reason,
+            ..
+        } => {
+            assert_eq!(current_sequence, 1);
+            // It names the sequence, not the token (still the writer's own).
+            assert_eq!(
+                reason,
+                FenceReason::SequenceMoved {
+                    base: 0,
+                    current: 1
+                }
+            );
+            assert!(reason.to_string().contains("sequence moved"), "{reason}");
+        }
         other => panic!("a commit behind the log was not refused: {other:?}"),
     }
     let history = store.history(run).await.unwrap();
@@ -591,4 +620,175 @@ async fn recovery_from_checkpoint_plus_tail_equals_full_replay() {
     assert_eq!(recovered, stored);
     assert_eq!(recovered.sequence, 75);
     assert_replays(&store, run).await;
+}
+
+/// The refusal's reason, or a panic naming what came back instead.
+fn fence_reason(outcome: CommitOutcome) -> FenceReason {
+    match outcome {
+        CommitOutcome::Fenced { reason, .. } => reason,
+        other => panic!("the commit was not fenced: {other:?}"),
+    }
+}
+
+/// Where this test process's WARN lines go: a subscriber installed for the whole process
+/// once (a thread-local one misses events that other tests' threads race it for).
+fn captured_log() -> std::sync::Arc<std::sync::Mutex<Vec<u8>>> {
+    static LOG: std::sync::OnceLock<std::sync::Arc<std::sync::Mutex<Vec<u8>>>> =
+        std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let buffer = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let writer = {
+            let buffer = buffer.clone();
+            move || Captured(buffer.clone())
+        };
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(writer)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("one subscriber");
+        buffer
+    })
+    .clone()
+}
+
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log buffer").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_after_its_lease_expired_says_when_by_the_database_clock() {
+    let log = captured_log();
+    let store = store("fenced_lease_expired").await;
+    let run = enqueue(&store).await;
+    let c = claim_one(&store, "worker-a", 10_000).await;
+    expire_lease(&store, run).await;
+    let lease_until = store.run(run).await.unwrap().lease_until.expect("a lease");
+
+    let outcome = commit_one(&store, "worker-a", &commit_of(&c, &c.state, &["start"])).await;
+    // The token is still the worker's own: only the lease refused the write.
+    let CommitOutcome::Fenced { current_token, .. } = &outcome else {
+        panic!("the commit was not fenced: {outcome:?}");
+    };
+    assert_eq!(*current_token, c.token);
+    match fence_reason(outcome) {
+        FenceReason::LeaseExpired {
+            lease_until: said,
+            db_now,
+        } => {
+            assert_eq!(said, lease_until);
+            assert!(db_now >= said, "{db_now} is before {said}");
+        }
+        other => panic!("not refused for the lease: {other:?}"),
+    }
+    let text = String::from_utf8(log.lock().unwrap().clone()).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("fenced write refused") && l.contains(&run.to_string()))
+        .unwrap_or_else(|| panic!("no WARN for the fenced write:\n{text}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("lease expired at"), "{line}");
+    assert!(line.contains("by the database clock"), "{line}");
+    assert!(!line.contains("token is no longer current"), "{line}");
+    assert!(store.history(run).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_to_an_archived_run_says_it_is_archived() {
+    let store = store("fenced_archived").await;
+    let run = enqueue(&store).await;
+    let c = claim_one(&store, "worker-a", 10_000).await;
+    sqlx::query("UPDATE rein_runs SET archived_at = now() WHERE run_id = $1")
+        .bind(run)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let reason =
+        fence_reason(commit_one(&store, "worker-a", &commit_of(&c, &c.state, &["start"])).await);
+    assert_eq!(reason, FenceReason::Archived);
+    assert!(reason.to_string().contains("archived"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_without_a_lease_beside_a_live_one_says_who_holds_it() {
+    let store = store("fenced_lease_held").await;
+    let run = enqueue(&store).await;
+    let c = claim_one(&store, "worker-a", 10_000).await;
+    let plan = CommitPlan {
+        writer: Writer::TakeToken,
+        release: false,
+        jitter_sample: 0.5,
+    };
+    let request = plan_commit(
+        &lifecycle(),
+        run,
+        c.token,
+        &c.state,
+        vec![NewEvent::new("start", json!({}))],
+        Vec::new(),
+        plan,
+    )
+    .unwrap();
+    match fence_reason(commit_one(&store, "sched-1", &request).await) {
+        FenceReason::LeaseHeld { owner, lease_until } => {
+            assert_eq!(owner.as_deref(), Some("worker-a"));
+            assert_eq!(lease_until, Some(c.lease_until));
+        }
+        other => panic!("not refused for the live lease: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_after_the_lease_was_released_says_no_lease_is_held() {
+    let store = store("fenced_released").await;
+    enqueue(&store).await;
+    let c = claim_one(&store, "worker-a", 10_000).await;
+    let release = plan_commit(
+        &lifecycle(),
+        c.run_id,
+        c.token,
+        &c.state,
+        vec![NewEvent::new("start", json!({}))],
+        Vec::new(),
+        leased(true),
+    )
+    .unwrap();
+    assert!(matches!(
+        commit_one(&store, "worker-a", &release).await,
+        CommitOutcome::Committed(_)
+    ));
+    // Same token, next sequence, but the lease was given back.
+    let after = commit_of(&c, &release.state, &["complete"]);
+    let reason = fence_reason(commit_one(&store, "worker-a", &after).await);
+    assert_eq!(reason, FenceReason::LeaseNotHeld { owner: None });
+    assert!(reason.to_string().contains("released"), "{reason}");
+    // Another worker's commit on a lease worker-a holds says who holds it.
+    let mut claimed = store.claim("worker-b", 1, 10_000, &queues()).await.unwrap();
+    let b = claimed.pop().expect("worker-b claims the released run");
+    let by_a = commit_of(&b, &b.state, &["complete"]);
+    assert_eq!(
+        fence_reason(commit_one(&store, "worker-a", &by_a).await),
+        FenceReason::LeaseNotHeld {
+            owner: Some("worker-b".to_owned())
+        }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_approval_is_gone_says_so() {
+    let store = store("fenced_approval").await;
+    enqueue(&store).await;
+    let c = claim_one(&store, "worker-a", 10_000).await;
+    let mut request = commit_of(&c, &c.state, &["start"]);
+    request.approval = Some(Uuid::now_v7());
+    let reason = fence_reason(commit_one(&store, "worker-a", &request).await);
+    assert_eq!(reason, FenceReason::ApprovalUnavailable);
 }

@@ -782,7 +782,12 @@ impl Driver {
             }
             Err(rejections) => {
                 for r in &rejections {
-                    warn!(run_id = %self.run_id, state = %r.state, event = %r.event, reason = %r.reason, "rejected transition");
+                    rein_store::metrics::transition_refused(
+                        self.def.name(),
+                        self.run_id,
+                        r,
+                        node.unwrap_or("handler"),
+                    );
                 }
                 let reasons: Vec<Value> = rejections
                     .iter()
@@ -1229,10 +1234,11 @@ impl Driver {
                 Ok(CommitOutcome::Fenced {
                     current_token,
                     owner,
+                    reason,
                     ..
                 }) => {
                     warn!(run_id = %self.run_id, token = self.token, current_token, owner = ?owner,
-                          "fenced: another holder owns the run; stopping without writing");
+                          %reason, "fenced: {reason}; stopping without writing");
                     // Stop the action first; counting may wait on the database.
                     self.held.lost.cancel();
                     self.inner.stats.fenced.fetch_add(1, Ordering::Relaxed);

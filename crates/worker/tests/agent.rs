@@ -313,8 +313,9 @@ async fn an_in_doubt_refund_without_a_reconcile_hook_waits_for_an_operator() {
 async fn an_expired_approval_takes_the_expiry_path_and_a_late_grant_is_refused() {
     let store = store("agent_expired").await;
     // The built-in waits an hour; this copy waits 300 ms.
-    let text = rein_core::builtin::REFUND_AGENT
-        .replace("version = 1", "version = 2")
+    let next = rein_core::builtin::refund_agent().version() + 1;
+    let text = rein_core::builtin::source_at_version("refund-agent", next)
+        .expect("a built-in")
         .replace(
             "expires_after_ms = 3600000, remind_before_ms = 600000",
             "expires_after_ms = 300",

@@ -116,11 +116,12 @@ async fn expire_lease(store: &Store, run: Uuid) {
         .expect("expire lease");
 }
 
-/// `lifecycle` at version 2 with a 1.5 s first backoff, so "before the timer is due" is a
-/// window a busy machine can observe. Named `lifecycle` so the built-in `sim` drives it.
+/// `lifecycle` at the next version with a 1.5 s first backoff, so "before the timer is due"
+/// is a window a busy machine can observe. Named `lifecycle` so the built-in `sim` drives it.
 async fn slow_retry_lifecycle(store: &Store) -> Definition {
-    let text = rein_core::builtin::LIFECYCLE
-        .replacen("version = 1", "version = 2", 1)
+    let next = rein_core::builtin::lifecycle().version() + 1;
+    let text = rein_core::builtin::source_at_version("lifecycle", next)
+        .expect("a built-in")
         .replacen("initial_interval_ms = 200", "initial_interval_ms = 1500", 1);
     let def = Definition::parse(&text, Format::Toml, &GuardRegistry::new()).expect("parse");
     store.register_definition(&def).await.expect("register");

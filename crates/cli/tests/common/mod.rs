@@ -58,6 +58,28 @@ pub fn token(url: &str, subject: &str, scopes: &[&str]) -> String {
     text.trim().to_owned()
 }
 
+/// Runs `rein ARGS` (DATABASE_URL unset) with its stdout a pipe whose reading end is already
+/// closed, as `rein ... | head` once head has exited.
+pub fn rein_into_closed_pipe(args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    Command::new(REIN)
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("REIN_URL")
+        .env_remove("REIN_TOKEN")
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run the rein binary")
+}
+
+/// Whether the process was ended by SIGPIPE, as a Unix tool writing to a closed pipe is.
+pub fn ended_by_sigpipe(o: &Output) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    o.status.signal() == Some(libc::SIGPIPE)
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
