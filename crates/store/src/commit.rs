@@ -386,6 +386,60 @@ impl Store {
     }
 }
 
+impl Store {
+    /// [`Store::commit_batch`] with one result per request. When PostgreSQL refuses the
+    /// statement as a whole for a reason a retry will not cure (one run's data it cannot
+    /// store), every run is committed again on its own before anyone is told: one run's bad
+    /// data never costs another run its result. A transient failure (connection lost) is
+    /// reported to every run as it is; each writer retries its own commit.
+    pub async fn commit_runs(
+        &self,
+        worker: &str,
+        requests: &[CommitRequest],
+    ) -> Vec<Result<CommitOutcome, StoreError>> {
+        let whole = match self.commit_batch(worker, requests).await {
+            Ok(outcomes) => return outcomes.into_iter().map(Ok).collect(),
+            Err(e) => e,
+        };
+        if requests.len() == 1 || whole.is_transient() {
+            let message = whole.to_string();
+            let transient = whole.is_transient();
+            return requests
+                .iter()
+                .map(|_| {
+                    Err(if transient {
+                        StoreError::Unreachable(message.clone())
+                    } else {
+                        StoreError::Invalid(message.clone())
+                    })
+                })
+                .collect();
+        }
+        tracing::warn!(error = %whole, worker, runs = requests.len(),
+            "commit statement refused as a whole; committing its runs one by one");
+        let mut outcomes = Vec::with_capacity(requests.len());
+        for request in requests {
+            let outcome = self
+                .commit_batch(worker, std::slice::from_ref(request))
+                .await
+                .and_then(|mut o| {
+                    o.pop().ok_or_else(|| {
+                        StoreError::Corrupt(format!(
+                            "commit returned no row for run {}",
+                            request.run_id
+                        ))
+                    })
+                });
+            if let Err(e) = &outcome {
+                tracing::error!(run_id = %request.run_id, error = %e, worker,
+                    "this run's commit is refused on its own");
+            }
+            outcomes.push(outcome);
+        }
+        outcomes
+    }
+}
+
 /// [`Store::commit_batch`] on a given connection (possibly inside the caller's transaction).
 pub(crate) async fn commit_on(
     conn: &mut sqlx::PgConnection,

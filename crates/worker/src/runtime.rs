@@ -384,28 +384,14 @@ async fn committer(inner: Arc<Inner>, mut rx: mpsc::Receiver<CommitJob>) {
             .stats
             .commit_statements
             .fetch_add(1, Ordering::Relaxed);
-        match inner
+        // A statement refused as a whole is retried run by run in there: one run's data
+        // PostgreSQL cannot store never costs the others in the batch their results.
+        let outcomes = inner
             .store
-            .commit_batch(&inner.config.worker_id, &requests)
-            .await
-        {
-            Ok(outcomes) => {
-                for (job, outcome) in jobs.drain(..).zip(outcomes) {
-                    let _ = job.reply.send(Ok(outcome));
-                }
-            }
-            Err(e) => {
-                let message = e.to_string();
-                let transient = e.is_transient();
-                for job in jobs.drain(..) {
-                    let err = if transient {
-                        StoreError::Unreachable(message.clone())
-                    } else {
-                        StoreError::Invalid(message.clone())
-                    };
-                    let _ = job.reply.send(Err(err));
-                }
-            }
+            .commit_runs(&inner.config.worker_id, &requests)
+            .await;
+        for (job, outcome) in jobs.drain(..).zip(outcomes) {
+            let _ = job.reply.send(outcome);
         }
     }
 }
