@@ -99,6 +99,9 @@ pub struct CommitRequest {
     /// A fleet-wide limit deferred the run's action (SPEC K1): it becomes claimable again
     /// this long after the commit, by the database clock.
     pub defer_ms: Option<u64>,
+    /// This commit starts the first try of an action: the run's `first_try_at` becomes now,
+    /// by the database clock (what a retry policy's `deadline_ms` counts from).
+    pub first_try: bool,
 }
 
 /// Options of [`plan_commit`].
@@ -184,6 +187,7 @@ pub fn plan_commit(
         }
     });
     let left_state = (state.state != base.state).then(|| base.state.clone());
+    let first_try = rein_core::retry::starts_first_try(def, base, &state);
     Ok(CommitRequest {
         run_id,
         token,
@@ -204,6 +208,7 @@ pub fn plan_commit(
         blobs: Vec::new(),
         children,
         defer_ms: None,
+        first_try,
     })
 }
 
@@ -564,6 +569,7 @@ pub(crate) async fn commit_on(
         q.timers.push(r.timer_ms.map(|t| t as i64));
         q.defers
             .push(r.defer_ms.map(|t| t.min(i64::MAX as u64) as i64));
+        q.first_tries.push(r.first_try);
         q.reasons.push(if r.status == RunStatus::Terminal {
             r.state.terminal_reason.clone()
         } else {
@@ -657,6 +663,7 @@ pub(crate) async fn commit_on(
         .bind(&q.c_deadline)
         .bind(BRANCH_RESULT_BYTES_MAX)
         .bind(&q.defers)
+        .bind(&q.first_tries)
         .fetch_all(&mut *conn)
         .await
         .inspect_err(|e| {
@@ -795,4 +802,5 @@ struct Columns {
     c_timer: Vec<Option<i64>>,
     c_deadline: Vec<Option<i64>>,
     defers: Vec<Option<i64>>,
+    first_tries: Vec<bool>,
 }
