@@ -15,6 +15,11 @@ Serves the nodes of examples/research-agent-http.toml, standard library only:
                            {"sleep_ms": 1500}                   apply, but only after sleeping
                                                                 (longer than Rein's timeout:
                                                                 the reply is lost)
+                           {"hang_ms": 1500}                    apply nothing and answer nothing
+                                                                for that long, then drop the
+                                                                connection (a call that always
+                                                                times out; reconcile answers
+                                                                "not applied")
                          {"reset": true} forgets scripts, requests and applied keys.
 
 A key already applied is answered from memory without acting again, so a retry with the
@@ -174,6 +179,10 @@ class Handler(BaseHTTPRequestHandler):
                     STATE.working[key] = threading.Event()
         if done is not None:
             self.reply(200, {"events": events})
+            return
+        if "hang_ms" in step:
+            time.sleep(int(step["hang_ms"]) / 1000)
+            self.close_connection = True
             return
         if "raw" in step:
             self.reply(int(step.get("status", 200)), str(step["raw"]).encode(), "text/plain")

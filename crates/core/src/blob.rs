@@ -48,6 +48,8 @@ pub enum PayloadError {
     HashMismatch { sha256: String, actual: String },
     #[error("blob {0} is missing")]
     Missing(String),
+    #[error("payload holds a NUL character (\\u0000) at {at}, which PostgreSQL cannot store")]
+    Nul { at: String },
 }
 
 /// The reference in `value`, when `value` is one.
@@ -64,12 +66,16 @@ pub fn reference(blob: &BlobRef) -> Value {
 }
 
 /// Moves every top-level field of `payload` larger than `threshold_bytes` to a blob. Fails
-/// with a clear error on a field larger than [`limits::BLOB_BYTES_MAX`] or a payload that is
-/// still larger than [`limits::EVENT_PAYLOAD_BYTES_MAX`] afterwards.
+/// with a clear error on a field larger than [`limits::BLOB_BYTES_MAX`], a payload that is
+/// still larger than [`limits::EVENT_PAYLOAD_BYTES_MAX`] afterwards, or a payload holding a
+/// NUL character (it could not be stored, and would refuse its whole commit statement).
 pub fn externalize(
     payload: &Value,
     threshold_bytes: usize,
 ) -> Result<(Value, Vec<Blob>), PayloadError> {
+    if let Some(at) = crate::text::nul_at(payload) {
+        return Err(PayloadError::Nul { at });
+    }
     let mut blobs: Vec<Blob> = Vec::new();
     let out = match payload {
         Value::Object(map) => {

@@ -84,6 +84,9 @@ pub struct ToolCall {
     pub tool: String,
     pub args: Value,
     pub side_effect: bool,
+    /// The tool's contract (SPEC X6): a failure of a tool declared `retryable = false` is
+    /// recorded as not retryable, so its run takes the exhausted path instead of a retry.
+    pub retryable: bool,
     /// Whether a human must approve this exact call first (SPEC H1).
     pub needs_approval: bool,
     /// The event that takes the run to its approval wait.
@@ -110,6 +113,12 @@ pub fn validate(def: &Definition, run: &RunState, decision: &Value) -> Result<Va
     let Some(object) = decision.as_object() else {
         return Err(Rejection::at(Step::Parse, "a decision is a JSON object"));
     };
+    if let Some(at) = crate::text::nul_at(decision) {
+        return Err(Rejection::at(
+            Step::Parse,
+            format!("the decision holds a NUL character (\\u0000) at {at}; it cannot be stored"),
+        ));
+    }
     let size = decision.to_string().len();
     if size > limits::DECISION_BYTES_MAX {
         return Err(Rejection::at(
@@ -291,6 +300,7 @@ pub fn validate(def: &Definition, run: &RunState, decision: &Value) -> Result<Va
         tool: tool.name.clone(),
         args,
         side_effect: tool.side_effect,
+        retryable: tool.retryable,
         needs_approval,
         approval_event: tool.approval_event().to_owned(),
         action_hash,

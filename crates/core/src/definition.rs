@@ -289,8 +289,11 @@ pub struct StateSpec {
     /// allow, else `exhausted`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff: Option<BackoffSpec>,
-    /// The event the scheduler commits when a worker's lease on a run in this state expires
-    /// with no action pending (SPEC S2), e.g. the state's transient-failure event.
+    /// The state's transient-failure event for an attempt that ended without a result: the
+    /// scheduler commits it when a worker's lease on a run in this state expires with no
+    /// action pending (SPEC S2), and a worker when its reconcile finds an in-doubt call not
+    /// applied (an `http` node's `transient_event` comes first there), so the attempt is
+    /// counted on the definition's retry path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_lease_expired: Option<String>,
     /// The decisions a model may make here (SPEC D1): events it may name. Empty: any event
@@ -334,8 +337,8 @@ pub struct HttpSpec {
     /// How long a call may take; past it, a sent call is in doubt.
     #[serde(default = "HttpSpec::default_timeout_ms")]
     pub timeout_ms: u64,
-    /// Committed on a transient failure (connect error, 429, 5xx), with the error and any
-    /// Retry-After in its payload.
+    /// Committed on a transient failure (connect error, 429, 5xx, a call in doubt that its
+    /// reconcile found not applied), with the error and any Retry-After in its payload.
     pub transient_event: String,
     /// Committed on a fatal failure (400, 403, 404, 422 and other 4xx).
     pub fatal_event: String,
@@ -1345,6 +1348,10 @@ impl Definition {
             .get(event)
             .copied()
             .unwrap_or(usize::MAX)
+    }
+    /// The tool `name` that `state` offers, if it does.
+    pub fn tool(&self, state: &str, name: &str) -> Option<&ToolSpec> {
+        self.state(state)?.tools.iter().find(|t| t.name == name)
     }
     /// The retry policy in force in `state`: its own, else the definition's default.
     pub fn retry_policy(&self, state: &str) -> &RetryPolicy {

@@ -34,10 +34,13 @@ pub enum EngineEvent {
     /// A side-effecting action is about to run: `{action_id, call_id, node, step,
     /// idempotency_key, tool?, action_hash?}`.
     ActionDispatched,
-    /// A dispatched call's outcome is unknown: `{call_id, reason}`.
+    /// A dispatched call's outcome is unknown: `{call_id, reason, error?}`; `error` (class
+    /// `in_doubt`) names why in its fine class (`kind`, e.g. `timeout`), kept on the slot.
     ActionResultInDoubt,
     /// An in-doubt call was found not applied (reconcile or operator): `{call_id, by}`; the
-    /// step stays open and may be dispatched again.
+    /// step stays open and may be dispatched again. A worker's reconcile commits the state's
+    /// failure event with it (`rein_core::retry::lost_attempt_event`), so that dispatch is a
+    /// counted retry.
     ActionNotApplied,
     /// Nobody can decide an in-doubt call automatically: `{call_id, reason}`.
     OperatorRequired,

@@ -8,7 +8,7 @@
 //! [`state`] and [`event`] (the run projection and the facts that change it), [`reducer`]
 //! (the pure `R(X, e)`), [`guard`], [`retry`], [`hash`], [`checkpoint`], [`builtin`];
 //! [`blob`] (large payloads by reference), [`brief`] (the resume brief), [`join`] (parallel
-//! branches) and [`budget`] (usage limits).
+//! branches), [`budget`] (usage limits) and [`text`] (text PostgreSQL can store).
 
 pub mod blob;
 pub mod brief;
@@ -25,6 +25,7 @@ pub mod limits;
 pub mod reducer;
 pub mod retry;
 pub mod state;
+pub mod text;
 pub mod timer;
 
 pub use definition::{

@@ -51,6 +51,9 @@ pub enum RejectReason {
     /// A branch result for a fan-out that is no longer open (the join fired), or for a branch
     /// that already has its result (SPEC P1).
     BranchResultRejected { branch: String, why: String },
+    /// A retry R1 does not allow: the error is not retryable, the retries are used up, or
+    /// the policy's deadline has passed (`why` is the exhausted event's reason).
+    RetryRefused { why: String },
 }
 
 impl fmt::Display for RejectReason {
@@ -78,6 +81,7 @@ impl fmt::Display for RejectReason {
             RejectReason::BranchResultRejected { branch, why } => {
                 write!(f, "result of branch `{branch}` rejected: {why}")
             }
+            RejectReason::RetryRefused { why } => write!(f, "no retry: {why}"),
         }
     }
 }
@@ -94,6 +98,7 @@ impl RejectReason {
             RejectReason::CallMismatch { .. } => "call_mismatch",
             RejectReason::BadPayload { .. } => "bad_payload",
             RejectReason::BranchResultRejected { .. } => "branch_result_rejected",
+            RejectReason::RetryRefused { .. } => "retry_refused",
         }
     }
 }
@@ -127,6 +132,11 @@ pub fn apply(
     let candidates = def.candidates(&run.state, &event.kind);
     if candidates.is_empty() {
         return Err(reject(RejectReason::NotInTable));
+    }
+    if let Some(decision) = crate::retry::refused_retry(def, run, event) {
+        return Err(reject(RejectReason::RetryRefused {
+            why: decision.reason().to_owned(),
+        }));
     }
     let is_call_result = def.is_call_result(&event.kind);
     if is_call_result {
@@ -357,6 +367,7 @@ fn apply_engine(
                     .get("action_hash")
                     .and_then(|v| v.as_str())
                     .map(str::to_owned),
+                lost: None,
             });
             next.needs_operator = false;
         }
@@ -364,6 +375,11 @@ fn apply_engine(
             pending_must_be(&str_field("call_id")?)?;
             if let Some(slot) = next.action.as_mut() {
                 slot.status = ActionStatus::InDoubt;
+                // Recorded only by engines that classify why an answer was lost; older
+                // records leave the slot as it always was.
+                if let Some(kind) = event.payload["error"]["kind"].as_str() {
+                    slot.lost = Some(kind.to_owned());
+                }
             }
         }
         EngineEvent::ActionNotApplied => {

@@ -93,6 +93,10 @@ pub struct ActionSlot {
     pub tool: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action_hash: Option<String>,
+    /// Why the call's answer was lost, as its ACTION_RESULT_IN_DOUBT recorded it (the fine
+    /// class, e.g. `timeout`): the failure committed if it turns out not applied says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost: Option<String>,
 }
 
 /// Lifecycle of an action (SPEC M2): PLANNED -> DISPATCHED -> (SUCCEEDED | FAILED | UNKNOWN).

@@ -25,9 +25,8 @@ pub fn next_timer(def: &Definition, run: &RunState, jitter_sample: f64) -> Optio
     let mut due: Option<u64> = None;
     let mut earliest = |ms: u64| due = Some(due.map_or(ms, |d| d.min(ms)));
     if state.backoff.is_some() {
-        let backoff = def
-            .retry_policy(&run.state)
-            .backoff_ms(run.attempt, jitter_sample);
+        let policy = def.retry_policy(&run.state);
+        let backoff = policy.backoff_ms(run.attempt, jitter_sample);
         // A server that said when to come back (429/503 Retry-After) is not asked sooner
         // (SPEC R2); what it may ask for is capped.
         let asked = run
@@ -36,7 +35,15 @@ pub fn next_timer(def: &Definition, run: &RunState, jitter_sample: f64) -> Optio
             .and_then(|e| e.get("retry_after_ms"))
             .and_then(serde_json::Value::as_u64)
             .map_or(0, |ms| ms.min(RETRY_AFTER_MS_MAX));
-        earliest(backoff.max(asked));
+        // A retry R1 already rules out (not retryable, retries used up) is not waited for:
+        // the exhausted path is taken at once.
+        let retry_ruled_out = policy.decide(run.last_error.as_ref(), run.attempt, None)
+            != crate::retry::RetryDecision::Retry;
+        earliest(if retry_ruled_out {
+            0
+        } else {
+            backoff.max(asked)
+        });
     }
     if let Some(timeout) = &state.timeout {
         earliest(timeout.after_ms);
@@ -78,11 +85,15 @@ pub fn next_change_after(def: &Definition, run: &RunState, elapsed_ms: u64) -> O
 }
 
 /// Candidate events for a timer that fired `elapsed_ms` after the run entered its state,
-/// strongest first; the caller commits the first one the reducer accepts.
+/// strongest first; the caller commits the first one the reducer accepts. `try_elapsed_ms`
+/// is the time since the current action's first try, by the database clock: a backoff's
+/// events record it (`retry.elapsed_ms`), and the due event is only offered when R1 allows
+/// the retry, else the exhausted event says why not.
 pub fn fired_events(
     def: &Definition,
     run: &RunState,
     elapsed_ms: u64,
+    try_elapsed_ms: u64,
 ) -> Vec<(String, serde_json::Value)> {
     let Some(state) = def.state(&run.state) else {
         return Vec::new();
@@ -117,10 +128,18 @@ pub fn fired_events(
         ));
     }
     if let Some(backoff) = &state.backoff {
-        out.push((backoff.due.clone(), serde_json::json!({})));
+        let retry = serde_json::json!({ "elapsed_ms": try_elapsed_ms });
+        let decision = def.retry_policy(&run.state).decide(
+            run.last_error.as_ref(),
+            run.attempt,
+            Some(try_elapsed_ms),
+        );
+        if decision == crate::retry::RetryDecision::Retry {
+            out.push((backoff.due.clone(), serde_json::json!({ "retry": retry })));
+        }
         out.push((
             backoff.exhausted.clone(),
-            serde_json::json!({ "reason": "retries_exhausted" }),
+            serde_json::json!({ "reason": decision.reason(), "retry": retry }),
         ));
     }
     out

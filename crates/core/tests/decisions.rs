@@ -38,6 +38,12 @@ fn each_step_names_what_failed() {
             "unknown field `confidence`",
         ),
         (
+            json!({ "decision": CALL_TOOL, "tool": "refund",
+                    "args": { "order_id": "A\u{0}1", "amount": 5 } }),
+            Step::Parse,
+            "NUL character (\\u0000) at $.args.order_id",
+        ),
+        (
             json!({ "decision": "TOOL_SUCCEEDED" }),
             Step::Decision,
             "not a decision state `ACTING` allows",

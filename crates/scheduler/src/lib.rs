@@ -12,7 +12,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use rein_core::{ActionStatus, Definition, EngineEvent, Event, StateKind, apply};
+use rein_core::retry::{Failure, LostAttempt, kind as retry_kind};
+use rein_core::{ActionStatus, Definition, EngineEvent, Event, apply};
 use rein_store::{
     CommitOutcome, CommitPlan, InboxEntry, NewEvent, NextLook, RunRow, Seen, Store, StoreError,
     Writer, counters, plan_commit,
@@ -234,31 +235,14 @@ impl Scheduler {
                 EngineEvent::ActionResultInDoubt.as_str(),
                 json!({ "call_id": call_id, "reason": "lease expired while the call was dispatched" }),
             ));
-        } else if let Some(spec) = def.state(&state.state)
-            && spec.kind == StateKind::Active
-            && state.pending_call().is_none()
-            && let Some(event) = &spec.on_lease_expired
-        {
-            let candidate = NewEvent::new(
-                event.clone(),
-                json!({ "reason": "lease_expired", "error": { "class": "transient", "message": "worker lease expired" } }),
-            );
-            // Only if the definition takes it right after the LEASE_EXPIRED record.
-            let probe = [
-                Event::new(
-                    state.sequence + 1,
-                    EngineEvent::LeaseExpired.as_str(),
-                    json!({}),
-                ),
-                Event::new(
-                    state.sequence + 2,
-                    candidate.kind.clone(),
-                    candidate.payload.clone(),
-                ),
-            ];
-            if rein_core::replay(&def, state.clone(), probe.iter()).is_ok() {
-                events.push(candidate);
-            }
+        } else if let Some((kind, payload)) = rein_core::retry::lost_attempt_event(
+            &def,
+            state,
+            (&events[0].kind, &events[0].payload),
+            LostAttempt::LeaseExpired,
+            &Failure::transient(retry_kind::LEASE_EXPIRED, "worker lease expired"),
+        ) {
+            events.push(NewEvent::new(kind, payload));
         }
         let recovered = self.commit(&def, &row, events, Vec::new()).await?;
         if recovered == Look::Moved {
@@ -293,7 +277,9 @@ impl Scheduler {
     async fn fire(&mut self, row: RunRow) -> Result<Look, StoreError> {
         let def = self.definition(&row.definition, row.version).await?;
         let elapsed_ms = row.in_state_ms.max(0.0).ceil() as u64;
-        let candidates = rein_core::timer::fired_events(&def, &row.projection, elapsed_ms);
+        let try_elapsed_ms = row.try_elapsed_ms.max(0.0).ceil() as u64;
+        let candidates =
+            rein_core::timer::fired_events(&def, &row.projection, elapsed_ms, try_elapsed_ms);
         for (kind, payload) in candidates {
             let event = Event::new(row.projection.sequence + 1, kind.clone(), payload.clone());
             if apply(&def, &row.projection, &event).is_ok() {

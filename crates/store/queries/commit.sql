@@ -8,9 +8,10 @@
 WITH req AS (
     SELECT *
     FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::jsonb[], $5::text[], $6::text[],
-                $7::bool[], $8::bool[], $9::bigint[], $10::text[], $35::uuid[], $51::bigint[])
+                $7::bool[], $8::bool[], $9::bigint[], $10::text[], $35::uuid[], $51::bigint[],
+                $52::bool[])
         AS r(run_id, token, base_seq, projection, state, status, bump, release, timer_ms, terminal_reason,
-             approval_id, defer_ms)
+             approval_id, defer_ms, first_try)
 ),
 ev AS (
     SELECT *
@@ -51,6 +52,8 @@ upd AS (
                         WHEN q.status = 'runnable' AND (r.status <> 'runnable' OR q.bump OR q.release)
                         THEN clock_timestamp() ELSE r.ready_at END,
         terminal_reason = COALESCE(q.terminal_reason, r.terminal_reason),
+        -- Where a retry policy's deadline counts from (SPEC R1).
+        first_try_at = CASE WHEN q.first_try THEN t.now ELSE r.first_try_at END,
         finished_at = CASE WHEN q.status = 'terminal' AND r.finished_at IS NULL
                            THEN clock_timestamp() ELSE r.finished_at END,
         deadline_at = CASE WHEN q.status = 'terminal' THEN NULL ELSE r.deadline_at END,

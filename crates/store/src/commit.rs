@@ -99,6 +99,9 @@ pub struct CommitRequest {
     /// A fleet-wide limit deferred the run's action (SPEC K1): it becomes claimable again
     /// this long after the commit, by the database clock.
     pub defer_ms: Option<u64>,
+    /// This commit starts the first try of an action: the run's `first_try_at` becomes now,
+    /// by the database clock (what a retry policy's `deadline_ms` counts from).
+    pub first_try: bool,
 }
 
 /// Options of [`plan_commit`].
@@ -170,6 +173,7 @@ pub fn plan_commit(
     let checkpoint = long_log_ends || (!events.is_empty() && crossed);
     let finish = crate::metrics::Finish::of(def, &base.state, &state.state, &events);
     let left_state = (state.state != base.state).then(|| base.state.clone());
+    let first_try = rein_core::retry::starts_first_try(def, base, &state);
     Ok(CommitRequest {
         run_id,
         token,
@@ -190,6 +194,7 @@ pub fn plan_commit(
         blobs: Vec::new(),
         children,
         defer_ms: None,
+        first_try,
     })
 }
 
@@ -485,6 +490,60 @@ impl Store {
     }
 }
 
+impl Store {
+    /// [`Store::commit_batch`] with one result per request. When PostgreSQL refuses the
+    /// statement as a whole for a reason a retry will not cure (one run's data it cannot
+    /// store), every run is committed again on its own before anyone is told: one run's bad
+    /// data never costs another run its result. A transient failure (connection lost) is
+    /// reported to every run as it is; each writer retries its own commit.
+    pub async fn commit_runs(
+        &self,
+        worker: &str,
+        requests: &[CommitRequest],
+    ) -> Vec<Result<CommitOutcome, StoreError>> {
+        let whole = match self.commit_batch(worker, requests).await {
+            Ok(outcomes) => return outcomes.into_iter().map(Ok).collect(),
+            Err(e) => e,
+        };
+        if requests.len() == 1 || whole.is_transient() {
+            let message = whole.to_string();
+            let transient = whole.is_transient();
+            return requests
+                .iter()
+                .map(|_| {
+                    Err(if transient {
+                        StoreError::Unreachable(message.clone())
+                    } else {
+                        StoreError::Invalid(message.clone())
+                    })
+                })
+                .collect();
+        }
+        tracing::warn!(error = %whole, worker, runs = requests.len(),
+            "commit statement refused as a whole; committing its runs one by one");
+        let mut outcomes = Vec::with_capacity(requests.len());
+        for request in requests {
+            let outcome = self
+                .commit_batch(worker, std::slice::from_ref(request))
+                .await
+                .and_then(|mut o| {
+                    o.pop().ok_or_else(|| {
+                        StoreError::Corrupt(format!(
+                            "commit returned no row for run {}",
+                            request.run_id
+                        ))
+                    })
+                });
+            if let Err(e) = &outcome {
+                tracing::error!(run_id = %request.run_id, error = %e, worker,
+                    "this run's commit is refused on its own");
+            }
+            outcomes.push(outcome);
+        }
+        outcomes
+    }
+}
+
 /// [`Store::commit_batch`] on a given connection (possibly inside the caller's transaction).
 pub(crate) async fn commit_on(
     conn: &mut sqlx::PgConnection,
@@ -609,6 +668,7 @@ pub(crate) async fn commit_on(
         q.timers.push(r.timer_ms.map(|t| t as i64));
         q.defers
             .push(r.defer_ms.map(|t| t.min(i64::MAX as u64) as i64));
+        q.first_tries.push(r.first_try);
         q.reasons.push(if r.status == RunStatus::Terminal {
             r.state.terminal_reason.clone()
         } else {
@@ -702,6 +762,7 @@ pub(crate) async fn commit_on(
         .bind(&q.c_deadline)
         .bind(BRANCH_RESULT_BYTES_MAX)
         .bind(&q.defers)
+        .bind(&q.first_tries)
         .fetch_all(&mut *conn)
         .await
         .inspect_err(|e| {
@@ -843,4 +904,5 @@ struct Columns {
     c_timer: Vec<Option<i64>>,
     c_deadline: Vec<Option<i64>>,
     defers: Vec<Option<i64>>,
+    first_tries: Vec<bool>,
 }

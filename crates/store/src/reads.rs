@@ -35,6 +35,10 @@ pub struct RunRow {
     pub finished_at: Option<DateTime<Utc>>,
     /// Time in the current state by the database clock.
     pub in_state_ms: f64,
+    /// Time since the current action's first try by the database clock (SPEC R1): what a
+    /// retry policy's `deadline_ms` is judged against.
+    #[serde(skip)]
+    pub try_elapsed_ms: f64,
 }
 
 impl RunRow {
@@ -66,6 +70,7 @@ impl RunRow {
             state_entered_at: row.try_get("state_entered_at")?,
             finished_at: row.try_get("finished_at")?,
             in_state_ms: row.try_get("in_state_ms")?,
+            try_elapsed_ms: row.try_get("try_elapsed_ms")?,
         })
     }
 }

@@ -792,3 +792,67 @@ async fn a_commit_whose_approval_is_gone_says_so() {
     let reason = fence_reason(commit_one(&store, "worker-a", &request).await);
     assert_eq!(reason, FenceReason::ApprovalUnavailable);
 }
+
+/// PostgreSQL refuses a whole statement for one run's data (here a NUL character, which
+/// jsonb cannot hold). `commit_runs` then commits the batch's runs one by one before anyone
+/// is told: the other runs keep their results and only the bad one gets the refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_refused_for_one_runs_data_is_committed_run_by_run() {
+    let store = store("batch_run_by_run").await;
+    for _ in 0..3 {
+        enqueue(&store).await;
+    }
+    let claimed = store
+        .claim("worker-a", 3, 10_000, &queues())
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 3);
+    let requests: Vec<CommitRequest> = claimed
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let note = if i == 1 { "a\u{0}b" } else { "fine" };
+            plan_commit(
+                &lifecycle(),
+                c.run_id,
+                c.token,
+                &c.state,
+                vec![NewEvent::new("start", json!({ "note": note }))],
+                Vec::new(),
+                leased(false),
+            )
+            .expect("plan")
+        })
+        .collect();
+    // As one statement the batch is refused, and nothing of it is written.
+    let whole = store.commit_batch("worker-a", &requests).await;
+    assert!(
+        matches!(&whole, Err(e) if !e.is_transient()),
+        "one run's NUL refuses the statement: {whole:?}"
+    );
+    for c in &claimed {
+        assert!(event_types(&store, c.run_id).await.is_empty());
+    }
+
+    let outcomes = store.commit_runs("worker-a", &requests).await;
+    assert_eq!(outcomes.len(), 3);
+    for (i, (c, outcome)) in claimed.iter().zip(&outcomes).enumerate() {
+        let row = store.run(c.run_id).await.expect("run");
+        if i == 1 {
+            assert!(
+                matches!(outcome, Err(e) if !e.is_transient()),
+                "{outcome:?}"
+            );
+            assert_eq!(row.state, "planned", "the bad run wrote nothing");
+            assert!(event_types(&store, c.run_id).await.is_empty());
+        } else {
+            assert!(
+                matches!(outcome, Ok(CommitOutcome::Committed(_))),
+                "{outcome:?}"
+            );
+            assert_eq!(row.state, "running");
+            assert_eq!(event_types(&store, c.run_id).await, ["start"]);
+            assert_replays(&store, c.run_id).await;
+        }
+    }
+}

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use rein_core::retry::Failure;
 use rein_core::{Definition, RunState};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -53,6 +54,10 @@ pub enum Outcome {
     Events(Vec<(String, Value)>),
     /// The request may have been applied but no answer came back (SPEC X7).
     InDoubt(String),
+    /// Sent, and no complete answer came back in time: in doubt like [`Outcome::InDoubt`],
+    /// recorded with the fine class `timeout`, which a retry policy's `non_retryable` may
+    /// name for the retry that follows if the call turns out not applied.
+    TimedOut(String),
     /// A model's decision (SPEC D1): `{"decision": EVENT, "tool": NAME?, "args": {..}?,
     /// "payload": {..}?}`. The engine validates it before anything moves; a failed step
     /// commits DECISION_REJECTED.
@@ -62,6 +67,20 @@ pub enum Outcome {
 impl Outcome {
     pub fn event(kind: &str, payload: Value) -> Outcome {
         Outcome::Events(vec![(kind.to_owned(), payload)])
+    }
+
+    /// A classified failure (SPEC R2) that the definition records with `event`: the payload
+    /// is `{"error": {"class", "kind", "status"?, "message", "retry_after_ms"?},
+    /// "retry_after_ms"?}`. A handler names its own fine class in `failure.kind`, e.g.
+    /// `Failure::transient("quota_exceeded", "..")`, and a retry policy's `non_retryable` may
+    /// name it; a `Retry-After` is honoured by the backoff.
+    pub fn failed(event: &str, failure: &Failure) -> Outcome {
+        let mut payload = serde_json::Map::new();
+        payload.insert("error".into(), failure.to_json());
+        if let Some(ms) = failure.retry_after_ms() {
+            payload.insert("retry_after_ms".into(), ms.into());
+        }
+        Outcome::event(event, Value::Object(payload))
     }
 }
 

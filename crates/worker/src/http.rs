@@ -4,18 +4,21 @@
 //!
 //! Reply `2xx` with `{"events": [{"type": T, "payload": {..}?}, ..]}` (several are
 //! candidates; the definition's priority picks one) or `{"decision": {..}}` (a model
-//! decision the engine validates). Failures go through [`rein_core::retry::ErrorClass`]:
-//! connect errors, 408, 429 and 5xx commit `http.transient_event`; other 4xx, 3xx and
-//! malformed replies commit `http.fatal_event`; a timeout or a lost connection after the
-//! request was sent is in doubt, and `http.reconcile_url` is asked about it by
-//! idempotency key before anything is sent again (SPEC X7).
+//! decision the engine validates). Failures go through [`rein_core::retry::Failure`], with
+//! a fine class a retry policy's `non_retryable` may name: connect errors (`network`), 408
+//! (`timeout`), 429 (`http_429`) and 5xx (`http_5xx`) commit `http.transient_event`; other
+//! 4xx, 3xx and malformed replies (`bad_reply`, rejected at step `parse`, e.g. a reply
+//! holding a NUL character) commit `http.fatal_event`; a timeout or a lost connection after
+//! the request was sent is in doubt, and `http.reconcile_url` is asked about it by
+//! idempotency key before anything is sent again (SPEC X7). Text quoted from a reply has NUL
+//! replaced with U+FFFD, so one node's bytes cannot make its result unstorable.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use rein_core::EngineEvent;
 use rein_core::definition::HttpSpec;
-use rein_core::retry::ErrorClass;
+use rein_core::retry::{ErrorClass, Failure, kind};
 use serde_json::{Map, Value, json};
 
 use crate::handler::{ActionContext, BoxFuture, NodeHandler, Outcome, Reconciled};
@@ -91,7 +94,11 @@ impl NodeHandler for Http {
             let body = match request_body(&ctx) {
                 Ok(body) => body,
                 Err(message) => {
-                    return fatal(&spec, None, &message, "http_request_too_large");
+                    return fatal(
+                        &spec,
+                        &Failure::fatal(kind::BAD_REQUEST, &message),
+                        "http_request_too_large",
+                    );
                 }
             };
             let request = with_headers(client.post(&spec.url), &ctx).body(body);
@@ -102,9 +109,16 @@ impl NodeHandler for Http {
                     retry_after_s,
                     body,
                 } => outcome_of_reply(&spec, status, retry_after_s, body),
-                Exchange::NotSent(message) => transient(&spec, None, &message, None),
-                Exchange::Refused(message) => fatal(&spec, None, &message, "http_bad_request"),
+                Exchange::NotSent(message) => {
+                    transient(&spec, &Failure::transient(kind::NETWORK, &message))
+                }
+                Exchange::Refused(message) => fatal(
+                    &spec,
+                    &Failure::fatal(kind::BAD_REQUEST, &message),
+                    "http_bad_request",
+                ),
                 Exchange::InDoubt(message) => Outcome::InDoubt(message),
+                Exchange::TimedOut(message) => Outcome::TimedOut(message),
             }
         })
     }
@@ -146,9 +160,10 @@ impl NodeHandler for Http {
                     "reconcile endpoint answered {status}: {}",
                     snippet(&body)
                 )),
-                Exchange::NotSent(m) | Exchange::Refused(m) | Exchange::InDoubt(m) => {
-                    Err(format!("reconcile endpoint: {m}"))
-                }
+                Exchange::NotSent(m)
+                | Exchange::Refused(m)
+                | Exchange::InDoubt(m)
+                | Exchange::TimedOut(m) => Err(format!("reconcile endpoint: {m}")),
             }
         }))
     }
@@ -241,6 +256,8 @@ enum Exchange {
     Refused(String),
     /// Sent, or possibly sent, and no complete answer came back.
     InDoubt(String),
+    /// Sent, and no complete answer came back within the call's `timeout_ms`.
+    TimedOut(String),
 }
 
 async fn exchange(
@@ -278,7 +295,7 @@ async fn exchange(
     tokio::select! {
         exchange = tokio::time::timeout(Duration::from_millis(timeout_ms), call) => match exchange {
             Ok(exchange) => exchange,
-            Err(_) => Exchange::InDoubt(format!(
+            Err(_) => Exchange::TimedOut(format!(
                 "no complete reply within {timeout_ms} ms; the request may have been applied"
             )),
         },
@@ -341,50 +358,50 @@ fn outcome_of_reply(
     retry_after_s: Option<u64>,
     body: Result<Result<Vec<u8>, usize>, String>,
 ) -> Outcome {
-    match ErrorClass::from_http_status(status, retry_after_s) {
+    let bad_reply = |message: &str| {
+        let mut outcome = fatal(
+            spec,
+            &Failure::fatal(kind::BAD_REPLY, &format!("malformed reply: {message}"))
+                .with_status(Some(status)),
+            "http_bad_reply",
+        );
+        // A reply is judged in steps like a decision; a malformed one fails the first.
+        if let Outcome::Events(events) = &mut outcome {
+            for (_, payload) in events {
+                payload["error"]["step"] = "parse".into();
+            }
+        }
+        outcome
+    };
+    let message = format!("node answered {status}: {}", snippet(&body));
+    match Failure::from_http_status(status, retry_after_s, &message) {
         None => match body {
             Ok(Ok(bytes)) => match parse_reply(&bytes) {
                 Ok(Reply::Events(events)) => Outcome::Events(events),
                 Ok(Reply::Decision(decision)) => Outcome::Decision(decision),
-                Err(message) => fatal(
-                    spec,
-                    Some(status),
-                    &format!("malformed reply: {message}"),
-                    "http_bad_reply",
-                ),
+                Err(message) => bad_reply(&message),
             },
-            Ok(Err(size)) => fatal(
-                spec,
-                Some(status),
-                &format!("malformed reply: larger than {REPLY_BYTES_MAX} bytes ({size} seen)"),
-                "http_bad_reply",
-            ),
+            Ok(Err(size)) => bad_reply(&format!(
+                "larger than {REPLY_BYTES_MAX} bytes ({size} seen)"
+            )),
             // The node answered 2xx, so it probably acted; its answer is lost.
             Err(e) => Outcome::InDoubt(format!("reply {status} lost while reading it: {e}")),
         },
-        Some(ErrorClass::Transient { retry_after_ms }) => transient(
-            spec,
-            Some(status),
-            &format!("node answered {status}: {}", snippet(&body)),
-            retry_after_ms,
-        ),
-        Some(ErrorClass::Fatal) => fatal(
-            spec,
-            Some(status),
-            &format!("node answered {status}: {}", snippet(&body)),
-            &format!("http_status_{status}"),
-        ),
-        Some(ErrorClass::InDoubt) => {
-            Outcome::InDoubt(format!("node answered {status}: {}", snippet(&body)))
-        }
+        Some(failure) => match failure.class {
+            ErrorClass::Transient { .. } => transient(spec, &failure),
+            ErrorClass::Fatal => fatal(spec, &failure, &format!("http_status_{status}")),
+            ErrorClass::InDoubt => Outcome::InDoubt(message),
+        },
     }
 }
 
+/// Up to [`ERROR_SNIPPET_BYTES`] of an error reply's body, as storable text: invalid UTF-8
+/// and NUL become U+FFFD.
 fn snippet(body: &Result<Result<Vec<u8>, usize>, String>) -> String {
     match body {
         Ok(Ok(bytes)) => {
             let cut = &bytes[..bytes.len().min(ERROR_SNIPPET_BYTES)];
-            let text = String::from_utf8_lossy(cut).trim().to_owned();
+            let text = rein_core::text::storable(String::from_utf8_lossy(cut).trim());
             if text.is_empty() {
                 "(empty body)".into()
             } else {
@@ -392,46 +409,22 @@ fn snippet(body: &Result<Result<Vec<u8>, usize>, String>) -> String {
             }
         }
         Ok(Err(size)) => format!("(body of {size}+ bytes not read)"),
-        Err(e) => format!("(body lost: {e})"),
+        Err(e) => format!("(body lost: {})", rein_core::text::storable(e)),
     }
 }
 
-fn error_payload(class: &str, status: Option<u16>, message: &str) -> Map<String, Value> {
-    let mut error = Map::new();
-    error.insert("class".into(), class.into());
-    if let Some(status) = status {
-        error.insert("status".into(), status.into());
-    }
-    error.insert("message".into(), message.into());
-    error
+fn transient(spec: &HttpSpec, failure: &Failure) -> Outcome {
+    Outcome::failed(&spec.transient_event, failure)
 }
 
-fn transient(
-    spec: &HttpSpec,
-    status: Option<u16>,
-    message: &str,
-    retry_after_ms: Option<u64>,
-) -> Outcome {
-    let mut error = error_payload(
-        ErrorClass::Transient { retry_after_ms }.name(),
-        status,
-        message,
-    );
-    let mut payload = Map::new();
-    if let Some(ms) = retry_after_ms {
-        error.insert("retry_after_ms".into(), ms.into());
-        payload.insert("retry_after_ms".into(), ms.into());
+fn fatal(spec: &HttpSpec, failure: &Failure, reason: &str) -> Outcome {
+    let mut outcome = Outcome::failed(&spec.fatal_event, failure);
+    if let Outcome::Events(events) = &mut outcome {
+        for (_, payload) in events {
+            payload["reason"] = reason.into();
+        }
     }
-    payload.insert("error".into(), Value::Object(error));
-    Outcome::event(&spec.transient_event, Value::Object(payload))
-}
-
-fn fatal(spec: &HttpSpec, status: Option<u16>, message: &str, reason: &str) -> Outcome {
-    let error = error_payload(ErrorClass::Fatal.name(), status, message);
-    Outcome::event(
-        &spec.fatal_event,
-        json!({ "error": error, "reason": reason }),
-    )
+    outcome
 }
 
 /// A well-formed 2xx reply.
@@ -445,6 +438,11 @@ pub enum Reply {
 pub fn parse_reply(bytes: &[u8]) -> Result<Reply, String> {
     let value: Value =
         serde_json::from_slice(bytes).map_err(|e| format!("reply is not JSON: {e}"))?;
+    if let Some(at) = rein_core::text::nul_at(&value) {
+        return Err(format!(
+            "the reply holds a NUL character (\\u0000) at {at}, which cannot be stored"
+        ));
+    }
     let Value::Object(mut reply) = value else {
         return Err("reply must be a JSON object".into());
     };
@@ -593,6 +591,41 @@ mod tests {
             "x".repeat(rein_core::limits::EVENT_PAYLOAD_BYTES_MAX)
         );
         assert!(parse_reply(big.as_bytes()).unwrap_err().contains("bytes"));
+    }
+
+    #[test]
+    fn a_nul_is_refused_in_a_reply_and_replaced_in_a_quoted_error_body() {
+        for reply in [
+            &br#"{"events":[{"type":"A","payload":{"x":"a\u0000b"}}]}"#[..],
+            br#"{"decision":{"decision":"A","reason":"\u0000"}}"#,
+        ] {
+            let err = parse_reply(reply).expect_err("refused");
+            assert!(err.contains("NUL character"), "{err}");
+        }
+        let err =
+            parse_reply(br#"{"events":[{"type":"A","payload":{"x":"a\u0000b"}}]}"#).unwrap_err();
+        assert!(err.contains("$.events[0].payload.x"), "{err}");
+        let Outcome::Events(events) =
+            outcome_of_reply(&spec(), 500, None, Ok(Ok(b"a\0b".to_vec())))
+        else {
+            panic!("a 500 is an event");
+        };
+        let message = events[0].1["error"]["message"].as_str().unwrap();
+        assert!(message.contains("a\u{FFFD}b"), "{message:?}");
+        assert!(!message.contains('\0'));
+        let Outcome::Events(events) = outcome_of_reply(
+            &spec(),
+            200,
+            None,
+            Ok(Ok(
+                br#"{"events":[{"type":"A","payload":{"x":"\u0000"}}]}"#.to_vec()
+            )),
+        ) else {
+            panic!("a rejected reply is the fatal event");
+        };
+        assert_eq!(events[0].0, "HARD");
+        assert_eq!(events[0].1["error"]["step"], "parse");
+        assert_eq!(events[0].1["reason"], "http_bad_reply");
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use rein_core::decision::{ToolCall, Valid};
+use rein_core::retry::{Failure, LostAttempt, kind as retry_kind};
 use rein_core::{ActionStatus, Definition, EngineEvent, RunState, RunStatus};
 use rein_store::{
     ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, NewEvent, Store, StoreError, Writer,
@@ -384,28 +385,14 @@ async fn committer(inner: Arc<Inner>, mut rx: mpsc::Receiver<CommitJob>) {
             .stats
             .commit_statements
             .fetch_add(1, Ordering::Relaxed);
-        match inner
+        // A statement refused as a whole is retried run by run in there: one run's data
+        // PostgreSQL cannot store never costs the others in the batch their results.
+        let outcomes = inner
             .store
-            .commit_batch(&inner.config.worker_id, &requests)
-            .await
-        {
-            Ok(outcomes) => {
-                for (job, outcome) in jobs.drain(..).zip(outcomes) {
-                    let _ = job.reply.send(Ok(outcome));
-                }
-            }
-            Err(e) => {
-                let message = e.to_string();
-                let transient = e.is_transient();
-                for job in jobs.drain(..) {
-                    let err = if transient {
-                        StoreError::Unreachable(message.clone())
-                    } else {
-                        StoreError::Invalid(message.clone())
-                    };
-                    let _ = job.reply.send(Err(err));
-                }
-            }
+            .commit_runs(&inner.config.worker_id, &requests)
+            .await;
+        for (job, outcome) in jobs.drain(..).zip(outcomes) {
+            let _ = job.reply.send(outcome);
         }
     }
 }
@@ -609,9 +596,10 @@ impl Driver {
         {
             let call_id = slot.call_id.clone().unwrap_or_default();
             if slot.status == ActionStatus::Dispatched {
-                self.commit(vec![NewEvent::new(
-                    EngineEvent::ActionResultInDoubt.as_str(),
-                    json!({ "call_id": call_id, "reason": "found dispatched without a result after takeover" }),
+                self.commit(vec![in_doubt_event(
+                    &call_id,
+                    retry_kind::IN_DOUBT,
+                    "found dispatched without a result after takeover",
                 )])
                 .await?;
             }
@@ -640,13 +628,7 @@ impl Driver {
                     let candidates = with_call_id(candidates, &call_id);
                     self.commit_decision(candidates, Some(&node)).await
                 }
-                Ok(Reconciled::NotApplied) => {
-                    self.commit(vec![NewEvent::new(
-                        EngineEvent::ActionNotApplied.as_str(),
-                        json!({ "call_id": call_id, "by": "reconcile" }),
-                    )])
-                    .await
-                }
+                Ok(Reconciled::NotApplied) => self.not_applied(&slot, &call_id).await,
                 Err(e) => {
                     // Pause before handing the run back, so an endpoint that keeps failing
                     // is not asked again at once by whoever claims it next.
@@ -707,10 +689,17 @@ impl Driver {
             _ = tokio::time::sleep(timeout) => {
                 cancel.cancel();
                 if side_effect {
-                    Some(Outcome::InDoubt("execution timeout after the call was sent".into()))
+                    Some(Outcome::TimedOut(format!(
+                        "execution timeout after {} ms, after the call was sent",
+                        timeout.as_millis()
+                    )))
                 } else {
                     let event = spec.timeout.as_ref().map(|t| t.event.clone()).unwrap_or_default();
-                    Some(Outcome::event(&event, json!({ "reason": "timeout", "error": { "class": "timeout" } })))
+                    let failure = Failure::transient(
+                        retry_kind::TIMEOUT,
+                        &format!("execution timeout after {} ms", timeout.as_millis()),
+                    );
+                    Some(Outcome::event(&event, json!({ "reason": "timeout", "error": failure.to_json() })))
                 }
             }
         };
@@ -734,16 +723,70 @@ impl Driver {
                     .await
             }
             Outcome::InDoubt(reason) => {
-                if !side_effect {
-                    return self.operator_required(&reason).await;
-                }
-                self.commit(vec![NewEvent::new(
-                    EngineEvent::ActionResultInDoubt.as_str(),
-                    json!({ "call_id": call_id, "reason": reason }),
-                )])
-                .await
+                self.answer_lost(side_effect, &call_id, retry_kind::IN_DOUBT, &reason)
+                    .await
+            }
+            Outcome::TimedOut(reason) => {
+                self.answer_lost(side_effect, &call_id, retry_kind::TIMEOUT, &reason)
+                    .await
             }
         }
+    }
+
+    /// No answer came back (`kind` says why): a dispatched call is in doubt; anything else
+    /// was never recorded as sent, so only an operator can tell what happened.
+    async fn answer_lost(
+        &mut self,
+        dispatched: bool,
+        call_id: &str,
+        kind: &str,
+        reason: &str,
+    ) -> Result<(), Stop> {
+        if !dispatched {
+            return self.operator_required(reason).await;
+        }
+        self.commit(vec![in_doubt_event(call_id, kind, reason)])
+            .await
+    }
+
+    /// An in-doubt call its reconcile hook found not applied: recorded, and followed in the
+    /// same commit by the state's failure event, so dispatching it again is a retry on the
+    /// definition's retry path (attempt counted, backoff and Retry-After waited, the
+    /// exhausted path at the end) rather than an immediate re-dispatch.
+    async fn not_applied(
+        &mut self,
+        slot: &rein_core::ActionSlot,
+        call_id: &str,
+    ) -> Result<(), Stop> {
+        let record = NewEvent::new(
+            EngineEvent::ActionNotApplied.as_str(),
+            json!({ "call_id": call_id, "by": "reconcile" }),
+        );
+        // The fine class of why the answer was lost (e.g. `timeout`), as the in-doubt record
+        // kept it.
+        let lost = slot.lost.as_deref().unwrap_or(retry_kind::IN_DOUBT);
+        let failure = Failure::transient(
+            lost,
+            "the call's answer was lost and its reconcile found it not applied",
+        );
+        let mut events = vec![record];
+        if let Some((kind, mut payload)) = rein_core::retry::lost_attempt_event(
+            &self.def,
+            &self.state,
+            (&events[0].kind, &events[0].payload),
+            LostAttempt::NotApplied,
+            &failure,
+        ) {
+            let tool = slot.tool.as_deref();
+            if tool
+                .and_then(|t| self.def.tool(&slot.node, t))
+                .is_some_and(|t| !t.retryable)
+            {
+                payload["error"]["retryable"] = json!(false);
+            }
+            events.push(NewEvent::new(kind, payload).at_node(Some(&slot.node)));
+        }
+        self.commit(events).await
     }
 
     fn context(&self, node: &str, step: u32, action_id: &str, call_id: &str) -> ActionContext {
@@ -813,9 +856,10 @@ impl Driver {
     async fn interrupted(&mut self, dispatched: bool, call_id: &str) -> Result<(), Stop> {
         self.held.inbox_pending.store(true, Ordering::Release);
         if dispatched {
-            self.commit(vec![NewEvent::new(
-                EngineEvent::ActionResultInDoubt.as_str(),
-                json!({ "call_id": call_id, "reason": "cancelled while running" }),
+            self.commit(vec![in_doubt_event(
+                call_id,
+                retry_kind::IN_DOUBT,
+                "cancelled while running",
             )])
             .await?;
         }
@@ -1005,7 +1049,7 @@ impl Driver {
             }
             _ = tokio::time::sleep(timeout) => {
                 cancel.cancel();
-                Outcome::InDoubt(format!("tool `{}` timed out after {} ms", call.tool, timeout.as_millis()))
+                Outcome::TimedOut(format!("tool `{}` timed out after {} ms", call.tool, timeout.as_millis()))
             }
         };
         drop(in_flight);
@@ -1018,16 +1062,21 @@ impl Driver {
                 } else {
                     candidates
                 };
+                let candidates = if call.retryable {
+                    candidates
+                } else {
+                    not_retryable(candidates)
+                };
                 self.commit_decision(candidates, Some(node)).await
             }
-            Outcome::InDoubt(reason) if dispatched => {
-                self.commit(vec![NewEvent::new(
-                    EngineEvent::ActionResultInDoubt.as_str(),
-                    json!({ "call_id": call_id, "reason": reason }),
-                )])
-                .await
+            Outcome::InDoubt(reason) => {
+                self.answer_lost(dispatched, &call_id, retry_kind::IN_DOUBT, &reason)
+                    .await
             }
-            Outcome::InDoubt(reason) => self.operator_required(&reason).await,
+            Outcome::TimedOut(reason) => {
+                self.answer_lost(dispatched, &call_id, retry_kind::TIMEOUT, &reason)
+                    .await
+            }
             Outcome::Decision(_) => {
                 self.operator_required(&format!(
                     "tool `{}` answered with a decision; tools answer with events",
@@ -1042,7 +1091,7 @@ impl Driver {
         error!(run_id = %self.run_id, state = %self.state.state, reason, "run needs an operator");
         self.commit(vec![NewEvent::new(
             EngineEvent::OperatorRequired.as_str(),
-            json!({ "reason": reason }),
+            json!({ "reason": rein_core::text::storable(reason) }),
         )])
         .await
     }
@@ -1311,6 +1360,30 @@ fn externalize(
         out.push(e);
     }
     Ok((out, blobs))
+}
+
+/// ACTION_RESULT_IN_DOUBT of `call_id`, with why the answer was lost as its error (class
+/// `in_doubt`, fine class `kind`).
+fn in_doubt_event(call_id: &str, kind: &str, reason: &str) -> NewEvent {
+    let failure = Failure::in_doubt(kind, reason);
+    NewEvent::new(
+        EngineEvent::ActionResultInDoubt.as_str(),
+        json!({ "call_id": call_id, "reason": failure.message, "error": failure.to_json() }),
+    )
+}
+
+/// The failures among a tool's result candidates, marked not retryable: the tool declares
+/// `retryable = false` (SPEC X6), so its run takes the exhausted path, not a retry.
+fn not_retryable(candidates: Vec<(String, Value)>) -> Vec<(String, Value)> {
+    candidates
+        .into_iter()
+        .map(|(kind, mut payload)| {
+            if let Some(Value::Object(error)) = payload.get_mut("error") {
+                error.insert("retryable".into(), Value::Bool(false));
+            }
+            (kind, payload)
+        })
+        .collect()
 }
 
 fn with_call_id(candidates: Vec<(String, Value)>, call_id: &str) -> Vec<(String, Value)> {

@@ -621,3 +621,339 @@ async fn http_decision_reply_is_validated_and_a_bad_one_is_recorded_not_obeyed()
     );
     assert_replays(&store, run).await;
 }
+
+/// The example definition with its top-level `[retry]` policy replaced by `policy`.
+fn with_retry_policy(text: &str, policy: &str) -> String {
+    let start = text.find("[retry]\n").expect("a [retry] table");
+    let end = start + text[start..].find("\n\n").expect("the table's end");
+    format!("{}[retry]\n{policy}{}", &text[..start], &text[end..])
+}
+
+/// Waits (up to `LONG`) until the run is terminal or needs an operator. On timeout it fails
+/// with what the run did meanwhile: how many events, at which attempt, and their types.
+async fn settle_or_report(store: &Store, run: Uuid) -> rein_store::RunRow {
+    let deadline = Instant::now() + LONG;
+    loop {
+        let row = store.run(run).await.expect("run");
+        if row.status == "terminal" || row.status == "needs_operator" {
+            return row;
+        }
+        if Instant::now() >= deadline {
+            let types = event_types(store, run).await;
+            panic!(
+                "run {run} still {} in {} after {LONG:?}: {} events, attempt {}: {types:?}",
+                row.status,
+                row.state,
+                types.len(),
+                row.projection.attempt
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One run of the example definition (as `edit` changes it) whose ACTING node answers
+/// `script`, driven by a worker and a scheduler until it settles.
+struct Settled {
+    server: NodeServer,
+    store: Store,
+    def: Definition,
+    run: Uuid,
+    row: rein_store::RunRow,
+}
+
+async fn settle_one(name: &str, script: Value, edit: impl FnOnce(&str) -> String) -> Settled {
+    let server = NodeServer::start(name);
+    server.script("ACTING", script).await;
+    let store = store(&format!("http_node_{name}")).await;
+    let def = register(&store, &edit(&definition_text(&server))).await;
+    let run = enqueue(&store, &def).await;
+    let fleet = Fleet::start(&store);
+    let row = settle_or_report(&store, run).await;
+    fleet.stop().await;
+    Settled {
+        server,
+        store,
+        def,
+        run,
+        row,
+    }
+}
+
+/// SPEC X7, R1: a side-effect call that always times out after it was sent, and that its
+/// reconcile hook finds not applied, is retried on the definition's own retry path — each
+/// re-dispatch a counted attempt after its backoff — and ends on the exhausted path after
+/// `max_retries` retries, with a bounded log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_keeps_timing_out_and_is_not_applied_is_retried_with_backoff_until_exhausted() {
+    // More hanging calls than the run may make; ACTING gives up on each after 400 ms.
+    let Settled {
+        server,
+        store,
+        def,
+        run,
+        row,
+    } = settle_one(
+        "not_applied",
+        json!(vec![json!({ "hang_ms": 2000 }); 8]),
+        |text| short_acting_timeout(text, true),
+    )
+    .await;
+
+    let history = store.history(run).await.expect("history");
+    let types: Vec<&str> = history.iter().map(|e| e.kind.as_str()).collect();
+    let policy = def.retry_policy("RETRY_WAIT").clone();
+    assert_eq!(policy.max_retries, 3);
+    assert_eq!(row.state, "FAILED", "{types:?}");
+    assert_eq!(row.terminal_reason.as_deref(), Some("retries_exhausted"));
+    assert_eq!(
+        row.projection.attempt, 3,
+        "every re-dispatch was a counted retry"
+    );
+    let count = |kind: &str| types.iter().filter(|t| **t == kind).count();
+    assert_eq!(count("ACTION_NOT_APPLIED"), 4, "{types:?}");
+    assert_eq!(count("TOOL_RETRYABLE_FAILED"), 4, "{types:?}");
+    assert_eq!(count("RETRY_DUE"), 3, "{types:?}");
+    assert_eq!(count("RETRY_EXHAUSTED"), 1, "{types:?}");
+    // INTAKE and PLANNING (2 each), four attempts of ACTING (dispatched, in doubt, not
+    // applied, failed), three retries and the end.
+    assert_eq!(history.len(), 4 + 4 * 4 + 3 + 1, "{types:?}");
+    for failed in history.iter().filter(|e| e.kind == "TOOL_RETRYABLE_FAILED") {
+        let prior = &history[failed.sequence as usize - 2];
+        assert_eq!(prior.kind, "ACTION_NOT_APPLIED", "{types:?}");
+        assert_eq!(failed.payload["reason"], "not_applied");
+        assert_eq!(failed.payload["error"]["class"], "transient");
+        assert_eq!(
+            failed.payload["error"]["kind"], "timeout",
+            "why it was lost"
+        );
+    }
+    // Each re-dispatch waited its backoff (at least the policy's lower bound) by the
+    // database clock.
+    for (attempt, due) in history.iter().filter(|e| e.kind == "RETRY_DUE").enumerate() {
+        let failed = &history[due.sequence as usize - 2];
+        assert_eq!(failed.kind, "TOOL_RETRYABLE_FAILED");
+        let waited = (due.occurred_at - failed.occurred_at).num_milliseconds();
+        let least = policy.backoff_ms(attempt as u32, 0.0) as i64;
+        assert!(
+            waited >= least,
+            "retry {attempt} waited {waited} ms, less than its backoff of {least} ms"
+        );
+    }
+    let requests = server.requests().await;
+    assert_eq!(
+        node_calls(&requests, "ACTING").len(),
+        4,
+        "1 try + 3 retries"
+    );
+    assert!(
+        requests
+            .iter()
+            .filter(|r| r["path"] == "/reconcile")
+            .count()
+            >= 4,
+        "each lost answer was reconciled before the next dispatch"
+    );
+    assert_replays(&store, run).await;
+}
+
+/// Replays the recorded log up to its exhausted event, then offers the scheduler's retry in
+/// its place with the very inputs the exhausted event recorded (`retry.elapsed_ms`): the
+/// reducer refuses it for the same reason, so replay decides as the run did (SPEC R1).
+async fn replay_refuses_the_retry_in_place_of(store: &Store, def: &Definition, run: Uuid) {
+    let history = store.history(run).await.expect("history");
+    let at = history
+        .iter()
+        .position(|e| e.kind == "RETRY_EXHAUSTED")
+        .expect("an exhausted event");
+    let exhausted = &history[at];
+    // The input `enqueue` gave the run.
+    let input = json!({ "query": "fencing tokens" });
+    let events: Vec<rein_core::Event> = history[..at].iter().map(|e| e.as_event()).collect();
+    let before = rein_core::replay(def, rein_core::RunState::initial(def, input), events.iter())
+        .expect("the log replays");
+    let retry = rein_core::Event::new(
+        exhausted.sequence as u64,
+        "RETRY_DUE",
+        json!({ "retry": exhausted.payload["retry"] }),
+    );
+    let refused = rein_core::apply(def, &before, &retry).expect_err("the retry is refused");
+    let why = exhausted.payload["reason"].as_str().expect("a reason");
+    assert_eq!(refused.reason.code(), "retry_refused", "{refused}");
+    assert_eq!(refused.reason.to_string(), format!("no retry: {why}"));
+}
+
+/// SPEC R1, R2: a policy that names a fine error class (`http_429`) as non-retryable takes
+/// the exhausted path at the first 429, with no second call; replay decides the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_retryable_http_429_takes_the_exhausted_path_without_a_retry() {
+    let Settled {
+        server,
+        store,
+        def,
+        run,
+        row,
+    } = settle_one(
+        "non_retryable",
+        json!([{ "status": 429, "retry_after": "1" }]),
+        |text| {
+            with_retry_policy(
+                text,
+                "max_retries = 3\ninitial_interval_ms = 200\nnon_retryable = [\"http_429\"]\n",
+            )
+        },
+    )
+    .await;
+
+    let types = event_types(&store, run).await;
+    assert_eq!(row.state, "FAILED", "{types:?}");
+    assert_eq!(row.terminal_reason.as_deref(), Some("not_retryable"));
+    let failed = events_of(&store, run, "TOOL_RETRYABLE_FAILED").await;
+    assert_eq!(failed.len(), 1, "{types:?}");
+    assert_eq!(failed[0].payload["error"]["class"], "transient");
+    assert_eq!(failed[0].payload["error"]["kind"], "http_429");
+    assert!(!types.iter().any(|t| t == "RETRY_DUE"), "{types:?}");
+    let requests = server.requests().await;
+    assert_eq!(node_calls(&requests, "ACTING").len(), 1, "no retry call");
+    assert_replays(&store, run).await;
+    replay_refuses_the_retry_in_place_of(&store, &def, run).await;
+}
+
+/// SPEC R1: once `deadline_ms` has passed since the action's first try (by the database
+/// clock), no retry is started: the exhausted path is taken although retries are left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_retry_starts_after_the_policy_deadline() {
+    // First retry after 400 ms (inside the deadline), the second would be 1200 ms later.
+    let Settled {
+        server,
+        store,
+        def,
+        run,
+        row,
+    } = settle_one("deadline", json!(vec![json!({ "status": 503 }); 6]), |text| {
+        with_retry_policy(
+            text,
+            "max_retries = 5\ninitial_interval_ms = 400\nbackoff_factor = 3.0\ndeadline_ms = 1000\n",
+        )
+    })
+    .await;
+
+    let types = event_types(&store, run).await;
+    assert_eq!(row.state, "FAILED", "{types:?}");
+    assert_eq!(
+        row.terminal_reason.as_deref(),
+        Some("retry_deadline_passed")
+    );
+    let due = events_of(&store, run, "RETRY_DUE").await;
+    assert_eq!(due.len(), 1, "{types:?}");
+    let inside = due[0].payload["retry"]["elapsed_ms"]
+        .as_u64()
+        .expect("recorded");
+    assert!((400..1000).contains(&inside), "retry at {inside} ms");
+    let exhausted = events_of(&store, run, "RETRY_EXHAUSTED").await;
+    let past = exhausted[0].payload["retry"]["elapsed_ms"]
+        .as_u64()
+        .expect("recorded");
+    assert!(past >= 1000, "gave up at {past} ms");
+    assert_eq!(row.projection.attempt, 1, "retries were left");
+    let requests = server.requests().await;
+    assert_eq!(node_calls(&requests, "ACTING").len(), 2);
+    assert_replays(&store, run).await;
+    replay_refuses_the_retry_in_place_of(&store, &def, run).await;
+}
+
+/// A run's data for `runs_at_once`: each run gets its own query so they can be told apart.
+async fn enqueue_many(store: &Store, def: &Definition, n: usize) -> Vec<Uuid> {
+    let mut runs = Vec::new();
+    for i in 0..n {
+        runs.push(
+            store
+                .enqueue(EnqueueRequest::new(
+                    def.clone(),
+                    json!({ "query": format!("q{i}") }),
+                ))
+                .await
+                .expect("enqueue")
+                .run_id,
+        );
+    }
+    runs
+}
+
+/// The example definition with every `reconcile_url` removed: a result lost by the engine
+/// would leave its run waiting for an operator, for everyone to see.
+fn without_reconcile(text: &str) -> String {
+    text.lines()
+        .filter(|l| !l.starts_with("reconcile_url"))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// One node answering 500 with a NUL byte in its body costs no run its result: the failure
+/// quotes the body with U+FFFD in place of NUL, and every other run of the batch, whose nodes
+/// answered 200, gets its own result; nobody's lease lapses, nobody needs an operator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_byte_in_one_error_reply_costs_no_run_its_result() {
+    let server = NodeServer::start("nul_reply");
+    server
+        .script("ACTING", json!([{ "status": 500, "raw": "a\u{0}b" }]))
+        .await;
+    let store = store("http_node_nul_reply").await;
+    let def = register(&store, &without_reconcile(&definition_text(&server))).await;
+    let runs = enqueue_many(&store, &def, 7).await;
+    let fleet = Fleet::start(&store);
+    let mut rows = Vec::new();
+    for run in &runs {
+        rows.push(settle_or_report(&store, *run).await);
+    }
+    fleet.stop().await;
+
+    let mut quoted = 0;
+    for (run, row) in runs.iter().zip(&rows) {
+        let types = event_types(&store, *run).await;
+        assert_eq!(row.state, "SUCCEEDED", "run {run}: {types:?}");
+        assert!(
+            !types
+                .iter()
+                .any(|t| t == "LEASE_EXPIRED" || t == "ACTION_RESULT_IN_DOUBT"),
+            "run {run} lost a result: {types:?}"
+        );
+        for failed in events_of(&store, *run, "TOOL_RETRYABLE_FAILED").await {
+            let message = failed.payload["error"]["message"].as_str().unwrap();
+            assert!(message.contains("a\u{FFFD}b"), "{message:?}");
+            assert_eq!(failed.payload["error"]["kind"], "http_5xx");
+            quoted += 1;
+        }
+        assert_replays(&store, *run).await;
+    }
+    assert_eq!(quoted, 1, "the one 500 was recorded with its body");
+}
+
+/// A node reply whose JSON holds `\u0000` (which PostgreSQL cannot store) is a rejected
+/// reply, at step `parse`: the state's fatal event records why, and nothing else breaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_holding_a_nul_character_is_rejected_at_step_parse() {
+    let reply =
+        r#"{"events":[{"type":"TOOL_SUCCEEDED","payload":{"result":{"note":"a\u0000b"}}}]}"#;
+    let Settled {
+        store, run, row, ..
+    } = settle_one(
+        "nul_json",
+        json!([{ "status": 200, "raw": reply }]),
+        without_reconcile,
+    )
+    .await;
+
+    let types = event_types(&store, run).await;
+    assert_eq!(row.state, "FAILED", "{types:?}");
+    assert_eq!(row.terminal_reason.as_deref(), Some("http_bad_reply"));
+    let fatal = events_of(&store, run, "TOOL_FATAL_FAILED").await;
+    assert_eq!(fatal.len(), 1, "{types:?}");
+    assert_eq!(fatal[0].payload["error"]["step"], "parse");
+    let message = fatal[0].payload["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("NUL") && message.contains("$.events[0].payload.result.note"),
+        "{message}"
+    );
+    assert_replays(&store, run).await;
+}

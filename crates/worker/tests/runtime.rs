@@ -585,6 +585,9 @@ async fn lease_expired_while_action_runs_fences_the_old_worker() {
         EngineEvent::LeaseExpired.as_str().to_owned(),
         EngineEvent::ActionResultInDoubt.as_str().to_owned()
     ]));
+    // B finds A's call not applied: dispatching it again is a retry, which takes the
+    // definition's retry path (its backoff fired by a scheduler).
+    let (sched_stop, sched_task) = background_scheduler(&store);
     let b = Running::start(
         &store,
         config("worker-b", 10_000),
@@ -593,6 +596,16 @@ async fn lease_expired_while_action_runs_fences_the_old_worker() {
     wait_state(&store, run, "done").await;
     let (who, _) = recv(&mut started, "worker B's call").await;
     assert_eq!(who, "worker-b");
+    let types = event_types(&store, run).await;
+    let not_applied = types
+        .iter()
+        .position(|t| t == "ACTION_NOT_APPLIED")
+        .expect("B reconciled A's call");
+    assert_eq!(
+        &types[not_applied + 1..not_applied + 3],
+        ["transient_error", "retry"],
+        "{types:?}"
+    );
 
     // A's call finally returns: its commit is refused and its action cancelled.
     assert!(!cancel_a.is_cancelled());
@@ -611,6 +624,8 @@ async fn lease_expired_while_action_runs_fences_the_old_worker() {
     .await;
     a.stop().await;
     b.stop().await;
+    sched_stop.cancel();
+    sched_task.await.expect("scheduler task");
 
     assert_eq!(
         effects(&store, run).await,
