@@ -12,12 +12,14 @@ mod blobs;
 mod commit;
 mod error;
 mod gauges;
+pub mod input;
 mod leader;
 pub mod metrics;
 mod operate;
 mod reads;
 mod retention;
 mod send;
+mod sender;
 mod sim;
 mod tokens;
 mod why;
@@ -42,9 +44,10 @@ pub use operate::Member;
 pub use reads::{DefinitionRow, EventTime, RunFilter, RunRow, StoredEvent};
 pub use retention::{ARCHIVE_BATCH_MAX, ArchiveCandidates, ArchivedBatch, EventsTableSize};
 pub use send::{
-    EnqueueRequest, Enqueued, INBOX_TTL_MS_DEFAULT, InboxEntry, SendOutcome, jitter_from,
-    plan_inbox,
+    ClientKey, EnqueueRequest, Enqueued, INBOX_TTL_MS_DEFAULT, InboxEntry, SendOutcome,
+    jitter_from, plan_inbox, sent_event_id,
 };
+pub use sender::{SENDER_BYTES_MAX, Sender};
 pub use tokens::{SCOPES, SUBJECT_BYTES_MAX, Scope, TokenInfo, check_token_request};
 pub use why::{
     HEARTBEAT_FRESH_MS, WHY_ROWS_MAX, WhyAction, WhyApproval, WhyEvent, WhyFacts, WhyFleet,
@@ -253,6 +256,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let body =
             serde_json::to_value(def.spec()).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        input::check_json("definition", &body)?;
         let inserted = sqlx::query(
             "INSERT INTO rein_definitions (name, version, hash, body) VALUES ($1, $2, $3, $4)
              ON CONFLICT (name, version) DO NOTHING",
@@ -349,6 +353,7 @@ pub(crate) async fn load_definition_with<'e>(
     name: &str,
     version: Option<u32>,
 ) -> Result<rein_core::Definition, StoreError> {
+    input::check_text("definition", name)?;
     let body: Option<serde_json::Value> = sqlx::query_scalar(
         "SELECT body FROM rein_definitions
          WHERE name = $1 AND ($2::int IS NULL OR version = $2)
