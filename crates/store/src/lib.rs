@@ -239,10 +239,21 @@ impl Store {
         Ok(())
     }
 
+    /// Registers every built-in this binary ships. A version the database already holds with
+    /// another body (registered by an older binary, before the built-in gained a field) is
+    /// kept as stored, with a warning: runs of it replay against the body they started with,
+    /// and the schema can still be upgraded.
     async fn register_builtins(&self) -> Result<(), StoreError> {
         for (name, _) in rein_core::builtin::ALL {
             if let Some(Ok(def)) = rein_core::builtin::load(name) {
-                self.register_definition(&def).await?;
+                match self.register_definition(&def).await {
+                    Ok(_) => {}
+                    Err(StoreError::DefinitionConflict { name, version }) => {
+                        tracing::warn!(definition = %name, version,
+                            "built-in definition is stored with an older body; keeping it as stored");
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
         Ok(())

@@ -526,3 +526,41 @@ async fn text_with_a_nul_character_is_refused_by_name_before_the_database() {
     );
     assert!(store.history(run).await.unwrap().is_empty());
 }
+
+/// A database whose built-ins were registered before they declared `external_events` still
+/// migrates, keeps the bodies its runs started with, and those bodies still keep outside
+/// callers to what their runs wait for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn built_ins_stored_before_their_external_events_still_migrate_and_guard() {
+    let store = store("senders_old_builtins").await;
+    sqlx::query(
+        "UPDATE rein_definitions SET body = body - 'external_events', hash = 'stored-before'
+         WHERE name IN ('lifecycle', 'research-agent') AND version = 1",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    store
+        .migrate()
+        .await
+        .expect("migrate keeps the stored bodies");
+    let hash: String = sqlx::query_scalar(
+        "SELECT hash FROM rein_definitions WHERE name = 'lifecycle' AND version = 1",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(hash, "stored-before");
+    let stored = store.load_definition("lifecycle", Some(1)).await.unwrap();
+    assert!(stored.spec().external_events.is_none());
+    let run = run_of(&store, &stored, json!({})).await;
+    send(&store, run, "start", json!({}), &engine()).await;
+    let sent = store
+        .send(run, "complete", json!({}), &alice(), 60_000)
+        .await;
+    assert_not_allowed(sent, "complete", "call result");
+    let sent = store
+        .send(run, "dependency_resolved", json!({}), &alice(), 60_000)
+        .await;
+    assert!(matches!(sent, Ok(SendOutcome::Queued { .. })), "{sent:?}");
+}
