@@ -18,7 +18,7 @@ use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 use rein_core::Definition;
 use rein_devdb::{DevDbError, PrivatePostgres};
-use rein_store::{AuditReport, EnqueueRequest, Store, counters};
+use rein_store::{AuditReport, EnqueueRequest, Sender, Store, counters};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -957,8 +957,13 @@ impl<'a> Harness<'a> {
             let payload = json!({ "approver": "chaos", "reason": if deny { "denied by the chaos approver" } else { "granted" } });
             let sent = tokio::time::timeout(
                 QUERY_TIMEOUT,
-                self.store
-                    .send(row.run_id, event, payload, "chaos-approver", 60_000),
+                self.store.send(
+                    row.run_id,
+                    event,
+                    payload,
+                    &Sender::Approver("chaos-approver".into()),
+                    60_000,
+                ),
             )
             .await;
             if matches!(sent, Ok(Ok(_))) {
@@ -1495,7 +1500,7 @@ async fn workload(store: &Store, runs: u64) -> Result<Vec<EnqueueRequest>, rein_
                 (false, true) => &research_expiring,
             };
             let mut request = EnqueueRequest::new(def.clone(), json!({ "sim": sim }));
-            request.client_key = Some(format!("chaos-{i}"));
+            request.client_key = Some(rein_store::ClientKey::new("chaos", format!("chaos-{i}")));
             request
         })
         .collect())

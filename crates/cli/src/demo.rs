@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use rein_scheduler::{Scheduler, SchedulerConfig};
-use rein_store::{EnqueueRequest, Store, counters};
+use rein_store::{EnqueueRequest, Sender, Store, counters};
 use rein_worker::{Worker, WorkerConfig};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -225,7 +225,13 @@ async fn drive(args: &DemoArgs, url: &str, store: &Store, api: &DemoApi) -> u8 {
                 };
                 let payload = json!({ "approver": "demo-approver", "reason": if deny { "denied by the demo approver" } else { "granted" } });
                 if store
-                    .send(row.run_id, event, payload, "demo-approver", 60_000)
+                    .send(
+                        row.run_id,
+                        event,
+                        payload,
+                        &Sender::Approver("demo-approver".into()),
+                        60_000,
+                    )
                     .await
                     .is_ok()
                 {
@@ -242,7 +248,7 @@ async fn drive(args: &DemoArgs, url: &str, store: &Store, api: &DemoApi) -> u8 {
                     run,
                     "CANCEL",
                     json!({ "reason": "cancelled by the demo" }),
-                    "demo-operator",
+                    &Sender::outside("demo-operator"),
                     60_000,
                 )
                 .await

@@ -28,7 +28,7 @@ pub mod exit {
     pub const OK: u8 = 0;
     /// Usage or input error.
     pub const INPUT: u8 = 1;
-    /// Refused: invalid transition, fenced.
+    /// Refused: invalid transition, fenced, a conflict, an event the sender may not send.
     pub const REFUSED: u8 = 2;
     /// Database, API or Redis unreachable or failing, or the schema too old or too new.
     pub const DATABASE: u8 = 3;

@@ -118,8 +118,17 @@ pub struct SendArgs {
     #[arg(long, default_value = "{}")]
     payload: String,
     /// Who sends it (recorded with the event; through the API, the token's subject is).
-    #[arg(long, default_value = "cli")]
+    #[arg(
+        long = "as",
+        alias = "sender",
+        env = "REIN_OPERATOR",
+        default_value = "cli"
+    )]
     sender: String,
+    /// Idempotency key: sending again with the same key returns what became of the first
+    /// send instead of applying the event twice.
+    #[arg(long)]
+    key: Option<String>,
     /// Print `{"outcome", "sequence", "inbox_id"}`.
     #[arg(long)]
     json: bool,
@@ -496,7 +505,12 @@ pub async fn send(args: SendArgs) -> u8 {
         Err(code) => return code,
     };
     let sent = backend
-        .send(args.run, &args.event, payload, &args.sender)
+        .send(
+            args.run,
+            (&args.event, payload),
+            &args.sender,
+            args.key.as_deref(),
+        )
         .await;
     answer(sent, args.json, |sent| {
         say_sent(
@@ -529,7 +543,9 @@ pub async fn cancel(args: CancelArgs) -> u8 {
         Err(code) => return code,
     };
     let payload = json!({ "reason": args.reason, "by": args.by });
-    let sent = backend.send(args.run, "CANCEL", payload, &args.by).await;
+    let sent = backend
+        .send(args.run, ("CANCEL", payload), &args.by, None)
+        .await;
     answer(sent, args.json, |sent| {
         say_sent(
             sent,
@@ -695,6 +711,7 @@ pub async fn resolve(args: ResolveArgs) -> u8 {
         return exit::REFUSED;
     };
     let sender = format!("operator:{}", args.by);
+    let operator = rein_store::Sender::Operator(sender.clone());
     let event = match (args.resolution, args.event.as_deref()) {
         (Resolution::NotApplied, None) => {
             payload = json!({ "call_id": call_id, "by": sender });
@@ -721,7 +738,7 @@ pub async fn resolve(args: ResolveArgs) -> u8 {
             args.run,
             &event,
             payload,
-            &sender,
+            &operator,
             rein_store::INBOX_TTL_MS_DEFAULT,
         )
         .await
@@ -825,16 +842,17 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
                 return exit::OK;
             }
             println!(
-                "{:>5}  {:<26}  {:>5}  {:<28}  occurred_at",
-                "seq", "type", "token", "worker"
+                "{:>5}  {:<26}  {:>5}  {:<28}  {:<28}  occurred_at",
+                "seq", "type", "token", "worker", "sender"
             );
             for e in events.as_array().into_iter().flatten() {
                 println!(
-                    "{:>5}  {:<26}  {:>5}  {:<28}  {}",
+                    "{:>5}  {:<26}  {:>5}  {:<28}  {:<28}  {}",
                     cell(e, "sequence"),
                     text(e, "type"),
                     cell(e, "token"),
                     text(e, "worker"),
+                    cell(e, "sender"),
                     text(e, "occurred_at")
                 );
             }

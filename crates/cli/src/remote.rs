@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use rein_core::Format;
-use rein_store::{RunFilter, Store};
+use rein_store::{RunFilter, Sender, Store};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -21,6 +21,8 @@ use crate::{DbArgs, exit, ops};
 const URL_BYTES_MAX: usize = 2048;
 /// Largest response body read from the API.
 const RESPONSE_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Who a client key belongs to when the CLI enqueues on the database itself.
+pub const DB_CALLER: &str = "cli";
 /// The response header naming the next page of `GET /v1/runs`.
 pub const NEXT_CURSOR: &str = "rein-next-cursor";
 
@@ -77,9 +79,11 @@ impl Backend {
         matches!(self, Backend::Api(_))
     }
 
+    /// Creates a run. A client key belongs to the caller: the token's subject through the
+    /// API, [`DB_CALLER`] on the database.
     pub async fn enqueue(&self, body: EnqueueBody, key: Option<String>) -> Result<Value, ApiError> {
         match self {
-            Backend::Db(store) => to_value(service::enqueue(store, body, key).await?),
+            Backend::Db(store) => to_value(service::enqueue(store, body, key, DB_CALLER).await?),
             Backend::Api(c) => {
                 let mut request = c
                     .request(reqwest::Method::POST, &["v1", "runs"])
@@ -149,23 +153,35 @@ impl Backend {
         }
     }
 
-    /// Sends `kind` to the run. Through the API the sender is the token's subject.
+    /// Sends `kind` to the run as an outside caller. Through the API the sender is the
+    /// token's subject and its scopes say whether it may send an approval event; on the
+    /// database it is `sender`, who may (database access holds every right). With `key`, a
+    /// repeat returns what became of the first send.
     pub async fn send(
         &self,
         run: Uuid,
-        kind: &str,
-        payload: Value,
+        (kind, payload): (&str, Value),
         sender: &str,
+        key: Option<&str>,
     ) -> Result<Value, ApiError> {
         match self {
-            Backend::Db(store) => to_value(service::send(store, run, kind, payload, sender).await?),
+            Backend::Db(store) => {
+                let sender = Sender::Outside {
+                    name: sender.to_owned(),
+                    may_approve: true,
+                };
+                to_value(service::send(store, run, kind, payload, &sender, key).await?)
+            }
             Backend::Api(c) => {
-                let request = c
+                let mut request = c
                     .request(
                         reqwest::Method::POST,
                         &["v1", "runs", &run.to_string(), "events"],
                     )
                     .json(&json!({ "type": kind, "payload": payload }));
+                if let Some(key) = key {
+                    request = request.header("idempotency-key", key);
+                }
                 c.send(request).await.map(|(v, _)| v)
             }
         }
@@ -438,7 +454,7 @@ pub fn fail(e: &ApiError) -> u8 {
 
 pub fn exit_code(code: &str) -> u8 {
     match code {
-        "invalid_transition" | "fenced" | "conflict" => exit::REFUSED,
+        "invalid_transition" | "fenced" | "conflict" | "event_not_allowed" => exit::REFUSED,
         "unavailable" | "internal" => exit::DATABASE,
         "unauthorized" | "forbidden" => exit::AUTH,
         _ => exit::INPUT,

@@ -6,8 +6,8 @@
 use chrono::{DateTime, Utc};
 use rein_core::{Definition, Format, GuardRegistry};
 use rein_store::{
-    Approval, DefinitionRow, EnqueueRequest, INBOX_TTL_MS_DEFAULT, Member, RunFilter, SendOutcome,
-    Store, StoreError, StoredEvent,
+    Approval, ClientKey, DefinitionRow, EnqueueRequest, INBOX_TTL_MS_DEFAULT, Member, RunFilter,
+    SendOutcome, Sender, Store, StoreError, StoredEvent,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -203,16 +203,18 @@ pub fn approver(name: &str) -> Result<&str, String> {
 
 // ---- operations ---------------------------------------------------------------------------
 
-/// Creates a run (or finds the one `key` already created).
+/// Creates a run (or finds the one `caller`'s `key` already created for this same body).
 pub async fn enqueue(
     store: &Store,
     body: EnqueueBody,
     key: Option<String>,
+    caller: &str,
 ) -> Result<EnqueueResponse, ApiError> {
     let definition = name("definition", Some(body.definition))?.unwrap_or_default();
     let def = store.load_definition(&definition, body.version).await?;
     let mut request = EnqueueRequest::new(def, body.input);
-    request.client_key = key;
+    request.version_asked = body.version;
+    request.client_key = key.map(|key| ClientKey::new(caller, key));
     if let Some(queue) = name("queue", body.queue)? {
         request.queue = queue;
     }
@@ -262,32 +264,41 @@ pub async fn history(store: &Store, run_id: Uuid) -> Result<Vec<StoredEvent>, Ap
     Ok(store.history(run_id).await?)
 }
 
-/// Sends an event from outside: applied now, or queued in the run's inbox.
+/// Sends an event from outside: applied now, or queued in the run's inbox. With `key`, a
+/// repeat returns what became of the first send instead of applying it again.
 pub async fn send(
     store: &Store,
     run_id: Uuid,
     kind: &str,
     payload: Value,
-    sender: &str,
+    sender: &Sender,
+    key: Option<&str>,
 ) -> Result<SendResponse, ApiError> {
     name("type", Some(kind.to_owned()))?;
-    Ok(
-        match store
-            .send(run_id, kind, payload, sender, INBOX_TTL_MS_DEFAULT)
-            .await?
-        {
-            SendOutcome::Applied { sequence } => SendResponse {
-                outcome: "applied".to_owned(),
-                sequence: Some(sequence),
-                inbox_id: None,
-            },
-            SendOutcome::Queued { inbox_id } => SendResponse {
-                outcome: "queued".to_owned(),
-                sequence: None,
-                inbox_id: Some(inbox_id),
-            },
+    let sent = match key {
+        Some(key) => {
+            store
+                .send_once(run_id, kind, payload, sender, key, INBOX_TTL_MS_DEFAULT)
+                .await?
+        }
+        None => {
+            store
+                .send(run_id, kind, payload, sender, INBOX_TTL_MS_DEFAULT)
+                .await?
+        }
+    };
+    Ok(match sent {
+        SendOutcome::Applied { sequence } => SendResponse {
+            outcome: "applied".to_owned(),
+            sequence: Some(sequence),
+            inbox_id: None,
         },
-    )
+        SendOutcome::Queued { inbox_id } => SendResponse {
+            outcome: "queued".to_owned(),
+            sequence: None,
+            inbox_id: Some(inbox_id),
+        },
+    })
 }
 
 /// A new run like a finished one, linked to it (SPEC E6); conflict while it runs.

@@ -3,69 +3,11 @@
 
 mod common;
 
-use common::{Fleet, rein, stderr, stdout};
-use rein_store::{ApprovalAsk, EnqueueRequest, SendOutcome, Store};
-use reqwest::{Client, Response, StatusCode};
-use serde_json::{Value, json};
+use common::{Api, code, json_of, rein, stderr, stdout};
+use rein_store::{ApprovalAsk, EnqueueRequest, Sender, Store};
+use reqwest::StatusCode;
+use serde_json::json;
 use uuid::Uuid;
-
-/// A fresh database, a running `rein api` on it, and a store for setting up and checking.
-struct Api {
-    _fleet: Fleet,
-    url: String,
-    base: String,
-    store: Store,
-    http: Client,
-}
-
-impl Api {
-    async fn start(prefix: &str, extra: &[&str]) -> Api {
-        let (url, store) = common::fresh_store(prefix).await;
-        let mut fleet = Fleet::new(&url, prefix);
-        let mut args = vec!["api", "--listen", "127.0.0.1:0"];
-        args.extend_from_slice(extra);
-        let base = fleet.spawn_server("api", &args);
-        assert!(base.starts_with("http://127.0.0.1:"), "first line: {base}");
-        Api {
-            _fleet: fleet,
-            url,
-            base,
-            store,
-            http: Client::new(),
-        }
-    }
-
-    /// A token made by `rein tokens create`.
-    fn token(&self, subject: &str, scopes: &[&str]) -> String {
-        common::token(&self.url, subject, scopes)
-    }
-
-    fn get(&self, path: &str, token: Option<&str>) -> reqwest::RequestBuilder {
-        let req = self.http.get(format!("{}{path}", self.base));
-        match token {
-            Some(t) => req.bearer_auth(t),
-            None => req,
-        }
-    }
-
-    fn post(&self, path: &str, token: &str) -> reqwest::RequestBuilder {
-        self.http
-            .post(format!("{}{path}", self.base))
-            .bearer_auth(token)
-    }
-}
-
-async fn json_of(r: Response) -> (StatusCode, Value) {
-    let status = r.status();
-    let text = r.text().await.expect("a body");
-    let value = serde_json::from_str(&text)
-        .unwrap_or_else(|e| panic!("status {status}: body is not JSON ({e}): {text}"));
-    (status, value)
-}
-
-fn code(v: &Value) -> &str {
-    v["error"]["code"].as_str().unwrap_or("<none>")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_need_no_token_and_everything_else_does() {
@@ -197,7 +139,7 @@ async fn enqueue_is_idempotent_by_key_and_the_run_reads_back() {
             run.parse().unwrap(),
             "TASK_ACCEPTED",
             json!({}),
-            "test",
+            &Sender::Engine("test".into()),
             60_000,
         )
         .await
@@ -286,10 +228,10 @@ async fn events_apply_queue_or_are_refused_with_the_state() {
         .unwrap()
         .run_id;
 
-    // PLAN_READY is for a later state: it waits in the inbox.
+    // The user's reply is for a later state: it waits in the inbox.
     let (s, v) = json_of(
         api.post(&format!("/v1/runs/{run}/events"), &token)
-            .json(&json!({"type": "PLAN_READY"}))
+            .json(&json!({"type": "USER_REPLY"}))
             .send()
             .await
             .unwrap(),
@@ -301,9 +243,20 @@ async fn events_apply_queue_or_are_refused_with_the_state() {
         "{v}"
     );
 
+    // Once the run waits for the user, the user's cancel applies at once.
+    api.store
+        .send(
+            run,
+            "NEED_CLARIFICATION",
+            json!({}),
+            &Sender::Engine("test-worker".into()),
+            60_000,
+        )
+        .await
+        .unwrap();
     let (s, v) = json_of(
         api.post(&format!("/v1/runs/{run}/events"), &token)
-            .json(&json!({"type": "INVALID_INPUT", "payload": {"reason": "empty"}}))
+            .json(&json!({"type": "USER_CANCELLED", "payload": {"reason": "empty"}}))
             .send()
             .await
             .unwrap(),
@@ -314,17 +267,18 @@ async fn events_apply_queue_or_are_refused_with_the_state() {
         (StatusCode::OK, Some("applied")),
         "{v}"
     );
-    assert_eq!(v["sequence"], 1);
+    assert_eq!(v["sequence"], 2);
     let events = api.store.history(run).await.unwrap();
     assert_eq!(
-        events[0].worker, "api:operator",
+        (events[1].worker.as_str(), events[1].sender.as_deref()),
+        ("api:operator", Some("api:operator")),
         "the sender is the token's subject"
     );
 
-    // The run is FAILED (terminal): nothing moves it.
+    // The run is CANCELLED (terminal): nothing moves it.
     let (s, v) = json_of(
         api.post(&format!("/v1/runs/{run}/events"), &token)
-            .json(&json!({"type": "TASK_ACCEPTED"}))
+            .json(&json!({"type": "USER_REPLY"}))
             .send()
             .await
             .unwrap(),
@@ -335,10 +289,10 @@ async fn events_apply_queue_or_are_refused_with_the_state() {
         (StatusCode::CONFLICT, "invalid_transition"),
         "{v}"
     );
-    assert_eq!(v["error"]["details"]["state"], "FAILED");
-    assert_eq!(v["error"]["details"]["event"], "TASK_ACCEPTED");
+    assert_eq!(v["error"]["details"]["state"], "CANCELLED");
+    assert_eq!(v["error"]["details"]["event"], "USER_REPLY");
     assert_eq!(v["error"]["details"]["reason"]["code"], "terminal");
-    assert_eq!(api.store.run(run).await.unwrap().last_sequence, 1);
+    assert_eq!(api.store.run(run).await.unwrap().last_sequence, 2);
 
     let (s, v) = json_of(
         api.post(&format!("/v1/runs/{}/events", Uuid::now_v7()), &token)
@@ -359,16 +313,12 @@ async fn waiting_approval(store: &Store) -> (Uuid, Uuid) {
         .await
         .unwrap()
         .run_id;
-    for event in ["TASK_ACCEPTED", "PLAN_READY", "APPROVAL_REQUIRED"] {
-        let sent = store
-            .send(run, event, json!({}), "test", 60_000)
-            .await
-            .unwrap();
-        assert!(
-            matches!(sent, SendOutcome::Applied { .. }),
-            "{event}: {sent:?}"
-        );
-    }
+    common::as_the_engine(
+        store,
+        run,
+        &["TASK_ACCEPTED", "PLAN_READY", "APPROVAL_REQUIRED"],
+    )
+    .await;
     let approval = store
         .request_approval(ApprovalAsk {
             run_id: run,
@@ -601,7 +551,13 @@ async fn a_finished_run_is_rerun_as_a_linked_run_and_workers_are_listed() {
     assert_eq!(s, StatusCode::CONFLICT, "{v}");
     assert_eq!(v["error"]["code"], "conflict");
     api.store
-        .send(run, "CANCEL", json!({"reason": "test"}), "test", 60_000)
+        .send(
+            run,
+            "CANCEL",
+            json!({"reason": "test"}),
+            &Sender::outside("test"),
+            60_000,
+        )
         .await
         .unwrap();
     let (s, v) = json_of(

@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::{rein, stderr, stdout};
-use rein_store::{ApprovalAsk, EnqueueRequest, SendOutcome, Store};
+use rein_store::{ApprovalAsk, EnqueueRequest, Store};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -24,16 +24,12 @@ async fn waiting_run(store: &Store) -> Uuid {
         .await
         .expect("enqueue")
         .run_id;
-    for event in ["TASK_ACCEPTED", "PLAN_READY", "APPROVAL_REQUIRED"] {
-        let sent = store
-            .send(run, event, json!({}), "test", 60_000)
-            .await
-            .unwrap_or_else(|e| panic!("send {event}: {e}"));
-        assert!(
-            matches!(sent, SendOutcome::Applied { .. }),
-            "{event} applies at once to a run without a lease: {sent:?}"
-        );
-    }
+    common::as_the_engine(
+        store,
+        run,
+        &["TASK_ACCEPTED", "PLAN_READY", "APPROVAL_REQUIRED"],
+    )
+    .await;
     assert_eq!(store.run(run).await.expect("run").state, "WAITING_APPROVAL");
     run
 }

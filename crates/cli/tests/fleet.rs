@@ -76,7 +76,13 @@ async fn approve(store: &Store, decided: &mut HashSet<Uuid>) -> usize {
         let payload =
             json!({ "approver": "fleet-test", "reason": if deny { "denied" } else { "granted" } });
         if store
-            .send(row.run_id, event, payload, "fleet-test", 60_000)
+            .send(
+                row.run_id,
+                event,
+                payload,
+                &rein_store::Sender::Approver("fleet-test".into()),
+                60_000,
+            )
             .await
             .is_ok()
         {

@@ -244,6 +244,15 @@ async fn an_operator_resolves_an_in_doubt_refund_from_the_cli() {
             .await
             .expect("effects");
     assert_eq!(applied, 1, "applied once across both dispatches");
+    // Both settlements are in the log under the operator's name.
+    let history = store.history(run).await.expect("history");
+    for kind in ["ACTION_NOT_APPLIED", "TOOL_SUCCEEDED"] {
+        let settled = history
+            .iter()
+            .find(|e| e.kind == kind)
+            .unwrap_or_else(|| panic!("no {kind}"));
+        assert_eq!(settled.sender.as_deref(), Some("operator:ops"), "{kind}");
+    }
 
     // Nothing left to resolve.
     let out = rein(&[

@@ -4,14 +4,12 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::Output;
 
-use common::{Fleet, rein, stderr, stdout};
+use common::{Fleet, rein, rein_with, stderr, stdout};
 use rein_store::{ApprovalAsk, Store};
 use serde_json::{Value, json};
 use uuid::Uuid;
-
-const REIN: &str = env!("CARGO_BIN_EXE_rein");
 
 /// A database, `rein api` serving it, and an admin token.
 struct Both {
@@ -68,19 +66,6 @@ impl Both {
     }
 }
 
-fn rein_with(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(REIN);
-    cmd.args(args)
-        .env_remove("DATABASE_URL")
-        .env_remove("REIN_URL")
-        .env_remove("REIN_TOKEN")
-        .env_remove("REIN_APPROVER");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().expect("run rein")
-}
-
 fn json_ok(out: &Output, route: &str) -> Value {
     assert_eq!(out.status.code(), Some(0), "{route}: {}", stderr(out));
     serde_json::from_str(stdout(out).trim())
@@ -102,13 +87,9 @@ fn steady(v: &Value) -> Value {
     }
 }
 
-/// Moves a research-agent run to WAITING_APPROVAL and opens a request for it.
-async fn open_request(store: &Store, run: Uuid, both: &Both) -> Uuid {
-    for event in ["PLAN_READY", "APPROVAL_REQUIRED"] {
-        let run = run.to_string();
-        let out = both.db(&["send", &run, event]);
-        assert_eq!(out.status.code(), Some(0), "{event}: {}", stderr(&out));
-    }
+/// Moves a research-agent run in PLANNING to WAITING_APPROVAL and opens a request for it.
+async fn open_request(store: &Store, run: Uuid) -> Uuid {
+    common::as_the_engine(store, run, &["PLAN_READY", "APPROVAL_REQUIRED"]).await;
     store
         .request_approval(ApprovalAsk {
             run_id: run,
@@ -175,42 +156,35 @@ async fn every_operator_command_prints_the_same_json_through_the_api_as_from_the
     assert_eq!(stdout(&db_out), stdout(&api_out));
     assert_eq!(json_ok(&api_out, "api")["name"], "lifecycle-copy");
 
-    // enqueue: the same key through either route is the same run.
-    let first = json_ok(
-        &both.api(&[
-            "enqueue",
-            "--definition",
-            "research-agent",
-            "--key",
-            "order-77",
-            "--json",
-        ]),
-        "api",
-    );
+    // enqueue: the same key again is the same run; the key is the caller's, so the same key
+    // on the database (the CLI's own) is another run.
+    let keyed = [
+        "enqueue",
+        "--definition",
+        "research-agent",
+        "--key",
+        "order-77",
+        "--json",
+    ];
+    let first = json_ok(&both.api(&keyed), "api");
     assert_eq!(first["created"], true, "{first}");
-    let again = json_ok(
-        &both.db(&[
-            "enqueue",
-            "--definition",
-            "research-agent",
-            "--key",
-            "order-77",
-            "--json",
-        ]),
-        "db",
-    );
+    let again = json_ok(&both.api(&keyed), "api");
     assert_eq!(again["run_id"], first["run_id"]);
     assert_eq!(again["created"], false);
+    let own = json_ok(&both.db(&keyed), "db");
+    assert_ne!(own["run_id"], first["run_id"]);
+    assert_eq!(own["created"], true);
     let run = first["run_id"].as_str().unwrap().to_owned();
 
-    // send: applied through the API, recorded with the token's subject.
-    let sent = json_ok(&both.api(&["send", &run, "TASK_ACCEPTED", "--json"]), "api");
+    // send: the user's reply, applied through the API, recorded with the token's subject.
+    let run_id: Uuid = run.parse().unwrap();
+    common::as_the_engine(&both.store, run_id, &["NEED_CLARIFICATION"]).await;
+    let sent = json_ok(&both.api(&["send", &run, "USER_REPLY", "--json"]), "api");
     assert_eq!(
         sent,
-        json!({"outcome": "applied", "sequence": 1, "inbox_id": null})
+        json!({"outcome": "applied", "sequence": 2, "inbox_id": null})
     );
-    let run_id: Uuid = run.parse().unwrap();
-    let approval = open_request(&both.store, run_id, &both).await;
+    let approval = open_request(&both.store, run_id).await;
 
     for args in [
         vec!["runs", "show", run.as_str()],
@@ -223,7 +197,13 @@ async fn every_operator_command_prints_the_same_json_through_the_api_as_from_the
         assert_eq!(db, api, "rein {}", args.join(" "));
     }
     let history = both.both_json(&["runs", "history", &run]).0;
-    assert_eq!(history[0]["worker"], "api:ops-bot", "{history}");
+    assert_eq!(history[1]["worker"], "api:ops-bot", "{history}");
+    assert_eq!(history[1]["sender"], "api:ops-bot", "{history}");
+    assert_eq!(
+        history[0]["sender"],
+        Value::Null,
+        "the engine's own: {history}"
+    );
     // Human output is rendered from the same document, so it is the same text too.
     for args in [
         vec!["runs", "show", run.as_str()],
@@ -319,15 +299,28 @@ async fn failures_exit_with_the_same_codes_through_the_api_as_from_the_database(
 
     // A refused transition exits 2 both ways, naming the state and event.
     let run = both.new_run();
-    let out = both.db(&["send", &run, "TASK_ACCEPTED"]);
+    common::as_the_engine(&both.store, run.parse().unwrap(), &["NEED_CLARIFICATION"]).await;
+    let out = both.db(&["send", &run, "USER_CANCELLED"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    for out in [
+        both.db(&["send", &run, "USER_REPLY"]),
+        both.api(&["send", &run, "USER_REPLY"]),
+    ] {
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains("USER_REPLY in state CANCELLED"), "{err}");
+    }
+    // So does an event only the engine writes, with its own reason.
     for out in [
         both.db(&["send", &run, "TASK_ACCEPTED"]),
         both.api(&["send", &run, "TASK_ACCEPTED"]),
     ] {
         assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
         let err = stderr(&out);
-        assert!(err.contains("TASK_ACCEPTED in state PLANNING"), "{err}");
+        assert!(
+            err.contains("TASK_ACCEPTED is not accepted from an outside caller"),
+            "{err}"
+        );
     }
 
     // An invalid definition lists every problem both ways, exit 1.

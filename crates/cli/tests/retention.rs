@@ -206,7 +206,13 @@ async fn archive_moves_whole_old_logs_and_archived_runs_still_replay() {
     // commit the reducer would take (an engine record) is refused by the store.
     let archived = store.run(old[0]).await.expect("run");
     let sent = store
-        .send(old[0], "CANCEL", json!({ "reason": "late" }), "test", 1_000)
+        .send(
+            old[0],
+            "CANCEL",
+            json!({ "reason": "late" }),
+            &rein_store::Sender::outside("test"),
+            1_000,
+        )
         .await;
     assert!(sent.is_err(), "{sent:?}");
     let def = store

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{fresh_store, rein, stderr, stdout};
-use rein_store::{ApprovalAsk, EnqueueRequest, SendOutcome, Store};
+use rein_store::{ApprovalAsk, EnqueueRequest, SendOutcome, Sender, Store};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -26,7 +26,13 @@ async fn new_run(store: &Store) -> Uuid {
 async fn drive(store: &Store, run: Uuid, events: &[(&str, Value)]) {
     for (kind, payload) in events {
         let outcome = store
-            .send(run, kind, payload.clone(), "test", 60_000)
+            .send(
+                run,
+                kind,
+                payload.clone(),
+                &Sender::Engine("test".into()),
+                60_000,
+            )
             .await
             .unwrap_or_else(|e| panic!("send {kind}: {e}"));
         assert!(

@@ -51,6 +51,13 @@ pub struct DefinitionSpec {
     /// states name the keys their action takes in `limits`. A worker's `--limit` overrides.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub limits: BTreeMap<String, LimitSpec>,
+    /// Events a caller outside the engine may send (SPEC Z3): the replies, approvals and
+    /// dependency notices the runs wait for. Engine events, call results and whatever else
+    /// the definition declares are written only by the engine; CANCEL is always accepted.
+    /// Absent (definitions stored before the field existed): the events some waiting state
+    /// takes that the engine does not commit itself, and the approval events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_events: Option<Vec<String>>,
 }
 
 /// A fleet-wide limit on one key: a rate (`rate` actions per `per_ms`, with bursts of up to
@@ -583,6 +590,8 @@ struct Inner {
     approval_rules: HashMap<(String, String), Arc<crate::guard::Expr>>,
     /// Compiled join guards by fan-out state.
     join_guards: HashMap<String, Arc<crate::guard::Expr>>,
+    /// What outside callers and approvers may send.
+    senders: crate::external::Senders,
 }
 
 impl fmt::Debug for Definition {
@@ -1190,6 +1199,8 @@ impl Definition {
             );
         }
 
+        let senders = crate::external::resolve(&spec, &events, &call_results, &table, &mut p);
+
         if !problems.is_empty() {
             return Err(DefinitionError::Invalid(problems));
         }
@@ -1211,6 +1222,7 @@ impl Definition {
                 schemas,
                 approval_rules,
                 join_guards,
+                senders,
             }),
         })
     }
@@ -1325,6 +1337,20 @@ impl Definition {
     }
     pub fn is_call_result(&self, event: &str) -> bool {
         self.inner.call_results.contains(event)
+    }
+    /// Whether a caller outside the engine may send `event` (SPEC Z3): CANCEL or one of the
+    /// definition's external events.
+    pub fn accepts_from_outside(&self, event: &str) -> bool {
+        event == EngineEvent::Cancel.as_str() || self.inner.senders.external.contains(event)
+    }
+    /// The events outside callers may send besides CANCEL, in name order.
+    pub fn external_events(&self) -> impl Iterator<Item = &String> {
+        self.inner.senders.external.iter()
+    }
+    /// Whether `event` delivers an approval decision (an approval policy's granted or denied
+    /// event): only an approver sends it.
+    pub fn is_approval_event(&self, event: &str) -> bool {
+        self.inner.senders.approval.contains(event)
     }
     /// Transitions that may fire for `(state, event)`, highest priority first.
     pub fn candidates(&self, state: &str, event: &str) -> &[Transition] {

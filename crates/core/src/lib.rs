@@ -18,6 +18,7 @@ pub mod checkpoint;
 pub mod decision;
 pub mod definition;
 pub mod event;
+mod external;
 pub mod guard;
 pub mod hash;
 pub mod join;

@@ -15,8 +15,8 @@ WITH req AS (
 ),
 ev AS (
     SELECT *
-    FROM unnest($11::uuid[], $12::bigint[], $13::uuid[], $14::text[], $15::jsonb[], $16::text[])
-        AS e(run_id, sequence, event_id, type, payload, node)
+    FROM unnest($11::uuid[], $12::bigint[], $13::uuid[], $14::text[], $15::jsonb[], $16::text[], $53::text[])
+        AS e(run_id, sequence, event_id, type, payload, node, sender)
 ),
 t AS (SELECT clock_timestamp() AS now),
 -- Row locks in run_id order: concurrent batches and renewals touching the same runs then
@@ -85,8 +85,8 @@ upd AS (
          FROM locked l WHERE l.run_id = r.run_id AND l.state <> q.state) AS left_after_s
 ),
 ins AS (
-    INSERT INTO rein_events (run_id, sequence, event_id, type, payload, node, fencing_token, worker)
-    SELECT ev.run_id, ev.sequence, ev.event_id, ev.type, ev.payload, ev.node, upd.fencing_token, $17
+    INSERT INTO rein_events (run_id, sequence, event_id, type, payload, node, fencing_token, worker, sender)
+    SELECT ev.run_id, ev.sequence, ev.event_id, ev.type, ev.payload, ev.node, upd.fencing_token, $17, ev.sender
     FROM ev JOIN upd ON upd.run_id = ev.run_id
 ),
 grants AS (

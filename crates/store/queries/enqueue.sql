@@ -1,16 +1,23 @@
--- Creates runs; $11 (client keys, NULL for none) make enqueue idempotent: the same key
--- returns the run it created first. $13: the wall-time budget in ms, NULL for none.
+-- Creates runs; $11 (client keys, NULL for none) make enqueue idempotent: the same key from
+-- the same caller ($14) returns the run it created first, with the hash of the body it was
+-- created with ($15, compared by the caller). A key stored before keys had callers (caller
+-- NULL) still stands for its run, for any caller. $13: the wall-time budget in ms, NULL for
+-- none.
 WITH req AS (
     SELECT *
     FROM unnest($1::uuid[], $2::text[], $3::int[], $4::text[], $5::text[], $6::jsonb[], $7::jsonb[],
-                $8::int[], $9::text[], $10::uuid[], $11::text[], $12::bigint[], $13::bigint[]) WITH ORDINALITY
+                $8::int[], $9::text[], $10::uuid[], $11::text[], $12::bigint[], $13::bigint[],
+                $14::text[], $15::text[]) WITH ORDINALITY
         AS r(run_id, definition, version, state, status, projection, input, priority, queue, parent_run_id, client_key, timer_ms,
-             deadline_ms, ord)
+             deadline_ms, caller, body_hash, ord)
 ),
 keys AS (
-    INSERT INTO rein_enqueue_keys (client_key, run_id)
-    SELECT client_key, run_id FROM req WHERE client_key IS NOT NULL
-    ON CONFLICT (client_key) DO NOTHING
+    INSERT INTO rein_enqueue_keys (caller, client_key, run_id, body_hash)
+    SELECT q.caller, q.client_key, q.run_id, q.body_hash FROM req q
+    WHERE q.client_key IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM rein_enqueue_keys l
+                      WHERE l.caller IS NULL AND l.client_key = q.client_key)
+    ON CONFLICT (caller, client_key) DO NOTHING
     RETURNING client_key, run_id
 ),
 created AS (
@@ -24,8 +31,10 @@ created AS (
     WHERE q.client_key IS NULL OR q.run_id IN (SELECT run_id FROM keys)
     RETURNING run_id
 )
-SELECT q.run_id AS requested, COALESCE(c.run_id, k.run_id) AS run_id, c.run_id IS NOT NULL AS created
+SELECT q.run_id AS requested, COALESCE(c.run_id, k.run_id) AS run_id, c.run_id IS NOT NULL AS created,
+       k.body_hash
 FROM req q
 LEFT JOIN created c ON c.run_id = q.run_id
 LEFT JOIN rein_enqueue_keys k ON k.client_key = q.client_key AND c.run_id IS NULL
+                             AND (k.caller = q.caller OR k.caller IS NULL)
 ORDER BY q.ord

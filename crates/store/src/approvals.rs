@@ -169,6 +169,10 @@ impl Store {
                 "the comment is longer than {COMMENT_BYTES_MAX} bytes"
             )));
         }
+        crate::input::check_text("approver", approver)?;
+        if let Some(comment) = comment {
+            crate::input::check_text("comment", comment)?;
+        }
         let decided: Option<Approval> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "UPDATE rein_approvals SET status = $2, decided_by = $3, decided_at = clock_timestamp(),
                  comment = $4
@@ -246,7 +250,13 @@ impl Store {
                 "granted": grant, "approver": approver } },
         });
         if let Err(e) = self
-            .send(decided.run_id, event, payload, approver, 60_000)
+            .send(
+                decided.run_id,
+                event,
+                payload,
+                &crate::Sender::Approver(approver.to_owned()),
+                60_000,
+            )
             .await
         {
             self.undo_decision(approval_id).await?;

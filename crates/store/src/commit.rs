@@ -36,6 +36,8 @@ pub struct NewEvent {
     pub kind: String,
     pub payload: Value,
     pub node: Option<String>,
+    /// Who sent it from outside the engine (SPEC Z3); `None` for the engine's own events.
+    pub sender: Option<String>,
 }
 
 impl NewEvent {
@@ -45,6 +47,7 @@ impl NewEvent {
             kind: kind.into(),
             payload,
             node: None,
+            sender: None,
         }
     }
 
@@ -681,6 +684,7 @@ pub(crate) async fn commit_on(
             q.ev_type.push(e.kind.clone());
             q.ev_payload.push(e.payload.clone());
             q.ev_node.push(e.node.clone());
+            q.ev_sender.push(e.sender.clone());
         }
         for id in &r.inbox_consumed {
             q.inbox_run.push(r.run_id);
@@ -763,6 +767,7 @@ pub(crate) async fn commit_on(
         .bind(BRANCH_RESULT_BYTES_MAX)
         .bind(&q.defers)
         .bind(&q.first_tries)
+        .bind(&q.ev_sender)
         .fetch_all(&mut *conn)
         .await
         .inspect_err(|e| {
@@ -872,6 +877,7 @@ struct Columns {
     ev_type: Vec<String>,
     ev_payload: Vec<Value>,
     ev_node: Vec<Option<String>>,
+    ev_sender: Vec<Option<String>>,
     inbox_run: Vec<Uuid>,
     inbox_id: Vec<i64>,
     l_run: Vec<Uuid>,

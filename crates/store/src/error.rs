@@ -22,6 +22,25 @@ pub enum StoreError {
     Corrupt(String),
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// One field of the request cannot be taken as it is (SPEC Z2).
+    #[error("invalid request: {reason}")]
+    InvalidField { field: String, reason: String },
+    /// The sender may not write this event (SPEC Z3): engine events and call results are the
+    /// engine's, and outside callers send only the definition's external events.
+    #[error("{event} is not accepted from {sender}: {reason}")]
+    NotAllowed {
+        event: String,
+        sender: String,
+        reason: String,
+    },
+    /// An approval event sent by a caller who may not decide approvals (SPEC Z1, Z3).
+    #[error("{event} delivers an approval decision: sending it needs the approve scope")]
+    NeedsApprover { event: String },
+    /// A client idempotency key used again with a different request (SPEC I3).
+    #[error(
+        "idempotency key `{key}` was already used with a different {what}; use a new key for a new request"
+    )]
+    KeyConflict { key: String, what: String },
     #[error(transparent)]
     InvalidTransition(#[from] rein_core::InvalidTransition),
     #[error("database error: {0}")]

@@ -12,6 +12,7 @@ mod blobs;
 mod commit;
 mod error;
 mod gauges;
+pub mod input;
 mod leader;
 pub mod metrics;
 mod operate;
@@ -19,6 +20,7 @@ mod reads;
 mod retention;
 mod scans;
 mod send;
+mod sender;
 mod sim;
 mod tokens;
 mod why;
@@ -44,9 +46,10 @@ pub use reads::{DefinitionRow, EventTime, RunFilter, RunRow, StoredEvent};
 pub use retention::{ARCHIVE_BATCH_MAX, ArchiveCandidates, ArchivedBatch, EventsTableSize};
 pub use scans::{NextLook, SCAN_BACKOFF_MS_MAX, SCAN_BACKOFF_MS_MIN, Seen};
 pub use send::{
-    EnqueueRequest, Enqueued, INBOX_READ_MAX, INBOX_TTL_MS_DEFAULT, InboxEntry, SendOutcome,
-    jitter_from, plan_inbox,
+    ClientKey, EnqueueRequest, Enqueued, INBOX_READ_MAX, INBOX_TTL_MS_DEFAULT, InboxEntry,
+    SendOutcome, jitter_from, plan_inbox, sent_event_id,
 };
+pub use sender::{SENDER_BYTES_MAX, Sender};
 pub use tokens::{SCOPES, SUBJECT_BYTES_MAX, Scope, TokenInfo, check_token_request};
 pub use why::{
     HEARTBEAT_FRESH_MS, WHY_ROWS_MAX, WhyAction, WhyApproval, WhyEvent, WhyFacts, WhyFleet,
@@ -284,10 +287,21 @@ impl Store {
         Ok(())
     }
 
+    /// Registers every built-in this binary ships. A version the database already holds with
+    /// another body (registered by an older binary, before the built-in gained a field) is
+    /// kept as stored, with a warning: runs of it replay against the body they started with,
+    /// and the schema can still be upgraded.
     async fn register_builtins(&self) -> Result<(), StoreError> {
         for (name, _) in rein_core::builtin::ALL {
             if let Some(Ok(def)) = rein_core::builtin::load(name) {
-                self.register_definition(&def).await?;
+                match self.register_definition(&def).await {
+                    Ok(_) => {}
+                    Err(StoreError::DefinitionConflict { name, version }) => {
+                        tracing::warn!(definition = %name, version,
+                            "built-in definition is stored with an older body; keeping it as stored");
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
         Ok(())
@@ -301,6 +315,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let body =
             serde_json::to_value(def.spec()).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        input::check_json("definition", &body)?;
         let inserted = sqlx::query(
             "INSERT INTO rein_definitions (name, version, hash, body) VALUES ($1, $2, $3, $4)
              ON CONFLICT (name, version) DO NOTHING",
@@ -411,6 +426,7 @@ pub(crate) async fn load_definition_with<'e>(
     name: &str,
     version: Option<u32>,
 ) -> Result<rein_core::Definition, StoreError> {
+    input::check_text("definition", name)?;
     let body: Option<serde_json::Value> = sqlx::query_scalar(
         "SELECT body FROM rein_definitions
          WHERE name = $1 AND ($2::int IS NULL OR version = $2)

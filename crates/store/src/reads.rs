@@ -109,6 +109,9 @@ pub struct StoredEvent {
     pub token: i64,
     pub worker: String,
     pub occurred_at: DateTime<Utc>,
+    /// Who sent it from outside the engine (an API token's subject, `--as`, an approver or
+    /// operator); absent for the engine's own events (SPEC Z3).
+    pub sender: Option<String>,
 }
 
 impl RunRow {
@@ -133,7 +136,7 @@ impl StoredEvent {
 }
 
 pub(crate) const RUN_ROW: &str = include_str!("../queries/run_row.sql");
-const EVENT_COLUMNS: &str = "run_id, sequence, event_id, type, payload, node, schema_version, fencing_token, worker, occurred_at";
+const EVENT_COLUMNS: &str = "run_id, sequence, event_id, type, payload, node, schema_version, fencing_token, worker, occurred_at, sender";
 
 fn event_from_row(row: &PgRow) -> Result<StoredEvent, StoreError> {
     Ok(StoredEvent {
@@ -147,6 +150,7 @@ fn event_from_row(row: &PgRow) -> Result<StoredEvent, StoreError> {
         token: row.try_get("fencing_token")?,
         worker: row.try_get("worker")?,
         occurred_at: row.try_get("occurred_at")?,
+        sender: row.try_get("sender")?,
     })
 }
 
@@ -206,6 +210,14 @@ impl Store {
         after: Option<(DateTime<Utc>, Uuid)>,
         limit: i64,
     ) -> Result<Vec<RunRow>, StoreError> {
+        for (field, value) in [
+            ("status", &filter.status),
+            ("definition", &filter.definition),
+        ] {
+            if let Some(value) = value {
+                crate::input::check_text(field, value)?;
+            }
+        }
         let (after_at, after_id) = after.unzip();
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
             "{RUN_ROW} WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR definition = $2)

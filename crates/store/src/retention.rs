@@ -54,11 +54,11 @@ const MOVE_BATCH: &str = "
 WITH moved AS (
     DELETE FROM rein_events e WHERE e.run_id = ANY($1)
     RETURNING e.run_id, e.sequence, e.event_id, e.type, e.payload, e.node, e.schema_version,
-              e.fencing_token, e.worker, e.occurred_at
+              e.fencing_token, e.worker, e.occurred_at, e.sender
 ),
 archived AS (
     INSERT INTO rein_events_archive (run_id, sequence, event_id, type, payload, node,
-                                     schema_version, fencing_token, worker, occurred_at)
+                                     schema_version, fencing_token, worker, occurred_at, sender)
     SELECT * FROM moved
     RETURNING 1
 ),

@@ -6,7 +6,7 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use crate::commit::{CommitOutcome, CommitPlan, NewEvent, Writer, commit_on, plan_commit};
-use crate::{Store, StoreError};
+use crate::{Sender, Store, StoreError};
 
 /// Longest client idempotency key accepted.
 pub const CLIENT_KEY_LEN_MAX: usize = 256;
@@ -20,16 +20,40 @@ pub const INBOX_TTL_MS_DEFAULT: u64 = 24 * 3600 * 1000;
 #[derive(Debug, Clone)]
 pub struct EnqueueRequest {
     pub definition: Definition,
+    /// The definition version the caller named; `None` when it asked for the newest. Part
+    /// of the request a client key stands for, so a retry after a newer version was
+    /// registered still finds the run the key made.
+    pub version_asked: Option<u32>,
     pub input: Value,
-    pub client_key: Option<String>,
+    pub client_key: Option<ClientKey>,
     pub priority: i32,
     pub queue: String,
     pub parent_run_id: Option<Uuid>,
 }
 
+/// A client's idempotency key for an enqueue (SPEC I3, Z4), scoped to its caller: the same
+/// key from another caller is another key, so keys can neither be squatted nor used to
+/// learn another caller's run ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientKey {
+    /// Who enqueues: an API token's subject (`api:SUBJECT`), or the CLI on the database.
+    pub caller: String,
+    pub key: String,
+}
+
+impl ClientKey {
+    pub fn new(caller: impl Into<String>, key: impl Into<String>) -> ClientKey {
+        ClientKey {
+            caller: caller.into(),
+            key: key.into(),
+        }
+    }
+}
+
 impl EnqueueRequest {
     pub fn new(definition: Definition, input: Value) -> EnqueueRequest {
         EnqueueRequest {
+            version_asked: Some(definition.version()),
             definition,
             input,
             client_key: None,
@@ -46,19 +70,41 @@ impl EnqueueRequest {
                 "run input is {size} bytes; the limit is {INPUT_BYTES_MAX}"
             )));
         }
-        if let Some(key) = &self.client_key
-            && (key.is_empty() || key.len() > CLIENT_KEY_LEN_MAX)
-        {
-            return Err(StoreError::Invalid(format!(
-                "idempotency key must be 1 to {CLIENT_KEY_LEN_MAX} bytes"
-            )));
+        crate::input::check_json("input", &self.input)?;
+        if let Some(key) = &self.client_key {
+            check_client_key(&key.key)?;
+            crate::input::check_text("caller", &key.caller)?;
+            if key.caller.is_empty() || key.caller.len() > crate::SENDER_BYTES_MAX {
+                return Err(StoreError::InvalidField {
+                    field: "caller".into(),
+                    reason: format!(
+                        "the caller a key belongs to must be 1..={} bytes",
+                        crate::SENDER_BYTES_MAX
+                    ),
+                });
+            }
         }
+        crate::input::check_text("queue", &self.queue)?;
         if self.queue.is_empty() || self.queue.len() > rein_core::limits::NAME_LEN_MAX {
             return Err(StoreError::Invalid(
                 "queue name must be 1 to 64 bytes".into(),
             ));
         }
         Ok(())
+    }
+
+    /// The hash of what a client key stands for: definition (and the version named),
+    /// input, queue, priority and parent.
+    fn body_hash(&self) -> String {
+        let body = serde_json::json!({
+            "definition": self.definition.name(),
+            "version": self.version_asked,
+            "input": self.input,
+            "queue": self.queue,
+            "priority": self.priority,
+            "parent_run_id": self.parent_run_id,
+        });
+        rein_core::hash::sha256_hex(rein_core::hash::canonical_json(&body).as_bytes())
     }
 }
 
@@ -126,15 +172,50 @@ impl Store {
     /// Delivers an event from outside (SPEC X3a). With no live lease on the run, the event is
     /// committed at once, taking the token; with a live lease, or when the run's current
     /// state cannot take it yet, it waits in the inbox. An event no reachable state could
-    /// accept is refused.
+    /// accept is refused, and so is one the sender may not send (SPEC Z3, [`Sender`]).
     pub async fn send(
         &self,
         run_id: Uuid,
         kind: &str,
         payload: Value,
-        sender: &str,
+        sender: &Sender,
         inbox_ttl_ms: u64,
     ) -> Result<SendOutcome, StoreError> {
+        self.deliver(run_id, kind, payload, sender, None, inbox_ttl_ms)
+            .await
+    }
+
+    /// [`Store::send`] made idempotent by the sender's `key` (SPEC E2): the event's id is a
+    /// function of (run, sender, key), so sending it again returns what became of the first
+    /// send (applied at its sequence, or still queued) instead of applying it twice. The same
+    /// key with another event type or payload is refused ([`StoreError::KeyConflict`]).
+    pub async fn send_once(
+        &self,
+        run_id: Uuid,
+        kind: &str,
+        payload: Value,
+        sender: &Sender,
+        key: &str,
+        inbox_ttl_ms: u64,
+    ) -> Result<SendOutcome, StoreError> {
+        self.deliver(run_id, kind, payload, sender, Some(key), inbox_ttl_ms)
+            .await
+    }
+
+    async fn deliver(
+        &self,
+        run_id: Uuid,
+        kind: &str,
+        payload: Value,
+        sender: &Sender,
+        key: Option<&str>,
+        inbox_ttl_ms: u64,
+    ) -> Result<SendOutcome, StoreError> {
+        crate::input::check_text("type", kind)?;
+        sender.check_name()?;
+        if let Some(key) = key {
+            check_client_key(key)?;
+        }
         let size = payload.to_string().len();
         if size > rein_core::limits::EVENT_PAYLOAD_BYTES_MAX {
             return Err(StoreError::Invalid(format!(
@@ -142,6 +223,7 @@ impl Store {
                 rein_core::limits::EVENT_PAYLOAD_BYTES_MAX
             )));
         }
+        crate::input::check_json("payload", &payload)?;
         if EngineEvent::is_engine_only(kind) {
             return Err(StoreError::Invalid(format!(
                 "{kind} is delivered by the engine when a branch's run ends; it cannot be sent"
@@ -152,9 +234,24 @@ impl Store {
                 "{kind} is written by the worker a fleet-wide limit holds back; it cannot be sent"
             )));
         }
+        let event_id = match key {
+            Some(key) => sent_event_id(run_id, sender.name(), key),
+            None => Uuid::now_v7(),
+        };
         let mut tx = self.pool().begin().await?;
         let outcome = self
-            .send_on(&mut tx, run_id, kind, payload, sender, inbox_ttl_ms)
+            .send_on(
+                &mut tx,
+                run_id,
+                Outgoing {
+                    kind,
+                    payload,
+                    event_id,
+                    key,
+                },
+                sender,
+                inbox_ttl_ms,
+            )
             .await?;
         tx.commit().await?;
         if matches!(outcome, SendOutcome::Applied { .. }) {
@@ -190,9 +287,13 @@ impl Store {
             .send_on(
                 &mut tx,
                 run_id,
-                &budget.event,
-                payload,
-                sender,
+                Outgoing {
+                    kind: &budget.event,
+                    payload,
+                    event_id: Uuid::now_v7(),
+                    key: None,
+                },
+                &Sender::Engine(sender.to_owned()),
                 INBOX_TTL_MS_DEFAULT,
             )
             .await
@@ -208,15 +309,21 @@ impl Store {
         Ok(true)
     }
 
+    /// Delivers `event` under the run's row lock.
     async fn send_on(
         &self,
         tx: &mut sqlx::PgConnection,
         run_id: Uuid,
-        kind: &str,
-        payload: Value,
-        sender: &str,
+        event: Outgoing<'_>,
+        sender: &Sender,
         inbox_ttl_ms: u64,
     ) -> Result<SendOutcome, StoreError> {
+        let Outgoing {
+            kind,
+            payload,
+            event_id,
+            key,
+        } = event;
         let row = sqlx::query(
             "SELECT definition, version, projection, fencing_token,
                     COALESCE(lease_until > clock_timestamp(), false) AS lease_live
@@ -233,6 +340,12 @@ impl Store {
         let token: i64 = row.try_get("fencing_token")?;
         let lease_live: bool = row.try_get("lease_live")?;
         let def = crate::load_definition_with(&mut *tx, &definition, Some(version as u32)).await?;
+        // The run's row lock orders sends with the same key: a repeat sees the first.
+        if let Some(key) = key
+            && let Some(first) = sent_before(tx, run_id, (event_id, key), kind, &payload).await?
+        {
+            return Ok(first);
+        }
 
         let refuse = |reason| {
             let refused = InvalidTransition {
@@ -247,6 +360,7 @@ impl Store {
         if !def.has_event(kind) && !EngineEvent::is_reserved(kind) {
             return Err(refuse(RejectReason::UnknownEvent));
         }
+        sender.may_send(&def, &state, kind, &payload)?;
         if !def.could_ever_accept(&state.state, kind) {
             let reason = if def.is_terminal(&state.state) {
                 RejectReason::Terminal
@@ -255,7 +369,13 @@ impl Store {
             };
             return Err(refuse(reason));
         }
-        let event = NewEvent::new(kind, payload.clone());
+        let event = NewEvent {
+            event_id,
+            kind: kind.to_owned(),
+            payload: payload.clone(),
+            node: None,
+            sender: sender.recorded().map(str::to_owned),
+        };
         let acceptable_now = apply(
             &def,
             &state,
@@ -269,7 +389,7 @@ impl Store {
                 jitter_sample: jitter_from(event.event_id),
             };
             let request = plan_commit(&def, run_id, token, &state, vec![event], Vec::new(), plan)?;
-            let outcome = commit_on(tx, sender, std::slice::from_ref(&request)).await?;
+            let outcome = commit_on(tx, sender.name(), std::slice::from_ref(&request)).await?;
             return match outcome.into_iter().next() {
                 Some(CommitOutcome::Committed(c)) => Ok(SendOutcome::Applied {
                     sequence: c.sequence,
@@ -287,7 +407,7 @@ impl Store {
         .bind(event.event_id)
         .bind(kind)
         .bind(&payload)
-        .bind(sender)
+        .bind(sender.name())
         .bind(inbox_ttl_ms as i64)
         .fetch_one(&mut *tx)
         .await?;
@@ -325,6 +445,84 @@ impl InboxEntry {
     }
 }
 
+/// One event on its way into a run.
+struct Outgoing<'a> {
+    kind: &'a str,
+    payload: Value,
+    event_id: Uuid,
+    /// The sender's idempotency key the id was made from: this very event may be stored
+    /// already.
+    key: Option<&'a str>,
+}
+
+/// The id of the event `sender` sends to `run_id` with idempotency key `key`: the same for
+/// every repeat (a UUID of version 8 from SHA-256; E2 makes the stored event unique by it).
+pub fn sent_event_id(run_id: Uuid, sender: &str, key: &str) -> Uuid {
+    use sha2::Digest;
+    let mut hash = sha2::Sha256::new();
+    for part in [run_id.to_string().as_str(), sender, key] {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part.as_bytes());
+    }
+    let digest = hash.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_custom_bytes(bytes).into_uuid()
+}
+
+/// What became of an event sent before with the same id: in the log (applied) or still in
+/// the inbox (queued). The same id with another type or payload is a reused key.
+async fn sent_before(
+    tx: &mut sqlx::PgConnection,
+    run_id: Uuid,
+    (event_id, key): (Uuid, &str),
+    kind: &str,
+    payload: &Value,
+) -> Result<Option<SendOutcome>, StoreError> {
+    let found: Option<(String, Value, i64, bool)> = sqlx::query_as(
+        "SELECT type, payload, sequence, true FROM rein_events_all
+         WHERE run_id = $1 AND event_id = $2
+         UNION ALL
+         SELECT type, payload, id, false FROM rein_inbox WHERE run_id = $1 AND event_id = $2
+         LIMIT 1",
+    )
+    .bind(run_id)
+    .bind(event_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((stored_kind, stored_payload, at, applied)) = found else {
+        return Ok(None);
+    };
+    if stored_kind != kind {
+        return Err(StoreError::KeyConflict {
+            key: key.to_owned(),
+            what: format!("event ({stored_kind})"),
+        });
+    }
+    if &stored_payload != payload {
+        return Err(StoreError::KeyConflict {
+            key: key.to_owned(),
+            what: "payload".to_owned(),
+        });
+    }
+    Ok(Some(if applied {
+        SendOutcome::Applied { sequence: at }
+    } else {
+        SendOutcome::Queued { inbox_id: at }
+    }))
+}
+
+fn check_client_key(key: &str) -> Result<(), StoreError> {
+    crate::input::check_text("idempotency_key", key)?;
+    if key.is_empty() || key.len() > CLIENT_KEY_LEN_MAX {
+        return Err(StoreError::InvalidField {
+            field: "idempotency_key".into(),
+            reason: format!("an idempotency key must be 1 to {CLIENT_KEY_LEN_MAX} bytes"),
+        });
+    }
+    Ok(())
+}
+
 /// Which inbox entries the run accepts now, in order, and which expired ones to record as
 /// INBOX_EXPIRED; entries neither accepted nor expired stay for a later state. Pure.
 pub fn plan_inbox(
@@ -341,6 +539,7 @@ pub fn plan_inbox(
             kind: entry.kind.clone(),
             payload: entry.payload.clone(),
             node: None,
+            sender: Some(entry.sender.clone()),
         };
         let record = match apply(def, &state, &as_event(&state, &as_sent)) {
             Ok(next) => {
@@ -362,6 +561,7 @@ pub fn plan_inbox(
                     "reason": rejection.reason.to_string(),
                 }),
                 node: None,
+                sender: Some(entry.sender.clone()),
             },
             Err(_) if entry.expired => NewEvent::new(
                 EngineEvent::InboxExpired.as_str(),
@@ -409,13 +609,28 @@ async fn enqueue_on(
     for r in requests {
         r.check()?;
         if let Some(k) = &r.client_key
-            && !keys.insert(k.clone())
+            && !keys.insert((&k.caller, &k.key))
         {
             return Err(StoreError::Invalid(format!(
-                "idempotency key `{k}` appears twice in one batch"
+                "idempotency key `{}` appears twice in one batch",
+                k.key
             )));
         }
     }
+    // A reused key with another body refuses the whole call: nothing it wrote may stay.
+    if keys.is_empty() {
+        return enqueue_rows(conn, requests).await;
+    }
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let out = enqueue_rows(&mut tx, requests).await?;
+    tx.commit().await?;
+    Ok(out)
+}
+
+async fn enqueue_rows(
+    conn: &mut sqlx::PgConnection,
+    requests: &[EnqueueRequest],
+) -> Result<Vec<Enqueued>, StoreError> {
     let mut ids = Vec::new();
     let mut defs = Vec::new();
     let mut versions = Vec::new();
@@ -427,6 +642,8 @@ async fn enqueue_on(
     let mut queues = Vec::new();
     let mut parents = Vec::new();
     let mut client_keys = Vec::new();
+    let mut callers = Vec::new();
+    let mut body_hashes = Vec::new();
     let mut timers: Vec<Option<i64>> = Vec::new();
     let mut deadlines: Vec<Option<i64>> = Vec::new();
     for r in requests {
@@ -452,7 +669,9 @@ async fn enqueue_on(
         priorities.push(r.priority);
         queues.push(r.queue.clone());
         parents.push(r.parent_run_id);
-        client_keys.push(r.client_key.clone());
+        client_keys.push(r.client_key.as_ref().map(|k| k.key.clone()));
+        callers.push(r.client_key.as_ref().map(|k| k.caller.clone()));
+        body_hashes.push(r.client_key.as_ref().map(|_| r.body_hash()));
     }
     let rows = sqlx::query(include_str!("../queries/enqueue.sql"))
         .bind(&ids)
@@ -468,27 +687,43 @@ async fn enqueue_on(
         .bind(&client_keys)
         .bind(&timers)
         .bind(&deadlines)
+        .bind(&callers)
+        .bind(&body_hashes)
         .fetch_all(&mut *conn)
         .await?;
     let mut out = Vec::with_capacity(rows.len());
-    for (row, key) in rows.iter().zip(&client_keys) {
+    for ((row, r), hash) in rows.iter().zip(requests).zip(&body_hashes) {
         let run_id: Option<Uuid> = row.try_get("run_id")?;
-        let run_id = match (run_id, key) {
+        let mut stored_hash: Option<String> = row.try_get("body_hash")?;
+        let run_id = match (run_id, &r.client_key) {
             (Some(id), _) => id,
             // A concurrent enqueue with the same key committed after this statement's
             // snapshot was taken; a new statement sees it.
             (None, Some(key)) => {
-                sqlx::query_scalar("SELECT run_id FROM rein_enqueue_keys WHERE client_key = $1")
-                    .bind(key)
-                    .fetch_one(&mut *conn)
-                    .await?
+                let (id, hash): (Uuid, Option<String>) = sqlx::query_as(
+                    "SELECT run_id, body_hash FROM rein_enqueue_keys
+                     WHERE client_key = $1 AND (caller = $2 OR caller IS NULL)",
+                )
+                .bind(&key.key)
+                .bind(&key.caller)
+                .fetch_one(&mut *conn)
+                .await?;
+                stored_hash = hash;
+                id
             }
             (None, None) => return Err(StoreError::Corrupt("enqueue returned no run id".into())),
         };
-        out.push(Enqueued {
-            run_id,
-            created: row.try_get("created")?,
-        });
+        let created: bool = row.try_get("created")?;
+        // A key stored before keys kept their body's hash stands for any body.
+        if let (false, Some(key), Some(stored)) = (created, &r.client_key, &stored_hash)
+            && Some(stored) != hash.as_ref()
+        {
+            return Err(StoreError::KeyConflict {
+                key: key.key.clone(),
+                what: "request (definition, version, input, queue or priority)".to_owned(),
+            });
+        }
+        out.push(Enqueued { run_id, created });
     }
     Ok(out)
 }

@@ -7,7 +7,7 @@ use rein_core::{Definition, EngineEvent, Event, RejectReason, RunState, apply};
 use rein_scheduler::{Scheduler, SchedulerConfig};
 use rein_store::{
     ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, EnqueueRequest, FenceReason,
-    INBOX_TTL_MS_DEFAULT, NewEvent, SendOutcome, Store, StoreError, Writer, plan_commit,
+    INBOX_TTL_MS_DEFAULT, NewEvent, SendOutcome, Sender, Store, StoreError, Writer, plan_commit,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -26,6 +26,11 @@ fn leased(release: bool) -> CommitPlan {
         release,
         jitter_sample: 0.5,
     }
+}
+
+/// A writer without a lease delivering an event the engine decided (as a scheduler does).
+fn engine() -> Sender {
+    Sender::Engine("sched-1".into())
 }
 
 async fn enqueue(store: &Store) -> Uuid {
@@ -390,7 +395,7 @@ async fn lease_renewal_extends_only_live_leases() {
 async fn enqueue_with_client_key_returns_the_same_run() {
     let store = store("client_key").await;
     let mut request = EnqueueRequest::new(lifecycle(), json!({}));
-    request.client_key = Some("order-42".to_owned());
+    request.client_key = Some(rein_store::ClientKey::new("shop", "order-42"));
     let first = store.enqueue(request.clone()).await.unwrap();
     let second = store.enqueue(request).await.unwrap();
     assert!(first.created);
@@ -436,7 +441,7 @@ async fn send_without_lease_applies_at_once() {
     let store = store("send_applies").await;
     let run = enqueue(&store).await;
     let out = store
-        .send(run, "start", json!({}), "api", INBOX_TTL_MS_DEFAULT)
+        .send(run, "start", json!({}), &engine(), INBOX_TTL_MS_DEFAULT)
         .await
         .unwrap();
     assert_eq!(out, SendOutcome::Applied { sequence: 1 });
@@ -446,14 +451,17 @@ async fn send_without_lease_applies_at_once() {
     assert!(row.lease_owner.is_none());
     assert!(store.inbox(run).await.unwrap().is_empty());
     let history = store.history(run).await.unwrap();
-    assert_eq!((history[0].worker.as_str(), history[0].token), ("api", 1));
+    assert_eq!(
+        (history[0].worker.as_str(), history[0].token),
+        ("sched-1", 1)
+    );
     let grants: Vec<(i64, String)> =
         sqlx::query_as("SELECT fencing_token, worker FROM rein_lease_grants WHERE run_id = $1")
             .bind(run)
             .fetch_all(store.pool())
             .await
             .unwrap();
-    assert_eq!(grants, vec![(1, "api".to_owned())]);
+    assert_eq!(grants, vec![(1, "sched-1".to_owned())]);
     assert_replays(&store, run).await;
 }
 
@@ -467,7 +475,7 @@ async fn send_with_live_lease_goes_to_inbox() {
             run,
             "start",
             json!({ "data": { "from": "api" } }),
-            "api",
+            &engine(),
             60_000,
         )
         .await
@@ -499,6 +507,7 @@ async fn send_with_live_lease_goes_to_inbox() {
             kind: entry.kind.clone(),
             payload: entry.payload.clone(),
             node: None,
+            sender: None,
         }],
         vec![entry.id],
         leased(false),
@@ -525,29 +534,31 @@ async fn send_of_event_no_state_could_accept_is_refused() {
         other => panic!("not refused: {other:?}"),
     };
     assert_eq!(
-        refused(store.send(run, "bogus", json!({}), "api", 60_000).await),
+        refused(store.send(run, "bogus", json!({}), &engine(), 60_000).await),
         RejectReason::UnknownEvent
     );
     store
-        .send(run, "start", json!({}), "api", 60_000)
+        .send(run, "start", json!({}), &engine(), 60_000)
         .await
         .unwrap();
     // No state reachable from `running` accepts `start`.
     assert_eq!(
-        refused(store.send(run, "start", json!({}), "api", 60_000).await),
+        refused(store.send(run, "start", json!({}), &engine(), 60_000).await),
         RejectReason::NotInTable
     );
     store
-        .send(run, "complete", json!({}), "api", 60_000)
+        .send(run, "complete", json!({}), &engine(), 60_000)
         .await
         .unwrap();
     assert_eq!(store.run(run).await.unwrap().state, "done");
     assert_eq!(
-        refused(store.send(run, "start", json!({}), "api", 60_000).await),
+        refused(store.send(run, "start", json!({}), &engine(), 60_000).await),
         RejectReason::Terminal
     );
     assert!(matches!(
-        store.send(run, "CANCEL", json!({}), "api", 60_000).await,
+        store
+            .send(run, "CANCEL", json!({}), &engine(), 60_000)
+            .await,
         Err(StoreError::InvalidTransition(_))
     ));
     assert!(

@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::{assert_replays, enqueue, event_types, events_of, store, wait_state, wait_until};
 use rein_core::{Definition, Format, GuardRegistry};
 use rein_scheduler::{Scheduler, SchedulerConfig};
-use rein_store::{Store, StoreError};
+use rein_store::{Sender, Store, StoreError};
 use rein_worker::{
     ActionContext, BoxFuture, NodeHandler, Outcome, Reconciled, Registry, Worker, WorkerConfig,
 };
@@ -457,7 +457,7 @@ async fn a_branch_result_arriving_after_the_join_fired_is_recorded_as_rejected()
             run,
             "BRANCH_SUCCEEDED",
             json!({ "branch": "c", "fan_out": 2 }),
-            "mallory",
+            &Sender::outside("mallory"),
             60_000,
         )
         .await;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{assert_replays, enqueue, event_types, store, wait_state, wait_until};
 use rein_core::{Definition, EngineEvent, Format, GuardRegistry};
 use rein_scheduler::{Scheduler, SchedulerConfig};
-use rein_store::{EnqueueRequest, SendOutcome, Store, StoreError, counters};
+use rein_store::{EnqueueRequest, SendOutcome, Sender, Store, StoreError, counters};
 use rein_worker::{
     ActionContext, BoxFuture, NodeHandler, Outcome, Reconciled, Registry, Worker, WorkerConfig,
     builtin_registry,
@@ -418,11 +418,11 @@ async fn two_schedulers_racing_produce_one_event() {
     for _ in 0..10 {
         let run = enqueue(&store, &lifecycle(), json!({})).await;
         store
-            .send(run, "start", json!({}), "api", 60_000)
+            .send(run, "start", json!({}), &engine(), 60_000)
             .await
             .unwrap();
         store
-            .send(run, "transient_error", json!({}), "api", 60_000)
+            .send(run, "transient_error", json!({}), &engine(), 60_000)
             .await
             .unwrap();
         runs.push(run);
@@ -504,7 +504,7 @@ async fn waiting_state_timeout_fires_at_deadline() {
     let run = enqueue(&store, &def, json!({})).await;
     assert_eq!(
         store
-            .send(run, "wait", json!({}), "api", 60_000)
+            .send(run, "wait", json!({}), &engine(), 60_000)
             .await
             .unwrap(),
         SendOutcome::Applied { sequence: 1 }
@@ -709,7 +709,7 @@ async fn event_sent_while_leased_is_applied_from_the_inbox_by_the_holder() {
             run,
             "pause_for_approval",
             json!({ "data": { "why": "review" } }),
-            "api",
+            &engine(),
             60_000,
         )
         .await
@@ -737,7 +737,13 @@ async fn event_sent_while_leased_is_applied_from_the_inbox_by_the_holder() {
     // Parked and unleased now: an approval applies at once, and the worker finishes.
     assert!(matches!(
         store
-            .send(run, "approval_granted", json!({}), "api", 60_000)
+            .send(
+                run,
+                "approval_granted",
+                json!({}),
+                &Sender::Approver("alice".into()),
+                60_000
+            )
             .await
             .unwrap(),
         SendOutcome::Applied { .. }
@@ -767,7 +773,7 @@ async fn cancel_sent_mid_action_cancels_it_and_ends_in_the_cancel_state() {
             run,
             "CANCEL",
             json!({ "reason": "user asked" }),
-            "api",
+            &Sender::outside("api"),
             60_000,
         )
         .await
@@ -814,7 +820,7 @@ async fn cancel_of_a_research_agent_mid_action_ends_in_cancelled() {
             run,
             "CANCEL",
             json!({ "reason": "user asked" }),
-            "api",
+            &Sender::outside("api"),
             60_000,
         )
         .await
@@ -1053,4 +1059,10 @@ async fn renewal_never_loses_leases_claimed_while_it_was_in_flight() {
         lost, 0,
         "no fault was injected, yet leases were taken for lost"
     );
+}
+
+/// A writer without a lease delivering what the engine decided (a scheduler, or a test
+/// standing in for a node's action).
+fn engine() -> Sender {
+    Sender::Engine("sched-test".into())
 }

@@ -20,7 +20,7 @@ pub struct ApiError {
 }
 
 /// Every error code the API answers with.
-pub const CODES: [&str; 11] = [
+pub const CODES: [&str; 12] = [
     "validation_failed",
     "invalid_transition",
     "fenced",
@@ -28,6 +28,7 @@ pub const CODES: [&str; 11] = [
     "not_found",
     "unauthorized",
     "forbidden",
+    "event_not_allowed",
     "payload_too_large",
     "method_not_allowed",
     "unavailable",
@@ -43,7 +44,8 @@ pub struct ErrorBody {
 #[derive(Serialize, ToSchema)]
 pub struct ErrorDetail {
     /// Stable: validation_failed, invalid_transition, conflict, not_found, unauthorized,
-    /// forbidden, payload_too_large, method_not_allowed, unavailable, internal.
+    /// forbidden, event_not_allowed, payload_too_large, method_not_allowed, unavailable,
+    /// internal.
     pub code: String,
     pub message: String,
     #[schema(value_type = Option<Object>)]
@@ -123,6 +125,23 @@ impl From<StoreError> for ApiError {
             ))
             .with_details(json!({ "definition": name, "version": version })),
             StoreError::Invalid(message) => ApiError::validation(message),
+            StoreError::InvalidField { field, reason } => {
+                ApiError::validation(reason).with_details(json!({ "field": field }))
+            }
+            ref e @ StoreError::NotAllowed {
+                ref event,
+                ref sender,
+                ..
+            } => ApiError::new(StatusCode::FORBIDDEN, "event_not_allowed", e.to_string())
+                .with_details(json!({ "event": event, "sender": sender })),
+            ref e @ StoreError::NeedsApprover { ref event } => {
+                ApiError::new(StatusCode::FORBIDDEN, "forbidden", e.to_string()).with_details(
+                    json!({ "required_scope": Scope::Approve.as_str(), "event": event }),
+                )
+            }
+            ref e @ StoreError::KeyConflict { ref key, .. } => {
+                ApiError::conflict(e.to_string()).with_details(json!({ "idempotency_key": key }))
+            }
             StoreError::InvalidTransition(t) => {
                 ApiError::new(StatusCode::CONFLICT, "invalid_transition", t.to_string())
                     .with_details(json!({

@@ -82,6 +82,7 @@ pub fn router(store: Store, insecure_dev: bool, body_limit: usize) -> axum::Rout
     let _ = app.openapi.set(doc);
     router
         .fallback(|| async { ApiError::not_found("no such route".to_owned()) })
+        .layer(middleware::from_fn(refuse_nul))
         .layer(middleware::from_fn_with_state(app.clone(), authenticate))
         // The limit layer governs; axum's own 2 MB default for buffered bodies is off.
         .layer(DefaultBodyLimit::disable())
@@ -165,6 +166,37 @@ async fn authenticate(State(app): State<Arc<App>>, mut req: Request, next: Next)
     };
     req.extensions_mut().insert(Caller(caller));
     next.run(req).await
+}
+
+/// Refuses a path or query parameter with a NUL character (`%00`), which PostgreSQL cannot
+/// store, naming it, before any handler sees it (SPEC Z2). Bodies are checked where they
+/// are stored.
+async fn refuse_nul(req: Request, next: Next) -> Response {
+    match nul_free(req.uri()) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn nul_free(uri: &axum::http::Uri) -> Result<(), ApiError> {
+    // A NUL byte can only come from `%00` once the path is decoded.
+    if uri.path().to_ascii_lowercase().contains("%00") {
+        return Err(ApiError::validation(
+            "the path contains a NUL character (%00), which cannot be stored",
+        )
+        .with_details(serde_json::json!({ "field": "path" })));
+    }
+    if uri.query().is_some()
+        && let Ok(axum::extract::Query(pairs)) =
+            axum::extract::Query::<Vec<(String, String)>>::try_from_uri(uri)
+    {
+        for (name, value) in pairs {
+            let field = name.replace('\0', "\\u0000");
+            rein_store::input::check_text(&field, &name)
+                .and_then(|()| rein_store::input::check_text(&field, &value))?;
+        }
+    }
+    Ok(())
 }
 
 fn bearer(header: Option<&HeaderValue>) -> Result<String, ApiError> {

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use chrono::{DateTime, Utc};
 use rein_core::Format;
-use rein_store::{RunFilter, Scope};
+use rein_store::{RunFilter, Scope, Sender};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::{Value, json};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -150,6 +150,9 @@ struct EventView {
     token: i64,
     worker: String,
     occurred_at: DateTime<Utc>,
+    /// Who sent it from outside the engine: `api:SUBJECT` for an API token, the `--as` name
+    /// of the CLI, the approver or the operator. Absent for the engine's own events.
+    sender: Option<String>,
 }
 
 /// An approval request.
@@ -242,6 +245,24 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
         .map_err(|e| ApiError::validation(format!("bad query string: {e}")))
 }
 
+/// The `Idempotency-Key` header, when given.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    headers
+        .get("idempotency-key")
+        .map(|v| {
+            v.to_str().map(str::to_owned).map_err(|_| {
+                ApiError::validation("the Idempotency-Key header is not ASCII")
+                    .with_details(json!({ "field": "Idempotency-Key" }))
+            })
+        })
+        .transpose()
+}
+
+/// Who a token's requests are recorded as (sender, key owner).
+fn caller_name(subject: &str) -> String {
+    format!("api:{subject}")
+}
+
 // ---- handlers -----------------------------------------------------------------------------
 
 /// Liveness: the process serves requests.
@@ -297,32 +318,28 @@ async fn openapi_json(State(app): AppState, Extension(_caller): Extension<Caller
     }
 }
 
-/// Create a run. With an `Idempotency-Key` header, the same key returns the same run.
+/// Create a run. With an `Idempotency-Key` header, the same key with the same body returns
+/// the same run. Keys belong to the token's subject: another subject's same key is another
+/// key.
 #[utoipa::path(post, path = "/v1/runs", tag = "runs", request_body = EnqueueBody,
-    params(("Idempotency-Key" = Option<String>, Header, description = "Client key (1..=256 bytes): the same key returns the same run")),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Client key (1..=256 bytes), scoped to the token's subject: the same key with the same body returns the same run; with another body it is a conflict")),
     responses((status = 201, description = "Created", body = EnqueueResponse),
-              (status = 200, description = "The run this Idempotency-Key already created", body = EnqueueResponse),
+              (status = 200, description = "The run this Idempotency-Key already created for this body", body = EnqueueResponse),
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the enqueue scope", body = ErrorBody),
+              (status = 409, description = "The Idempotency-Key was used with another body (conflict; details.idempotency_key)", body = ErrorBody),
               (status = 413, description = "Body too large", body = ErrorBody),
-              (status = 422, description = "Invalid request", body = ErrorBody)))]
+              (status = 422, description = "Invalid request (details.field names a field that cannot be stored, e.g. one with a NUL character)", body = ErrorBody)))]
 async fn enqueue_run(
     State(app): AppState,
     Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    caller.require(Scope::Enqueue)?;
+    let who = caller.require(Scope::Enqueue)?;
     let body: EnqueueBody = parse_body(&body)?;
-    let key = match headers.get("idempotency-key") {
-        None => None,
-        Some(v) => Some(
-            v.to_str()
-                .map_err(|_| ApiError::validation("the Idempotency-Key header is not ASCII"))?
-                .to_owned(),
-        ),
-    };
-    let done = service::enqueue(&app.store, body, key).await?;
+    let key = idempotency_key(&headers)?;
+    let done = service::enqueue(&app.store, body, key, &caller_name(&who.subject)).await?;
     let status = if done.created {
         StatusCode::CREATED
     } else {
@@ -445,28 +462,45 @@ async fn run_events(
 }
 
 /// Send an event to a run (reply, cancel, ...): applied at once when no worker holds the
-/// run and its state takes the event, otherwise queued in its inbox.
+/// run and its state takes the event, otherwise queued in its inbox. Only CANCEL and the
+/// definition's `external_events` are accepted; engine events and call results are the
+/// engine's own (event_not_allowed). An approval event also needs the approve scope. The
+/// event records the token's subject as its sender.
 #[utoipa::path(post, path = "/v1/runs/{id}/events", tag = "runs", request_body = SendBody,
-    params(("id" = Uuid, Path, description = "Run id")),
+    params(("id" = Uuid, Path, description = "Run id"),
+           ("Idempotency-Key" = Option<String>, Header, description = "Client key (1..=256 bytes): sending again with the same key returns what became of the first send instead of applying it twice")),
     responses((status = 200, description = "Applied", body = SendResponse),
               (status = 202, description = "Queued in the run's inbox", body = SendResponse),
               (status = 401, description = "No or bad token", body = ErrorBody),
-              (status = 403, description = "Needs the operate scope", body = ErrorBody),
+              (status = 403, description = "Needs the operate scope (forbidden; an approval event also needs approve), or the event is not one outside callers may send (event_not_allowed)", body = ErrorBody),
               (status = 404, description = "No such run", body = ErrorBody),
-              (status = 409, description = "The run cannot take this event (invalid_transition)", body = ErrorBody),
+              (status = 409, description = "The run cannot take this event (invalid_transition), or the Idempotency-Key was used with another event (conflict)", body = ErrorBody),
               (status = 413, description = "Body too large", body = ErrorBody),
-              (status = 422, description = "Invalid request", body = ErrorBody)))]
+              (status = 422, description = "Invalid request (details.field names a field that cannot be stored, e.g. one with a NUL character)", body = ErrorBody)))]
 async fn send_event(
     State(app): AppState,
     Extension(caller): Extension<Caller>,
     id: Result<Path<Uuid>, PathRejection>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let who = caller.require(Scope::Operate)?;
     let id = path_id(id)?;
+    let key = idempotency_key(&headers)?;
     let body: SendBody = parse_body(&body)?;
-    let sender = format!("api:{}", who.subject);
-    let sent = service::send(&app.store, id, &body.kind, body.payload, &sender).await?;
+    let sender = Sender::Outside {
+        name: caller_name(&who.subject),
+        may_approve: who.allows(Scope::Approve),
+    };
+    let sent = service::send(
+        &app.store,
+        id,
+        &body.kind,
+        body.payload,
+        &sender,
+        key.as_deref(),
+    )
+    .await?;
     let status = if sent.applied() {
         StatusCode::OK
     } else {

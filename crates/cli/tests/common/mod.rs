@@ -421,7 +421,7 @@ pub async fn finished_runs(prefix: &str) -> Finished {
                             denied,
                             "approval_denied",
                             serde_json::json!({ "reason": "no" }),
-                            "test",
+                            &rein_store::Sender::Approver("test".into()),
                             60_000,
                         )
                         .await;
@@ -512,4 +512,102 @@ impl Drop for PrivateRedis {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// `rein ARGS` with only `env` of the variables that pick a route (database, API, token,
+/// who acts).
+pub fn rein_with(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(REIN);
+    cmd.args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("REIN_URL")
+        .env_remove("REIN_TOKEN")
+        .env_remove("REIN_APPROVER")
+        .env_remove("REIN_OPERATOR");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run rein")
+}
+
+/// Commits `events` to an unleased run, each at once, as a worker would (what a node's action
+/// decides is the engine's to write).
+pub async fn as_the_engine(store: &rein_store::Store, run: uuid::Uuid, events: &[&str]) {
+    for event in events {
+        let sent = store
+            .send(
+                run,
+                event,
+                serde_json::json!({}),
+                &rein_store::Sender::Engine("test-worker".into()),
+                60_000,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("send {event}: {e}"));
+        assert!(
+            matches!(sent, rein_store::SendOutcome::Applied { .. }),
+            "{event} applies at once to a run without a lease: {sent:?}"
+        );
+    }
+}
+
+/// A fresh database, a running `rein api` on it (the real binary, on a free port), and a
+/// store for setting up and checking.
+pub struct Api {
+    pub fleet: Fleet,
+    pub url: String,
+    pub base: String,
+    pub store: rein_store::Store,
+    pub http: reqwest::Client,
+}
+
+impl Api {
+    pub async fn start(prefix: &str, extra: &[&str]) -> Api {
+        let (url, store) = fresh_store(prefix).await;
+        let mut fleet = Fleet::new(&url, prefix);
+        let mut args = vec!["api", "--listen", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        let base = fleet.spawn_server("api", &args);
+        assert!(base.starts_with("http://127.0.0.1:"), "first line: {base}");
+        Api {
+            fleet,
+            url,
+            base,
+            store,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// A token made by `rein tokens create`.
+    pub fn token(&self, subject: &str, scopes: &[&str]) -> String {
+        token(&self.url, subject, scopes)
+    }
+
+    pub fn get(&self, path: &str, token: Option<&str>) -> reqwest::RequestBuilder {
+        let req = self.http.get(format!("{}{path}", self.base));
+        match token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+
+    pub fn post(&self, path: &str, token: &str) -> reqwest::RequestBuilder {
+        self.http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(token)
+    }
+}
+
+/// The status and JSON body of an API response.
+pub async fn json_of(r: reqwest::Response) -> (reqwest::StatusCode, serde_json::Value) {
+    let status = r.status();
+    let text = r.text().await.expect("a body");
+    let value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("status {status}: body is not JSON ({e}): {text}"));
+    (status, value)
+}
+
+/// The stable code of an API error document.
+pub fn code(v: &serde_json::Value) -> &str {
+    v["error"]["code"].as_str().unwrap_or("<none>")
 }
