@@ -266,12 +266,7 @@ async fn check_only_passes_a_live_database_and_reports_its_unfinished_runs_apart
         .expect("claim");
     assert_eq!(claimed.first().map(|c| c.run_id), Some(running));
     let parked = enqueue().await;
-    for event in ["start", "block_on_dependency"] {
-        f.store
-            .send(parked, event, json!({}), "test", 60_000)
-            .await
-            .expect("send");
-    }
+    common::as_the_engine(&f.store, parked, &["start", "block_on_dependency"]).await;
     assert_eq!(f.store.run(parked).await.unwrap().status, "parked");
     enqueue().await;
 

@@ -242,22 +242,22 @@ async fn an_event_the_api_refuses_is_counted_and_warned_by_the_api() {
         .await
         .unwrap()
         .run_id;
-    store
-        .send(run, "start", json!({}), "test", 60_000)
-        .await
-        .unwrap();
+    // The engine ends the run; an outside caller then sends an event it may send
+    // (`dependency_resolved` is one of lifecycle's external events) that a finished run
+    // cannot take.
+    common::as_the_engine(&store, run, &["start", "complete"]).await;
     let refused = |text: &str| {
         sum(
             text,
             "rein_invalid_transitions_total",
-            &["definition=\"lifecycle\"", "event=\"start\""],
+            &["definition=\"lifecycle\"", "event=\"dependency_resolved\""],
         )
     };
 
-    // Straight to the API: no state reachable from `running` takes `start`.
+    // Straight to the API: a finished run takes no event.
     let response = reqwest::Client::new()
         .post(format!("{api}/v1/runs/{run}/events"))
-        .json(&json!({ "type": "start", "payload": {} }))
+        .json(&json!({ "type": "dependency_resolved", "payload": {} }))
         .send()
         .await
         .unwrap();
@@ -267,7 +267,13 @@ async fn an_event_the_api_refuses_is_counted_and_warned_by_the_api() {
     assert_eq!(log_lines(&fleet, "api", "transition refused"), 1);
 
     // `rein send` through the API: the API refuses it, counts it and warns.
-    let out = common::rein(&["send", &run.to_string(), "start", "--api-url", &api]);
+    let out = common::rein(&[
+        "send",
+        &run.to_string(),
+        "dependency_resolved",
+        "--api-url",
+        &api,
+    ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let (_, text) = scrape_at(&api, "/metrics").await;
     assert_eq!(refused(&text), 2.0, "{text}");
@@ -280,11 +286,20 @@ async fn an_event_the_api_refuses_is_counted_and_warned_by_the_api() {
     for line in lines {
         assert!(line.contains("WARN"), "{line}");
         assert!(line.contains(&run.to_string()), "{line}");
-        assert!(line.contains("not_in_table"), "{line}");
+        assert!(
+            line.contains("\"terminal\"") || line.contains("code=terminal"),
+            "{line}"
+        );
     }
 
     // `rein send` straight to the database: that process refuses it and warns on stderr.
-    let out = common::rein(&["send", &run.to_string(), "start", "--database-url", &url]);
+    let out = common::rein(&[
+        "send",
+        &run.to_string(),
+        "dependency_resolved",
+        "--database-url",
+        &url,
+    ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(
@@ -292,9 +307,9 @@ async fn an_event_the_api_refuses_is_counted_and_warned_by_the_api() {
             .any(|l| l.contains("WARN") && l.contains("transition refused")),
         "{err}"
     );
-    assert!(err.contains("start in state running"), "{err}");
+    assert!(err.contains("dependency_resolved in state done"), "{err}");
     assert!(stdout(&out).is_empty(), "{}", stdout(&out));
-    assert_eq!(store.run(run).await.unwrap().last_sequence, 1);
+    assert_eq!(store.run(run).await.unwrap().last_sequence, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

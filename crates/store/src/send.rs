@@ -354,7 +354,7 @@ impl Store {
                 sequence: state.sequence + 1,
                 reason,
             };
-            crate::metrics::transition_refused(def.name(), run_id, &refused, sender);
+            crate::metrics::transition_refused(def.name(), run_id, &refused, sender.name());
             StoreError::InvalidTransition(refused)
         };
         if !def.has_event(kind) && !EngineEvent::is_reserved(kind) {

@@ -10,7 +10,7 @@ use rein_core::{Definition, Format, GuardRegistry};
 use rein_scheduler::{Scheduler, SchedulerConfig};
 use rein_store::{
     ClaimedRun, CommitOutcome, CommitPlan, EnqueueRequest, INBOX_TTL_MS_DEFAULT, NewEvent,
-    SendOutcome, Store, Writer, plan_commit,
+    SendOutcome, Sender, Store, Writer, plan_commit,
 };
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -257,7 +257,13 @@ async fn blocked_inboxes(store: &Store, n: usize) -> Vec<Uuid> {
     let runs = enqueue_many(store, &later, "later", json!({}), n).await;
     for &run in &runs {
         let sent = store
-            .send(run, "LATER", json!({}), "sender", INBOX_TTL_MS_DEFAULT)
+            .send(
+                run,
+                "LATER",
+                json!({}),
+                &Sender::Engine("sender".into()),
+                INBOX_TTL_MS_DEFAULT,
+            )
             .await
             .expect("send");
         assert!(matches!(sent, SendOutcome::Queued { .. }), "{sent:?}");
@@ -518,7 +524,7 @@ fn count(counter: &std::sync::atomic::AtomicU64) -> u64 {
 
 async fn send(store: &Store, run: Uuid, kind: &str, payload: Value, ttl_ms: u64) -> SendOutcome {
     store
-        .send(run, kind, payload, "sender", ttl_ms)
+        .send(run, kind, payload, &Sender::Engine("sender".into()), ttl_ms)
         .await
         .expect("send")
 }
