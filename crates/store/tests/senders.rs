@@ -535,7 +535,7 @@ async fn built_ins_stored_before_their_external_events_still_migrate_and_guard()
     let store = store("senders_old_builtins").await;
     sqlx::query(
         "UPDATE rein_definitions SET body = body - 'external_events', hash = 'stored-before'
-         WHERE name IN ('lifecycle', 'research-agent') AND version = 1",
+         WHERE name IN ('lifecycle', 'research-agent') AND version = 2",
     )
     .execute(store.pool())
     .await
@@ -545,13 +545,13 @@ async fn built_ins_stored_before_their_external_events_still_migrate_and_guard()
         .await
         .expect("migrate keeps the stored bodies");
     let hash: String = sqlx::query_scalar(
-        "SELECT hash FROM rein_definitions WHERE name = 'lifecycle' AND version = 1",
+        "SELECT hash FROM rein_definitions WHERE name = 'lifecycle' AND version = 2",
     )
     .fetch_one(store.pool())
     .await
     .unwrap();
     assert_eq!(hash, "stored-before");
-    let stored = store.load_definition("lifecycle", Some(1)).await.unwrap();
+    let stored = store.load_definition("lifecycle", Some(2)).await.unwrap();
     assert!(stored.spec().external_events.is_none());
     let run = run_of(&store, &stored, json!({})).await;
     send(&store, run, "start", json!({}), &engine()).await;
