@@ -339,3 +339,105 @@ async fn brief_prints_the_steps_done_and_the_pending_step_the_same_each_time() {
     let unknown = rein(&["brief", &Uuid::nil().to_string(), "--database-url", &url]);
     assert_eq!(unknown.status.code(), Some(1), "{}", stderr(&unknown));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_changed_by_hand_is_an_integrity_error_and_the_brief_follows_the_log() {
+    let (url, store) = common::fresh_store("cli_checkpoint").await;
+    let def = rein_core::builtin::research_agent();
+    // 25 tool steps of three events each: a log long enough for checkpoints.
+    let input = serde_json::json!({ "task": "find papers on fencing", "sim": { "steps": 25 } });
+    let run = store
+        .enqueue(rein_store::EnqueueRequest::new(def, input))
+        .await
+        .expect("enqueue")
+        .run_id;
+    let (shutdown, task) = start_worker(&store, "cli-checkpoint-worker");
+    common::wait_for(
+        "the run to succeed",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || {
+            let store = store.clone();
+            async move { store.run(run).await.is_ok_and(|r| r.state == "SUCCEEDED") }
+        },
+    )
+    .await;
+    shutdown.cancel();
+    task.await.expect("worker task").expect("worker");
+    let checkpoints: Vec<i64> = sqlx::query_scalar(
+        "SELECT sequence FROM rein_checkpoints WHERE run_id = $1 ORDER BY sequence",
+    )
+    .bind(run)
+    .fetch_all(store.pool())
+    .await
+    .expect("checkpoints");
+    assert!(checkpoints.len() >= 2, "{checkpoints:?}");
+    let (oldest, newest) = (checkpoints[0], checkpoints[checkpoints.len() - 1]);
+    let run_arg = run.to_string();
+    let verify = ["runs", "verify", &run_arg, "--database-url", &url];
+    let out = rein(&verify);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let forge = |sequence: i64| {
+        let store = store.clone();
+        async move {
+            let changed = sqlx::query(
+                "UPDATE rein_checkpoints SET state = jsonb_set(state, '{data,task}', '\"forged\"')
+                 WHERE run_id = $1 AND sequence = $2",
+            )
+            .bind(run)
+            .bind(sequence)
+            .execute(store.pool())
+            .await
+            .expect("forge a checkpoint")
+            .rows_affected();
+            assert_eq!(changed, 1);
+        }
+    };
+
+    // An older checkpoint changed by hand: verify and the audit check every one.
+    forge(oldest).await;
+    let out = rein(&verify);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains(&format!(
+            "integrity error: checkpoint at sequence {oldest} differs from the state the log gives there (in data)"
+        )),
+        "{}",
+        stderr(&out)
+    );
+    let audit = store.audit().await.expect("audit");
+    assert_eq!(audit.replay_mismatches, 1, "{audit:?}");
+    // The brief starts from the newest checkpoint, which is still true.
+    let brief = ["brief", &run_arg, "--database-url", &url, "--json"];
+    let out = rein(&brief);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+    let trusted = stdout(&out);
+
+    // The newest changed by hand: the brief falls back to the log and says so.
+    forge(newest).await;
+    let out = rein(&brief);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), trusted, "the brief the log gives");
+    let shown: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(shown["task"], "find papers on fencing");
+    assert!(
+        stderr(&out).contains(&format!(
+            "warning: checkpoint at sequence {newest} differs from the state the log gives there (in data); this brief was rebuilt from the log"
+        )),
+        "{}",
+        stderr(&out)
+    );
+    let out = rein(&["brief", &run_arg, "--database-url", &url]);
+    assert!(
+        stdout(&out).contains("find papers on fencing"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(!stdout(&out).contains("forged"), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("rebuilt from the log"),
+        "{}",
+        stderr(&out)
+    );
+}
