@@ -441,3 +441,75 @@ async fn a_checkpoint_changed_by_hand_is_an_integrity_error_and_the_brief_follow
         stderr(&out)
     );
 }
+
+#[test]
+fn a_cycle_only_timers_drive_is_a_warning_when_checked_and_registered() {
+    let url = common::fresh_database("cli_timer_cycle");
+    let out = rein(&["migrate", "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../core/tests/fixtures/timer-ping-pong.toml"
+    );
+    let warning = "warning: states (PING, PONG): a cycle made only of timer events";
+
+    let out = rein(&["definitions", "check", path]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("ok: ping-pong v1"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(stderr(&out).contains(warning), "{}", stderr(&out));
+
+    let out = rein(&[
+        "definitions",
+        "register",
+        path,
+        "--json",
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains(warning), "{}", stderr(&out));
+    let done: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(done["created"], true, "registered regardless");
+    assert_eq!(done["warnings"][0]["item"], "states (PING, PONG)", "{done}");
+}
+
+#[test]
+fn enqueueing_a_sim_run_that_asks_for_too_many_steps_is_refused_with_the_bound() {
+    let url = common::fresh_database("cli_sim_steps");
+    let out = rein(&["migrate", "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let enqueue = |input: &str| {
+        rein(&[
+            "enqueue",
+            "--database-url",
+            &url,
+            "--definition",
+            "research-agent",
+            "--input",
+            input,
+        ])
+    };
+    let out = enqueue(r#"{"sim": {"steps": 100000000}}"#);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("input.sim.steps is 100000000; a sim run takes at most 1000 steps"),
+        "{}",
+        stderr(&out)
+    );
+    let out = enqueue(r#"{"sim": {"steps": "many"}}"#);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("input.sim does not parse"),
+        "{}",
+        stderr(&out)
+    );
+    let out = rein(&["runs", "list", "--json", "--database-url", &url]);
+    let runs: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(runs, serde_json::json!([]), "no run was created");
+    let out = enqueue(r#"{"sim": {"steps": 1000}}"#);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}

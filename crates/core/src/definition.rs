@@ -51,6 +51,11 @@ pub struct DefinitionSpec {
     /// states name the keys their action takes in `limits`. A worker's `--limit` overrides.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub limits: BTreeMap<String, LimitSpec>,
+    /// The ceiling on a run's events (default `limits::RUN_EVENTS_DEFAULT`): the commit that
+    /// reaches it ends the run in the cancel state with reason `step_limit`
+    /// ([`crate::runaway`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_events: Option<u64>,
 }
 
 /// A fleet-wide limit on one key: a rate (`rate` actions per `per_ms`, with bursts of up to
@@ -567,6 +572,8 @@ struct Inner {
     approval_rules: HashMap<(String, String), Arc<crate::guard::Expr>>,
     /// Compiled join guards by fan-out state.
     join_guards: HashMap<String, Arc<crate::guard::Expr>>,
+    /// What validation found doubtful but not wrong (the definition loads and runs).
+    warnings: Vec<DefinitionProblem>,
 }
 
 impl fmt::Debug for Definition {
@@ -1167,9 +1174,14 @@ impl Definition {
             );
         }
 
+        if let Some(problem) = spec.max_events.and_then(crate::runaway::max_events_problem) {
+            p("max_events".into(), problem);
+        }
+
         if !problems.is_empty() {
             return Err(DefinitionError::Invalid(problems));
         }
+        let warnings = crate::runaway::timer_cycle_warnings(&spec);
         let hash = crate::hash::sha256_hex(
             crate::hash::canonical_json(&serde_json::to_value(&spec).unwrap_or_default())
                 .as_bytes(),
@@ -1188,8 +1200,23 @@ impl Definition {
                 schemas,
                 approval_rules,
                 join_guards,
+                warnings,
             }),
         })
+    }
+
+    /// What validation found doubtful but not wrong, e.g. a cycle only timers drive. Shown
+    /// when a definition is checked or registered; it loads and runs regardless.
+    pub fn warnings(&self) -> &[DefinitionProblem] {
+        &self.inner.warnings
+    }
+
+    /// The ceiling on a run's events ([`crate::runaway`]).
+    pub fn max_events(&self) -> u64 {
+        self.inner
+            .spec
+            .max_events
+            .unwrap_or(limits::RUN_EVENTS_DEFAULT)
     }
 
     /// The compiled join guard of fan-out state `state`, when its policy is `guard`.

@@ -8,7 +8,7 @@
 //! [`state`] and [`event`] (the run projection and the facts that change it), [`reducer`]
 //! (the pure `R(X, e)`), [`guard`], [`retry`], [`hash`], [`checkpoint`], [`builtin`];
 //! [`blob`] (large payloads by reference), [`brief`] (the resume brief), [`join`] (parallel
-//! branches) and [`budget`] (usage limits).
+//! branches), [`budget`] (usage limits) and [`runaway`] (the ceiling on a run's events).
 
 pub mod blob;
 pub mod brief;
@@ -24,6 +24,7 @@ pub mod join;
 pub mod limits;
 pub mod reducer;
 pub mod retry;
+pub mod runaway;
 pub mod state;
 pub mod timer;
 

@@ -146,10 +146,10 @@ pub fn plan_commit(
         state = next;
     }
     // What the engine commits on its own after these events (a decided join, a used-up
-    // budget) goes in the same commit, so a join fires atomically with the result that
-    // decides it. One of each at most.
+    // budget, the ceiling on the run's events) goes in the same commit, so a join fires
+    // atomically with the result that decides it. One of each at most.
     let mut events = events;
-    for _ in 0..2 {
+    for _ in 0..3 {
         let Some((kind, payload)) = rein_core::follow_up(def, &state) else {
             break;
         };
@@ -170,7 +170,9 @@ pub fn plan_commit(
     let checkpoint = long_log_ends || (!events.is_empty() && crossed);
     let finish = (status == RunStatus::Terminal && !def.is_terminal(&base.state)).then(|| {
         let ending = events.last().map(|e| (&e.kind, &e.payload));
-        if state.state == def.cancel_state() {
+        if state.terminal_reason.as_deref() == Some(rein_core::runaway::STEP_LIMIT) {
+            crate::metrics::Finish::Failed
+        } else if state.state == def.cancel_state() {
             crate::metrics::Finish::Cancelled
         } else if ending.is_some_and(|(kind, payload)| {
             payload.get("error").is_some()

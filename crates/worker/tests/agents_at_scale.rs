@@ -1,7 +1,8 @@
 //! Agents at scale against a real PostgreSQL, with in-process workers and schedulers:
 //! parallel branches as child runs joined by policy (SPEC P1), budgets (tokens, wall time),
-//! LLM-sized payloads stored once by hash (SPEC E5) and the resume brief after a restart
-//! (SPEC D3). Only the external model and tools are faked (the handlers below).
+//! LLM-sized payloads stored once by hash (SPEC E5), the resume brief after a restart
+//! (SPEC D3) and the ceiling that ends runaway runs. Only the external model and tools are
+//! faked (the handlers below).
 
 #[path = "../../store/tests/common/mod.rs"]
 mod common;
@@ -16,6 +17,7 @@ use rein_scheduler::{Scheduler, SchedulerConfig};
 use rein_store::{Store, StoreError};
 use rein_worker::{
     ActionContext, BoxFuture, NodeHandler, Outcome, Reconciled, Registry, Worker, WorkerConfig,
+    builtin_registry,
 };
 use serde_json::{Value, json};
 use tokio::sync::{Barrier, Notify};
@@ -122,6 +124,8 @@ impl NodeHandler for Fake {
                     json!({ "usage": { "tokens": 300, "cost": 0.01 } }),
                 ),
                 "park" => Outcome::event("PARK", json!({})),
+                "spin" => Outcome::event("AGAIN", json!({})),
+                "start" => Outcome::event("GO", json!({})),
                 "fetch" => Outcome::event("FETCHED", json!({ "result": big_result() })),
                 "step" => {
                     fakes
@@ -153,7 +157,9 @@ impl NodeHandler for Fake {
 
 fn registry(fakes: &Fakes) -> Registry {
     let mut registry = Registry::new();
-    for action in ["plan", "task", "think", "park", "fetch", "step"] {
+    for action in [
+        "plan", "task", "think", "park", "fetch", "step", "spin", "start",
+    ] {
         registry.register(
             action,
             Fake {
@@ -175,14 +181,24 @@ impl Fleet {
         Fleet { stops: Vec::new() }
     }
 
-    fn worker(mut self, store: &Store, id: &str, concurrency: usize, fakes: &Fakes) -> Fleet {
+    fn worker(self, store: &Store, id: &str, concurrency: usize, fakes: &Fakes) -> Fleet {
+        self.worker_with(store, id, concurrency, registry(fakes))
+    }
+
+    fn worker_with(
+        mut self,
+        store: &Store,
+        id: &str,
+        concurrency: usize,
+        registry: Registry,
+    ) -> Fleet {
         let mut config = WorkerConfig::new(id);
         config.lease_ttl_ms = 1_000;
         config.poll_interval_ms = 20;
         config.shutdown_grace_ms = 200;
         config.concurrency = concurrency;
         config.claim_batch = 1;
-        let worker = Worker::new(store.clone(), config, registry(fakes));
+        let worker = Worker::new(store.clone(), config, registry);
         let stop = CancellationToken::new();
         let task = tokio::spawn({
             let stop = stop.clone();
@@ -915,4 +931,100 @@ async fn the_resume_brief_after_a_restart_lists_exactly_the_done_steps_and_the_p
     assert_eq!(last.pending, None, "a finished run has nothing pending");
     assert_ne!(last.to_canonical_json(), brief.to_canonical_json());
     assert_replays(&store, run).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Runaway runs
+
+/// A fixture of the core's tests with `max_events = 50`.
+fn with_ceiling_of_50(text: &str) -> String {
+    assert!(text.contains("version = 1\n"));
+    text.replacen("version = 1\n", "version = 1\nmax_events = 50\n", 1)
+}
+
+async fn wait_terminal(store: &Store, run: Uuid) {
+    wait_until("the run ended", LONG, || async {
+        store.run(run).await.expect("run").status == "terminal"
+    })
+    .await;
+}
+
+/// Asserts that `run` ended failed on its ceiling of 50 events, the last one written by
+/// `writer`.
+async fn assert_ended_on_the_ceiling(store: &Store, run: Uuid, writer: &str) {
+    let row = store.run(run).await.expect("run");
+    assert_eq!(row.state, "CANCELLED", "the definition's cancel state");
+    assert_eq!(row.terminal_reason.as_deref(), Some("step_limit"));
+    assert_eq!(row.last_sequence, 50, "at the ceiling, not past it");
+    assert!(row.finished_at.is_some());
+    let history = store.history(run).await.expect("history");
+    assert_eq!(history.len(), 50);
+    let last = history.last().expect("events");
+    assert_eq!(last.kind, "STEP_LIMIT_REACHED");
+    assert_eq!(last.payload["reason"], "step_limit");
+    assert_eq!(last.payload["max_events"], 50);
+    assert_eq!(
+        last.worker, writer,
+        "appended to the commit that reached the ceiling"
+    );
+    assert_replays(store, run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_active_state_that_returns_to_itself_ends_failed_at_max_events() {
+    let store = store("runaway_self_loop").await;
+    let text = with_ceiling_of_50(include_str!("../../core/tests/fixtures/self-loop.toml"));
+    let def = register(&store, &text).await;
+    let run = enqueue(&store, &def, json!({})).await;
+    let fakes = Fakes::default();
+    let fleet = Fleet::new().worker(&store, "spin-w1", 1, &fakes);
+    wait_terminal(&store, run).await;
+    fleet.stop().await;
+    assert_ended_on_the_ceiling(&store, run, "spin-w1").await;
+    assert_eq!(
+        events_of(&store, run, "AGAIN").await.len(),
+        49,
+        "the worker's steps until the ceiling"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_waiting_states_whose_1ms_timers_point_at_each_other_end_failed_at_max_events() {
+    let store = store("runaway_ping_pong").await;
+    let text = with_ceiling_of_50(include_str!(
+        "../../core/tests/fixtures/timer-ping-pong.toml"
+    ));
+    let def = register(&store, &text).await;
+    assert_eq!(def.warnings().len(), 1, "{:?}", def.warnings());
+    let run = enqueue(&store, &def, json!({})).await;
+    let fakes = Fakes::default();
+    let fleet = Fleet::new()
+        .worker(&store, "pong-w1", 1, &fakes)
+        .scheduler(&store, "pong-s1");
+    wait_terminal(&store, run).await;
+    fleet.stop().await;
+    assert_ended_on_the_ceiling(&store, run, "pong-s1").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_research_run_asking_for_more_sim_steps_than_the_sim_takes_fails_at_intake() {
+    let store = store("runaway_sim_steps").await;
+    let def = store
+        .load_definition("research-agent", None)
+        .await
+        .expect("built in");
+    let run = enqueue(&store, &def, json!({ "sim": { "steps": 100_000_000 } })).await;
+    let fleet = Fleet::new().worker_with(&store, "steps-w1", 1, builtin_registry(store.clone()));
+    wait_terminal(&store, run).await;
+    fleet.stop().await;
+    let row = store.run(run).await.expect("run");
+    assert_eq!(row.state, "FAILED");
+    assert_eq!(row.terminal_reason.as_deref(), Some("invalid_input"));
+    let history = store.history(run).await.expect("history");
+    assert_eq!(history.len(), 1, "nothing ran");
+    assert_eq!(history[0].kind, "INVALID_INPUT");
+    assert_eq!(
+        history[0].payload["error"]["message"],
+        "input.sim.steps is 100000000; a sim run takes at most 1000 steps"
+    );
 }
