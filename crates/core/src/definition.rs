@@ -221,6 +221,18 @@ pub struct FanOutSpec {
     pub joined_event: String,
     /// Committed when the join policy can no longer be met.
     pub failed_event: String,
+    /// Cancel the branches still running once the join is decided (CANCEL with reason
+    /// `join_decided`); `false` lets them run to their end.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub cancel_losers: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(value: &bool) -> bool {
+    *value
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

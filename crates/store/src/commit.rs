@@ -99,6 +99,9 @@ pub struct CommitRequest {
     /// A fleet-wide limit deferred the run's action (SPEC K1): it becomes claimable again
     /// this long after the commit, by the database clock.
     pub defer_ms: Option<u64>,
+    /// Child runs of a join this commit decides that are still running (SPEC P1): each gets
+    /// CANCEL with reason `join_decided` in its inbox, only if this commit lands.
+    pub cancel_children: Vec<Uuid>,
 }
 
 /// Options of [`plan_commit`].
@@ -149,6 +152,7 @@ pub fn plan_commit(
     // budget, the ceiling on the run's events) goes in the same commit, so a join fires
     // atomically with the result that decides it. One of each at most.
     let mut events = events;
+    let mut cancel_children = Vec::new();
     for _ in 0..3 {
         let Some((kind, payload)) = rein_core::follow_up(def, &state) else {
             break;
@@ -157,6 +161,7 @@ pub fn plan_commit(
         let Ok(next) = apply(def, &state, &event) else {
             break;
         };
+        cancel_children.extend(rein_core::join::losers(def, run_id, &state));
         events.push(NewEvent::new(kind, payload));
         state = next;
     }
@@ -206,6 +211,7 @@ pub fn plan_commit(
         blobs: Vec::new(),
         children,
         defer_ms: None,
+        cancel_children,
     })
 }
 
@@ -494,6 +500,10 @@ pub(crate) async fn commit_on(
                     .map(|ms| ms as i64),
             );
         }
+        for child in &r.cancel_children {
+            q.x_run.push(*child);
+            q.x_parent.push(r.run_id);
+        }
         for b in r.blobs.iter().filter(|b| !stored.contains(&b.sha256)) {
             q.blob_run.push(r.run_id);
             q.blob_hash.push(b.sha256.clone());
@@ -605,6 +615,8 @@ pub(crate) async fn commit_on(
         .bind(&q.c_deadline)
         .bind(BRANCH_RESULT_BYTES_MAX)
         .bind(&q.defers)
+        .bind(&q.x_run)
+        .bind(&q.x_parent)
         .fetch_all(&mut *conn)
         .await
         .inspect_err(|e| {
@@ -743,4 +755,6 @@ struct Columns {
     c_timer: Vec<Option<i64>>,
     c_deadline: Vec<Option<i64>>,
     defers: Vec<Option<i64>>,
+    x_run: Vec<Uuid>,
+    x_parent: Vec<Uuid>,
 }

@@ -293,6 +293,11 @@ fn task() -> String {
 
 /// A parent that plans, then fans out into `branches` joined by `join`.
 fn fan_parent(name: &str, join: &str, branches: &[&str]) -> String {
+    fan_parent_with(name, join, branches, "")
+}
+
+/// [`fan_parent`] with `more` TOML in its fan-out table.
+fn fan_parent_with(name: &str, join: &str, branches: &[&str], more: &str) -> String {
     let branches: Vec<String> = branches
         .iter()
         .map(|b| {
@@ -302,7 +307,7 @@ fn fan_parent(name: &str, join: &str, branches: &[&str]) -> String {
         })
         .collect();
     let fan_out = format!(
-        "\n[states.fan_out]\njoined_event = \"JOINED\"\nfailed_event = \"JOIN_FAILED\"\njoin = {join}\nbranches = [{}]\n",
+        "\n[states.fan_out]\njoined_event = \"JOINED\"\nfailed_event = \"JOIN_FAILED\"\njoin = {join}\nbranches = [{}]\n{more}",
         branches.join(", ")
     );
     machine(
@@ -323,6 +328,14 @@ fn fan_parent(name: &str, join: &str, branches: &[&str]) -> String {
     )
 }
 
+/// (branch, state) of each child, as [`children_of`] lists them.
+fn states_by_branch(children: &[(Uuid, String, String)]) -> Vec<(&str, &str)> {
+    children
+        .iter()
+        .map(|(_, b, s)| (b.as_str(), s.as_str()))
+        .collect()
+}
+
 async fn children_of(store: &Store, parent: Uuid) -> Vec<(Uuid, String, String)> {
     sqlx::query_as(
         "SELECT run_id, branch->>'name', state FROM rein_runs
@@ -338,12 +351,15 @@ async fn children_of(store: &Store, parent: Uuid) -> Vec<(Uuid, String, String)>
 async fn three_branches_at_least_two_one_fails_and_the_join_proceeds_with_the_two_results() {
     let store = store("fan_at_least").await;
     register(&store, &task()).await;
+    // b may still be running when a and c decide the join: it is kept running, so its own
+    // failure is what reaches the parent.
     let parent = register(
         &store,
-        &fan_parent(
+        &fan_parent_with(
             "fan-2of3",
             r#"{ policy = "at_least", k = 2 }"#,
             &["a", "b", "c"],
+            "cancel_losers = false\n",
         ),
     )
     .await;
@@ -390,10 +406,7 @@ async fn three_branches_at_least_two_one_fails_and_the_join_proceeds_with_the_tw
     assert_eq!(data["branches"]["c"]["result"]["value"], "C");
     let children = children_of(&store, run).await;
     assert_eq!(
-        children
-            .iter()
-            .map(|(_, b, s)| (b.as_str(), s.as_str()))
-            .collect::<Vec<_>>(),
+        states_by_branch(&children),
         vec![("a", "DONE"), ("b", "FAILED"), ("c", "DONE")]
     );
     assert_replays(&store, run).await;
@@ -444,12 +457,14 @@ async fn policy_all_takes_the_failure_path_when_one_branch_fails() {
 async fn a_branch_result_arriving_after_the_join_fired_is_recorded_as_rejected() {
     let store = store("fan_late").await;
     register(&store, &task()).await;
+    // c is kept running past the join, so its result arrives late.
     let parent = register(
         &store,
-        &fan_parent(
+        &fan_parent_with(
             "fan-late",
             r#"{ policy = "at_least", k = 2 }"#,
             &["a", "b", "c"],
+            "cancel_losers = false\n",
         ),
     )
     .await;
@@ -508,6 +523,120 @@ async fn a_branch_result_arriving_after_the_join_fired_is_recorded_as_rejected()
             .iter()
             .all(|e| e.payload["branch"] != "c")
     );
+    assert_replays(&store, run).await;
+}
+
+/// One quick branch `a` and two that hold until released, joined when one succeeds, run by
+/// a worker and a scheduler until the join is decided.
+async fn one_of_three(store: &Store, name: &str, more: &str) -> (Uuid, Fakes, Fleet) {
+    register(store, &task()).await;
+    let parent = register(
+        store,
+        &fan_parent_with(
+            name,
+            r#"{ policy = "at_least", k = 1 }"#,
+            &["a", "b", "c"],
+            more,
+        ),
+    )
+    .await;
+    let run = enqueue(
+        store,
+        &parent,
+        json!({ "branch_inputs": {
+            "a": { "outcome": "succeed", "value": "A" },
+            "b": { "outcome": "succeed", "hold": true, "value": "B" },
+            "c": { "outcome": "succeed", "hold": true, "value": "C" } } }),
+    )
+    .await;
+    let fakes = Fakes::default();
+    let fleet = Fleet::new()
+        .worker(store, &format!("{name}-w1"), 4, &fakes)
+        .scheduler(store, &format!("{name}-s1"));
+    wait_state(store, run, "DONE").await;
+    (run, fakes, fleet)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_branches_still_running_when_the_join_is_decided_are_cancelled() {
+    let store = store("fan_cancel_losers").await;
+    let (run, fakes, fleet) = one_of_three(&store, "fan-1of3", "").await;
+    wait_until("b and c are cancelled", LONG, || async {
+        let children = children_of(&store, run).await;
+        children
+            .iter()
+            .filter(|(_, b, s)| b != "a" && s == "CANCELLED")
+            .count()
+            == 2
+    })
+    .await;
+    // Their ends still reach the parent, which records them as too late.
+    wait_until("both late ends are recorded", LONG, || async {
+        events_of(&store, run, "BRANCH_REJECTED").await.len() == 2
+    })
+    .await;
+    fleet.stop().await;
+
+    let joined = events_of(&store, run, "JOINED").await;
+    assert_eq!(joined.len(), 1);
+    assert_eq!(joined[0].payload["succeeded"], json!(["a"]));
+    assert_eq!(joined[0].payload["running"], json!(["b", "c"]));
+    let children = children_of(&store, run).await;
+    assert_eq!(
+        states_by_branch(&children),
+        vec![("a", "DONE"), ("b", "CANCELLED"), ("c", "CANCELLED")]
+    );
+    for (child, branch, _) in children.iter().filter(|(_, b, _)| b != "a") {
+        let cancels = events_of(&store, *child, "CANCEL").await;
+        assert_eq!(cancels.len(), 1, "branch {branch}");
+        assert_eq!(cancels[0].payload["reason"], "join_decided");
+        assert_eq!(cancels[0].payload["parent_run_id"], json!(run));
+        let row = store.run(*child).await.expect("child");
+        assert_eq!(
+            row.terminal_reason.as_deref(),
+            Some("cancelled: join_decided")
+        );
+        assert!(
+            events_of(&store, *child, "FINISHED").await.is_empty(),
+            "branch {branch} never finished its work"
+        );
+        assert_replays(&store, *child).await;
+    }
+    assert!(fakes.calls_of("task") <= 3, "no branch ran again");
+    assert_replays(&store, run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_cancel_losers_false_the_branches_still_running_run_to_their_end() {
+    let store = store("fan_keep_losers").await;
+    let (run, fakes, fleet) =
+        one_of_three(&store, "fan-1of3-keep", "cancel_losers = false\n").await;
+    wait_until("b and c are running", LONG, || async {
+        fakes.calls_of("task") == 3
+    })
+    .await;
+    // Released after the join, both finish their work.
+    wait_until("b and c finished", LONG, || async {
+        fakes.release.notify_waiters();
+        children_of(&store, run)
+            .await
+            .iter()
+            .all(|(_, _, s)| s == "DONE")
+    })
+    .await;
+    fleet.stop().await;
+    for (child, branch, _) in children_of(&store, run).await {
+        assert!(
+            events_of(&store, child, "CANCEL").await.is_empty(),
+            "branch {branch} was not cancelled"
+        );
+        let inbox: i64 = sqlx::query_scalar("SELECT count(*) FROM rein_inbox WHERE run_id = $1")
+            .bind(child)
+            .fetch_one(store.pool())
+            .await
+            .expect("inbox");
+        assert_eq!(inbox, 0, "nothing waits for branch {branch}");
+    }
     assert_replays(&store, run).await;
 }
 
