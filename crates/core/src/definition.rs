@@ -1193,7 +1193,8 @@ impl Definition {
         if !problems.is_empty() {
             return Err(DefinitionError::Invalid(problems));
         }
-        let warnings = crate::runaway::timer_cycle_warnings(&spec);
+        let mut warnings = crate::runaway::timer_cycle_warnings(&spec);
+        warnings.extend(crate::budget::warnings(&spec));
         let hash = crate::hash::sha256_hex(
             crate::hash::canonical_json(&serde_json::to_value(&spec).unwrap_or_default())
                 .as_bytes(),
