@@ -22,8 +22,14 @@ pub async fn brief(args: BriefArgs) -> u8 {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let brief = match store.resume_brief(args.run).await {
-        Ok(b) => b,
+    let brief = match store.resume_brief_checked(args.run).await {
+        Ok((brief, warnings)) => {
+            // The brief follows the log; what was not trusted is said, apart from the brief.
+            for w in &warnings {
+                eprintln!("warning: {w}; this brief was rebuilt from the log");
+            }
+            brief
+        }
         Err(StoreError::RunNotFound(id)) => {
             eprintln!("error: run {id} not found (`rein runs list` shows the runs there are)");
             return exit::INPUT;

@@ -151,6 +151,9 @@ pub fn definitions(cmd: DefinitionsCommand) -> u8 {
                         def.initial_state(),
                         def.cancel_state()
                     );
+                    for w in def.warnings() {
+                        eprintln!("warning: {}: {}", w.item, w.reason);
+                    }
                     exit::OK
                 }
                 Err(e) => {
@@ -294,7 +297,22 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
                     return exit::INPUT;
                 }
             };
-            match backend.register(text, Format::from_path(&file)).await {
+            let registered = backend.register(text, Format::from_path(&file)).await;
+            if let Ok(done) = &registered {
+                for w in done
+                    .get("warnings")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    eprintln!(
+                        "warning: {}: {}",
+                        crate::ops::text(w, "item"),
+                        crate::ops::text(w, "reason")
+                    );
+                }
+            }
+            match registered {
                 Ok(done) if json => {
                     print_json(&done);
                     exit::OK

@@ -912,7 +912,9 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
             };
             match store.verify_run(run).await {
                 Ok(None) => {
-                    println!("ok: the log replays to the stored projection");
+                    println!(
+                        "ok: the log replays to the stored projection and to every checkpoint"
+                    );
                     exit::OK
                 }
                 Ok(Some(problem)) => {

@@ -96,6 +96,12 @@ pub struct RegisterResponse {
     pub version: u32,
     /// False when this exact body was already registered under this version.
     pub created: bool,
+    /// What validation found doubtful but not wrong (e.g. a cycle only timers drive), as
+    /// `[{item, reason}]`, absent when there are none; the definition is registered
+    /// regardless.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<Object>)]
+    pub warnings: Vec<Value>,
 }
 
 /// How a decision reached its run.
@@ -212,6 +218,11 @@ pub async fn enqueue(
 ) -> Result<EnqueueResponse, ApiError> {
     let definition = name("definition", Some(body.definition))?.unwrap_or_default();
     let def = store.load_definition(&definition, body.version).await?;
+    if rein_worker::sim::runs_sim(&def)
+        && let Some(problem) = rein_worker::sim::input_problem(&body.input)
+    {
+        return Err(ApiError::validation(problem));
+    }
     let mut request = EnqueueRequest::new(def, body.input);
     request.version_asked = body.version;
     request.client_key = key.map(|key| ClientKey::new(caller, key));
@@ -470,6 +481,11 @@ pub async fn register(
         name: def.name().to_owned(),
         version: def.version(),
         created,
+        warnings: def
+            .warnings()
+            .iter()
+            .map(|w| json!({ "item": w.item, "reason": w.reason }))
+            .collect(),
     })
 }
 

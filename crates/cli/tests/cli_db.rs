@@ -421,3 +421,177 @@ fn a_database_that_refuses_or_ignores_connections_fails_the_command_within_the_c
     let (out, _) = timed_runs_list(&refused, &["--db-connect-timeout-ms", "0"], &[]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_changed_by_hand_is_an_integrity_error_and_the_brief_follows_the_log() {
+    let (url, store) = common::fresh_store("cli_checkpoint").await;
+    let def = rein_core::builtin::research_agent();
+    // 25 tool steps of three events each: a log long enough for checkpoints.
+    let input = serde_json::json!({ "task": "find papers on fencing", "sim": { "steps": 25 } });
+    let run = store
+        .enqueue(rein_store::EnqueueRequest::new(def, input))
+        .await
+        .expect("enqueue")
+        .run_id;
+    let (shutdown, task) = start_worker(&store, "cli-checkpoint-worker");
+    common::wait_for(
+        "the run to succeed",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || {
+            let store = store.clone();
+            async move { store.run(run).await.is_ok_and(|r| r.state == "SUCCEEDED") }
+        },
+    )
+    .await;
+    shutdown.cancel();
+    task.await.expect("worker task").expect("worker");
+    let checkpoints: Vec<i64> = sqlx::query_scalar(
+        "SELECT sequence FROM rein_checkpoints WHERE run_id = $1 ORDER BY sequence",
+    )
+    .bind(run)
+    .fetch_all(store.pool())
+    .await
+    .expect("checkpoints");
+    assert!(checkpoints.len() >= 2, "{checkpoints:?}");
+    let (oldest, newest) = (checkpoints[0], checkpoints[checkpoints.len() - 1]);
+    let run_arg = run.to_string();
+    let verify = ["runs", "verify", &run_arg, "--database-url", &url];
+    let out = rein(&verify);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let forge = |sequence: i64| {
+        let store = store.clone();
+        async move {
+            let changed = sqlx::query(
+                "UPDATE rein_checkpoints SET state = jsonb_set(state, '{data,task}', '\"forged\"')
+                 WHERE run_id = $1 AND sequence = $2",
+            )
+            .bind(run)
+            .bind(sequence)
+            .execute(store.pool())
+            .await
+            .expect("forge a checkpoint")
+            .rows_affected();
+            assert_eq!(changed, 1);
+        }
+    };
+
+    // An older checkpoint changed by hand: verify and the audit check every one.
+    forge(oldest).await;
+    let out = rein(&verify);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains(&format!(
+            "integrity error: checkpoint at sequence {oldest} differs from the state the log gives there (in data)"
+        )),
+        "{}",
+        stderr(&out)
+    );
+    let audit = store.audit().await.expect("audit");
+    assert_eq!(audit.replay_mismatches, 1, "{audit:?}");
+    // The brief starts from the newest checkpoint, which is still true.
+    let brief = ["brief", &run_arg, "--database-url", &url, "--json"];
+    let out = rein(&brief);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+    let trusted = stdout(&out);
+
+    // The newest changed by hand: the brief falls back to the log and says so.
+    forge(newest).await;
+    let out = rein(&brief);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), trusted, "the brief the log gives");
+    let shown: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(shown["task"], "find papers on fencing");
+    assert!(
+        stderr(&out).contains(&format!(
+            "warning: checkpoint at sequence {newest} differs from the state the log gives there (in data); this brief was rebuilt from the log"
+        )),
+        "{}",
+        stderr(&out)
+    );
+    let out = rein(&["brief", &run_arg, "--database-url", &url]);
+    assert!(
+        stdout(&out).contains("find papers on fencing"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(!stdout(&out).contains("forged"), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("rebuilt from the log"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_cycle_only_timers_drive_is_a_warning_when_checked_and_registered() {
+    let url = common::fresh_database("cli_timer_cycle");
+    let out = rein(&["migrate", "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../core/tests/fixtures/timer-ping-pong.toml"
+    );
+    let warning = "warning: states (PING, PONG): a cycle made only of timer events";
+
+    let out = rein(&["definitions", "check", path]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("ok: ping-pong v1"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(stderr(&out).contains(warning), "{}", stderr(&out));
+
+    let out = rein(&[
+        "definitions",
+        "register",
+        path,
+        "--json",
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains(warning), "{}", stderr(&out));
+    let done: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(done["created"], true, "registered regardless");
+    assert_eq!(done["warnings"][0]["item"], "states (PING, PONG)", "{done}");
+}
+
+#[test]
+fn enqueueing_a_sim_run_that_asks_for_too_many_steps_is_refused_with_the_bound() {
+    let url = common::fresh_database("cli_sim_steps");
+    let out = rein(&["migrate", "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let enqueue = |input: &str| {
+        rein(&[
+            "enqueue",
+            "--database-url",
+            &url,
+            "--definition",
+            "research-agent",
+            "--input",
+            input,
+        ])
+    };
+    let out = enqueue(r#"{"sim": {"steps": 100000000}}"#);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("input.sim.steps is 100000000; a sim run takes at most 1000 steps"),
+        "{}",
+        stderr(&out)
+    );
+    let out = enqueue(r#"{"sim": {"steps": "many"}}"#);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("input.sim does not parse"),
+        "{}",
+        stderr(&out)
+    );
+    let out = rein(&["runs", "list", "--json", "--database-url", &url]);
+    let runs: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(runs, serde_json::json!([]), "no run was created");
+    let out = enqueue(r#"{"sim": {"steps": 1000}}"#);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}

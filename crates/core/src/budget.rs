@@ -3,10 +3,22 @@
 //! applied is a step. When a declared budget is used up, the engine commits the definition's
 //! budget event (once) instead of letting the run spend on. The wall-time budget is measured
 //! by the database clock and fired by the scheduler with `{"budget": "wall_time_ms"}`.
+//!
+//! What is guaranteed, exactly. Usage is known only once a step reports it, so a budget is
+//! judged after each commit, never before a step: the commit whose usage reaches or crosses
+//! a limit is recorded in full (usage may end above the limit by what that one commit
+//! reported, e.g. 4 steps of 300 tokens against 1000 end at 1200), and the budget event is
+//! appended to that same commit, so no later step starts under the budget. The `steps`
+//! budget counts definition events: with `steps = N` the N-th event ends the budget, and
+//! the budget event itself is counted too (`steps_used` ends at N + 1). All of this holds
+//! when the state the run is in takes the budget event; one that does not lets the run go
+//! on (and spend) until it reaches a state that does, where the event is committed with
+//! the first commit there. Validation warns about every state with an action that does not
+//! take it ([`warnings`]).
 
 use serde_json::{Value, json};
 
-use crate::definition::Definition;
+use crate::definition::{Definition, DefinitionProblem, DefinitionSpec, StateKind};
 use crate::event::Event;
 use crate::reducer::RejectReason;
 use crate::state::RunState;
@@ -88,4 +100,30 @@ pub fn exhausted_event(def: &Definition, run: &RunState) -> Option<(String, Valu
 /// The payload of the wall-time budget's event (fired by the scheduler).
 pub fn wall_time_payload(limit_ms: u64) -> Value {
     json!({ "reason": "budget_exhausted", "budget": "wall_time_ms", "limit": limit_ms })
+}
+
+/// One warning per state with an action that does not take the budget event: a run that
+/// uses its budget up there goes on spending until it reaches a state that takes it.
+pub(crate) fn warnings(spec: &DefinitionSpec) -> Vec<DefinitionProblem> {
+    let Some(budget) = &spec.budget else {
+        return Vec::new();
+    };
+    spec.states
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.kind == StateKind::Active && s.action.is_some())
+        .filter(|(_, s)| {
+            !spec
+                .transitions
+                .iter()
+                .any(|t| t.from == s.name && t.event == budget.event)
+        })
+        .map(|(i, s)| DefinitionProblem {
+            item: format!("states[{i}] ({})", s.name),
+            reason: format!(
+                "runs an action but does not take the budget event `{}`: a run that uses its budget up here goes on spending until it reaches a state that takes it",
+                budget.event
+            ),
+        })
+        .collect()
 }

@@ -85,6 +85,91 @@ impl Checkpoint {
     }
 }
 
+impl Checkpoint {
+    /// What is wrong with this checkpoint, judged against `logged`, the state the log gives at
+    /// its sequence when reduced with `def` (the run's definition): `None` when it is a true
+    /// snapshot of it (SPEC E4, C10).
+    pub fn disagreement(&self, def: &Definition, logged: &RunState) -> Option<String> {
+        let at = self.sequence;
+        if self.definition != def.name() || self.version != def.version() {
+            return Some(format!(
+                "checkpoint at sequence {at} is bound to {}@v{} but the run uses {}@v{}",
+                self.definition,
+                self.version,
+                def.name(),
+                def.version()
+            ));
+        }
+        if self.state.sequence != at {
+            return Some(format!(
+                "checkpoint at sequence {at} holds a state at sequence {}",
+                self.state.sequence
+            ));
+        }
+        if logged.sequence != at {
+            return Some(format!(
+                "checkpoint at sequence {at} is past the log, which ends at {}",
+                logged.sequence
+            ));
+        }
+        if self.state == *logged {
+            return None;
+        }
+        let fields = |s: &RunState| match serde_json::to_value(s) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        };
+        let (mine, theirs) = (fields(&self.state), fields(logged));
+        let mut differ: Vec<&str> = mine
+            .keys()
+            .chain(theirs.keys())
+            .filter(|k| mine.get(*k) != theirs.get(*k))
+            .map(String::as_str)
+            .collect();
+        differ.sort_unstable();
+        differ.dedup();
+        Some(format!(
+            "checkpoint at sequence {at} differs from the state the log gives there (in {})",
+            if differ.is_empty() {
+                "its numbers".to_owned()
+            } else {
+                differ.join(", ")
+            }
+        ))
+    }
+}
+
+/// Replays `events` from `initial` and judges every checkpoint against the state the log
+/// gives at its sequence. Returns the final state and what is wrong with each checkpoint
+/// that is not a true snapshot; `Err` (with the 0-based index) when the log itself does not
+/// replay.
+pub fn replay_judging<'e>(
+    def: &Definition,
+    initial: RunState,
+    events: impl IntoIterator<Item = &'e Event>,
+    checkpoints: &[Checkpoint],
+) -> Result<(RunState, Vec<String>), (usize, InvalidTransition)> {
+    let mut pending: Vec<&Checkpoint> = checkpoints.iter().collect();
+    pending.sort_by_key(|c| std::cmp::Reverse(c.sequence));
+    let mut problems = Vec::new();
+    let mut judge = |state: &RunState, pending: &mut Vec<&Checkpoint>| {
+        while let Some(c) = pending.last().filter(|c| c.sequence <= state.sequence) {
+            problems.extend(c.disagreement(def, state));
+            pending.pop();
+        }
+    };
+    let mut run = initial;
+    judge(&run, &mut pending);
+    for (i, event) in events.into_iter().enumerate() {
+        run = crate::reducer::apply(def, &run, event).map_err(|e| (i, e))?;
+        judge(&run, &mut pending);
+    }
+    for c in pending.into_iter().rev() {
+        problems.extend(c.disagreement(def, &run));
+    }
+    Ok((run, problems))
+}
+
 /// A migration of run state from one version of a definition to the next.
 pub type MigrationFn = Arc<dyn Fn(RunState) -> Result<RunState, String> + Send + Sync>;
 

@@ -58,6 +58,11 @@ pub struct DefinitionSpec {
     /// takes that the engine does not commit itself, and the approval events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_events: Option<Vec<String>>,
+    /// The ceiling on a run's events (default `limits::RUN_EVENTS_DEFAULT`): the commit that
+    /// reaches it ends the run in the cancel state with reason `step_limit`
+    /// ([`crate::runaway`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_events: Option<u64>,
 }
 
 /// A fleet-wide limit on one key: a rate (`rate` actions per `per_ms`, with bursts of up to
@@ -223,6 +228,18 @@ pub struct FanOutSpec {
     pub joined_event: String,
     /// Committed when the join policy can no longer be met.
     pub failed_event: String,
+    /// Cancel the branches still running once the join is decided (CANCEL with reason
+    /// `join_decided`); `false` lets them run to their end.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub cancel_losers: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(value: &bool) -> bool {
+    *value
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -592,6 +609,8 @@ struct Inner {
     join_guards: HashMap<String, Arc<crate::guard::Expr>>,
     /// What outside callers and approvers may send.
     senders: crate::external::Senders,
+    /// What validation found doubtful but not wrong (the definition loads and runs).
+    warnings: Vec<DefinitionProblem>,
 }
 
 impl fmt::Debug for Definition {
@@ -1200,10 +1219,15 @@ impl Definition {
         }
 
         let senders = crate::external::resolve(&spec, &events, &call_results, &table, &mut p);
+        if let Some(problem) = spec.max_events.and_then(crate::runaway::max_events_problem) {
+            p("max_events".into(), problem);
+        }
 
         if !problems.is_empty() {
             return Err(DefinitionError::Invalid(problems));
         }
+        let mut warnings = crate::runaway::timer_cycle_warnings(&spec);
+        warnings.extend(crate::budget::warnings(&spec));
         let hash = crate::hash::sha256_hex(
             crate::hash::canonical_json(&serde_json::to_value(&spec).unwrap_or_default())
                 .as_bytes(),
@@ -1223,8 +1247,23 @@ impl Definition {
                 approval_rules,
                 join_guards,
                 senders,
+                warnings,
             }),
         })
+    }
+
+    /// What validation found doubtful but not wrong, e.g. a cycle only timers drive. Shown
+    /// when a definition is checked or registered; it loads and runs regardless.
+    pub fn warnings(&self) -> &[DefinitionProblem] {
+        &self.inner.warnings
+    }
+
+    /// The ceiling on a run's events ([`crate::runaway`]).
+    pub fn max_events(&self) -> u64 {
+        self.inner
+            .spec
+            .max_events
+            .unwrap_or(limits::RUN_EVENTS_DEFAULT)
     }
 
     /// The compiled join guard of fan-out state `state`, when its policy is `guard`.

@@ -61,10 +61,14 @@ pub enum EngineEvent {
     /// node}`. Changes nothing but the sequence; the run is claimable again after `wait_ms`,
     /// and no retry is counted.
     ActionDeferred,
+    /// The run's log reached its ceiling (`max_events`): `{reason: "step_limit",
+    /// max_events, state}`. Moves the run to the cancel state; accepted only at a sequence at
+    /// or past the ceiling.
+    StepLimitReached,
 }
 
 impl EngineEvent {
-    pub const ALL: [EngineEvent; 15] = [
+    pub const ALL: [EngineEvent; 16] = [
         EngineEvent::Cancel,
         EngineEvent::ActionDispatched,
         EngineEvent::ActionResultInDoubt,
@@ -80,6 +84,7 @@ impl EngineEvent {
         EngineEvent::BranchFailed,
         EngineEvent::BranchRejected,
         EngineEvent::ActionDeferred,
+        EngineEvent::StepLimitReached,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -99,6 +104,7 @@ impl EngineEvent {
             EngineEvent::BranchFailed => "BRANCH_FAILED",
             EngineEvent::BranchRejected => "BRANCH_REJECTED",
             EngineEvent::ActionDeferred => "ACTION_DEFERRED",
+            EngineEvent::StepLimitReached => "STEP_LIMIT_REACHED",
         }
     }
 

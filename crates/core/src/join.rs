@@ -7,7 +7,8 @@
 //! never write the same field. [`decided_event`] says when the policy is met (or can no
 //! longer be), and the engine then commits the state's joined or failed event. A result for a
 //! fan-out that is no longer open, or for a branch already finished, is refused; storage
-//! records it as BRANCH_REJECTED instead of applying it.
+//! records it as BRANCH_REJECTED instead of applying it. The commit that decides a join also
+//! cancels the branches still running ([`losers`]), unless the fan-out keeps them.
 
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
@@ -216,6 +217,26 @@ pub fn decided_event(def: &Definition, run: &RunState) -> Option<(String, Value)
             "running": names(RUNNING),
         }),
     ))
+}
+
+/// The reason of the CANCEL a branch gets when its join is decided without it.
+pub const JOIN_DECIDED: &str = "join_decided";
+
+/// The child runs to cancel when `run`'s join is decided now: its branches still running,
+/// unless the fan-out says `cancel_losers = false`. Their result can no longer count, and a
+/// branch left running would spend for nothing.
+pub fn losers(def: &Definition, parent: Uuid, run: &RunState) -> Vec<Uuid> {
+    let (Some(_), Some(join)) = (outcome(def, run), run.join.as_ref()) else {
+        return Vec::new();
+    };
+    let Some(spec) = fan_out_of(def, join).filter(|s| s.cancel_losers) else {
+        return Vec::new();
+    };
+    spec.branches
+        .iter()
+        .filter(|b| status_of(run, b) == Some(RUNNING))
+        .map(|b| child_run_id(parent, join.fan_out, &b.name))
+        .collect()
 }
 
 /// The id of a branch's child run: a function of the parent, the fan-out and the branch, so

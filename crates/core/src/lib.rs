@@ -8,7 +8,8 @@
 //! [`state`] and [`event`] (the run projection and the facts that change it), [`reducer`]
 //! (the pure `R(X, e)`), [`guard`], [`retry`], [`hash`], [`checkpoint`], [`builtin`];
 //! [`blob`] (large payloads by reference), [`brief`] (the resume brief), [`join`] (parallel
-//! branches), [`budget`] (usage limits) and [`text`] (text PostgreSQL can store).
+//! branches), [`budget`] (usage limits), [`text`] (text PostgreSQL can store) and
+//! [`runaway`] (the ceiling on a run's events).
 
 pub mod blob;
 pub mod brief;
@@ -25,6 +26,7 @@ pub mod join;
 pub mod limits;
 pub mod reducer;
 pub mod retry;
+pub mod runaway;
 pub mod state;
 pub mod text;
 pub mod timer;

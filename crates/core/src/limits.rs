@@ -36,3 +36,10 @@ pub const LIMIT_RATE_MAX: u32 = 1_000_000;
 pub const LIMIT_PERIOD_MS_MAX: u64 = 86_400_000;
 /// Most limit keys one state's action takes.
 pub const LIMITS_PER_STATE_MAX: usize = 8;
+/// The ceiling on a run's events when its definition declares no `max_events`: reaching it
+/// ends a runaway run as a failure (reason `step_limit`).
+pub const RUN_EVENTS_DEFAULT: u64 = 10_000;
+/// The highest `max_events` a definition may declare.
+pub const RUN_EVENTS_MAX: u64 = 1_000_000;
+/// The lowest: room for one event and the failure that ends the run.
+pub const RUN_EVENTS_MIN: u64 = 2;

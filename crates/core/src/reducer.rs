@@ -155,13 +155,16 @@ pub fn apply(
 }
 
 /// The event the engine itself commits after `run`'s latest event, if any: the joined or
-/// failed event of a decided join, else the budget event of a used-up budget. Storage
+/// failed event of a decided join, else the budget event of a used-up budget, else
+/// STEP_LIMIT_REACHED when the run's log reached its ceiling ([`crate::runaway`]). Storage
 /// appends it to the same commit when the definition accepts it.
 pub fn follow_up(def: &Definition, run: &RunState) -> Option<(String, serde_json::Value)> {
     if def.is_terminal(&run.state) {
         return None;
     }
-    crate::join::decided_event(def, run).or_else(|| crate::budget::exhausted_event(def, run))
+    crate::join::decided_event(def, run)
+        .or_else(|| crate::budget::exhausted_event(def, run))
+        .or_else(|| crate::runaway::step_limit_event(def, run))
 }
 
 /// The first candidate (highest priority) whose guards all hold.
@@ -328,6 +331,25 @@ fn apply_engine(
                     Some(reason) if !reason.is_empty() => format!("cancelled: {reason}"),
                     _ => "cancelled".to_owned(),
                 });
+            next.needs_operator = false;
+            next.join = None;
+        }
+        EngineEvent::StepLimitReached => {
+            if def.is_terminal(&run.state) {
+                return Err(RejectReason::Terminal);
+            }
+            if !crate::runaway::reached(def, event.sequence) {
+                return Err(RejectReason::BadPayload {
+                    message: format!(
+                        "the run's ceiling is {} events; it is not reached at sequence {}",
+                        def.max_events(),
+                        event.sequence
+                    ),
+                });
+            }
+            next.state = def.cancel_state().to_owned();
+            next.entered_at_sequence = event.sequence;
+            next.terminal_reason = Some(crate::runaway::STEP_LIMIT.to_owned());
             next.needs_operator = false;
             next.join = None;
         }

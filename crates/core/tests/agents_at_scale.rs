@@ -329,6 +329,11 @@ fn a_guard_over_usage_refuses_to_loop_past_the_budget() {
         "THOUGHT",
         json!({ "usage": { "tokens": 1000 } }),
     );
+    assert_eq!(
+        follow_up(&def, &run).map(|(kind, _)| kind).as_deref(),
+        Some("BUDGET_EXHAUSTED"),
+        "reaching the limit exactly uses the budget up"
+    );
     let again = apply(
         &def,
         &run,
@@ -354,6 +359,67 @@ fn usage_of_a_bad_shape_is_refused_with_a_clear_reason() {
     )
     .expect_err("negative tokens");
     assert!(err.to_string().contains("usage.tokens"), "{err}");
+}
+
+#[test]
+fn the_commit_that_crosses_a_budget_counts_in_full_and_the_budget_event_follows_it_at_once() {
+    let def = at_least(1, &["a"]);
+    let mut run = RunState::initial(&def, json!({}));
+    let thought = json!({ "usage": { "tokens": 300 } });
+    for used in [300, 600, 900] {
+        run = step(&def, &run, "THOUGHT", thought.clone());
+        assert_eq!(run.usage.tokens, used);
+        assert_eq!(follow_up(&def, &run), None, "under the limit at {used}");
+    }
+    // The step that crosses 1000 completes: its usage is counted in full, over the limit.
+    run = step(&def, &run, "THOUGHT", thought.clone());
+    assert_eq!(run.usage.tokens, 1200);
+    let (kind, payload) = follow_up(&def, &run).expect("the budget event, in the same commit");
+    assert_eq!(kind, "BUDGET_EXHAUSTED");
+    assert_eq!(payload["used"].as_f64(), Some(1200.0));
+    assert_eq!(payload["limit"].as_f64(), Some(1000.0));
+    run = step(&def, &run, &kind, payload);
+    assert_eq!(run.state, "FAILED");
+    // No step starts after it.
+    let next = apply(
+        &def,
+        &run,
+        &Event::new(run.sequence + 1, "THOUGHT", thought),
+    );
+    assert_eq!(next.map_err(|e| e.reason), Err(RejectReason::Terminal));
+}
+
+#[test]
+fn a_steps_budget_of_n_lets_n_events_run_and_counts_its_own_event_as_one_more() {
+    let text = parent(r#"{ policy = "all" }"#, &["a"]).replace("tokens = 1000", "steps = 3");
+    let def = load(&text.replace(r#"guard = "run.tokens_used < budget.tokens""#, ""));
+    let mut run = RunState::initial(&def, json!({}));
+    let mut thoughts = 0;
+    while follow_up(&def, &run).is_none() {
+        run = step(&def, &run, "THOUGHT", json!({}));
+        thoughts += 1;
+        assert!(thoughts <= 3, "a fourth step ran");
+    }
+    assert_eq!(thoughts, 3);
+    let run = settle(&def, run);
+    assert_eq!(run.state, "FAILED");
+    assert_eq!(run.usage.steps, 4, "3 steps and the budget event");
+}
+
+#[test]
+fn a_state_with_an_action_that_does_not_take_the_budget_event_is_warned_about() {
+    let text = parent(r#"{ policy = "all" }"#, &["a"]).replace(
+        "name = \"SUMMARIZE\"\nkind = \"active\"",
+        "name = \"SUMMARIZE\"\nkind = \"active\"\naction = \"summarize\"",
+    );
+    let def = load(&text);
+    let warnings = def.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].item.contains("(SUMMARIZE)"), "{warnings:?}");
+    assert!(
+        warnings[0].reason.contains("BUDGET_EXHAUSTED") && warnings[0].reason.contains("spending"),
+        "{warnings:?}"
+    );
 }
 
 #[test]

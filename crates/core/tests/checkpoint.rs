@@ -291,3 +291,70 @@ fn migration_to_the_same_version_is_the_identity() {
         .expect("nothing to do");
     assert_eq!(same, checkpoint);
 }
+
+/// The checkpoint a commit would have written after the first `n` events.
+fn checkpoint_at(def: &Definition, n: usize) -> Checkpoint {
+    let events = events();
+    let state = replay(def, initial(def), events[..n].iter()).expect("replays");
+    Checkpoint::of(&state)
+}
+
+#[test]
+fn true_checkpoints_agree_with_the_log_they_snapshot() {
+    let def = research_agent_v(1);
+    let checkpoints: Vec<Checkpoint> = [0, 4, 9, 15]
+        .iter()
+        .map(|&n| checkpoint_at(&def, n))
+        .collect();
+    let (state, problems) =
+        rein_core::checkpoint::replay_judging(&def, initial(&def), events().iter(), &checkpoints)
+            .expect("replays");
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(state.state, "SUCCEEDED");
+}
+
+#[test]
+fn a_checkpoint_changed_by_hand_is_named_with_what_differs() {
+    let def = research_agent_v(1);
+    let mut forged = checkpoint_at(&def, 9);
+    forged.state.data["question"] = json!("forged");
+    let good = checkpoint_at(&def, 4);
+    let (_, problems) = rein_core::checkpoint::replay_judging(
+        &def,
+        initial(&def),
+        events().iter(),
+        &[forged, good],
+    )
+    .expect("the log itself replays");
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].contains("checkpoint at sequence 9") && problems[0].contains("(in data)"),
+        "{}",
+        problems[0]
+    );
+}
+
+#[test]
+fn a_checkpoint_bound_elsewhere_or_past_the_log_is_named() {
+    let def = research_agent_v(1);
+    let other = checkpoint_at(&research_agent_v(2), 4);
+    let mut beyond = checkpoint_at(&def, 15);
+    beyond.sequence = 99;
+    beyond.state.sequence = 99;
+    let (_, problems) = rein_core::checkpoint::replay_judging(
+        &def,
+        initial(&def),
+        events().iter(),
+        &[other, beyond],
+    )
+    .expect("replays");
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(
+        problems[0].contains("bound to research-agent@v2"),
+        "{problems:?}"
+    );
+    assert!(
+        problems[1].contains("past the log, which ends at 15"),
+        "{problems:?}"
+    );
+}

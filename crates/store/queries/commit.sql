@@ -170,6 +170,27 @@ branch_results AS (
     WHERE q.status = 'terminal' AND c.branch IS NOT NULL AND c.parent_run_id IS NOT NULL
     ON CONFLICT (run_id, event_id) DO NOTHING
 ),
+-- A join this commit decides cancels the branches still running (SPEC P1): CANCEL with
+-- reason join_decided goes into each such child's inbox in this same statement, and whoever
+-- holds the child applies it (a worker also stops the running action). Once per child. The
+-- children's rows are locked, so a child that ends at this moment is seen ended and gets
+-- nothing.
+losers AS (
+    SELECT c.run_id FROM rein_runs c
+    WHERE c.run_id = ANY($54::uuid[]) AND c.status <> 'terminal'
+    ORDER BY c.run_id
+    FOR UPDATE
+),
+cancel_losers AS (
+    INSERT INTO rein_inbox (run_id, event_id, type, payload, sender, expires_at)
+    SELECT x.run_id, md5('rein/join-decided/' || x.run_id::text)::uuid, 'CANCEL',
+           jsonb_build_object('reason', 'join_decided', 'parent_run_id', x.parent_run_id),
+           $17, clock_timestamp() + interval '30 days'
+    FROM unnest($54::uuid[], $55::uuid[]) AS x(run_id, parent_run_id)
+    JOIN upd ON upd.run_id = x.parent_run_id
+    JOIN losers l ON l.run_id = x.run_id
+    ON CONFLICT (run_id, event_id) DO NOTHING
+),
 checkpoints AS (
     INSERT INTO rein_checkpoints (run_id, sequence, definition, version, state)
     SELECT c.run_id, c.sequence, c.definition, c.version, c.state

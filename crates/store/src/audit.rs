@@ -1,5 +1,5 @@
 //! Whole-database integrity audit for chaos and crash tests: every invariant a fleet must keep
-//! (SPEC E2, E3, X3, C6, C11, H1) counted with set-based queries, so a test can assert that a
+//! (SPEC E2, E3, E4, X3, C6, C11, H1) counted with set-based queries, so a test can assert that a
 //! run of the fleet under faults left nothing broken.
 
 use serde::Serialize;
@@ -27,7 +27,8 @@ pub struct AuditReport {
     pub fenced_writes_rejected: i64,
     /// Extra applications of the sim side effect for the same (run, step) (SPEC C6).
     pub duplicate_effects: i64,
-    /// Runs whose log does not replay to the stored projection (SPEC E3).
+    /// Runs whose log does not replay to the stored projection (SPEC E3), or to one of the
+    /// run's checkpoints at its sequence (SPEC E4, C10).
     pub replay_mismatches: i64,
     /// Terminal runs without a recorded reason (SPEC C11).
     pub terminal_without_reason: i64,

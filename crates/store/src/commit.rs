@@ -105,6 +105,9 @@ pub struct CommitRequest {
     /// This commit starts the first try of an action: the run's `first_try_at` becomes now,
     /// by the database clock (what a retry policy's `deadline_ms` counts from).
     pub first_try: bool,
+    /// Child runs of a join this commit decides that are still running (SPEC P1): each gets
+    /// CANCEL with reason `join_decided` in its inbox, only if this commit lands.
+    pub cancel_children: Vec<Uuid>,
 }
 
 /// Options of [`plan_commit`].
@@ -152,10 +155,11 @@ pub fn plan_commit(
         state = next;
     }
     // What the engine commits on its own after these events (a decided join, a used-up
-    // budget) goes in the same commit, so a join fires atomically with the result that
-    // decides it. One of each at most.
+    // budget, the ceiling on the run's events) goes in the same commit, so a join fires
+    // atomically with the result that decides it. One of each at most.
     let mut events = events;
-    for _ in 0..2 {
+    let mut cancel_children = Vec::new();
+    for _ in 0..3 {
         let Some((kind, payload)) = rein_core::follow_up(def, &state) else {
             break;
         };
@@ -163,6 +167,7 @@ pub fn plan_commit(
         let Ok(next) = apply(def, &state, &event) else {
             break;
         };
+        cancel_children.extend(rein_core::join::losers(def, run_id, &state));
         events.push(NewEvent::new(kind, payload));
         state = next;
     }
@@ -198,6 +203,7 @@ pub fn plan_commit(
         children,
         defer_ms: None,
         first_try,
+        cancel_children,
     })
 }
 
@@ -653,6 +659,10 @@ pub(crate) async fn commit_on(
                     .map(|ms| ms as i64),
             );
         }
+        for child in &r.cancel_children {
+            q.x_run.push(*child);
+            q.x_parent.push(r.run_id);
+        }
         for b in r.blobs.iter().filter(|b| !stored.contains(&b.sha256)) {
             q.blob_run.push(r.run_id);
             q.blob_hash.push(b.sha256.clone());
@@ -768,6 +778,8 @@ pub(crate) async fn commit_on(
         .bind(&q.defers)
         .bind(&q.first_tries)
         .bind(&q.ev_sender)
+        .bind(&q.x_run)
+        .bind(&q.x_parent)
         .fetch_all(&mut *conn)
         .await
         .inspect_err(|e| {
@@ -911,4 +923,6 @@ struct Columns {
     c_deadline: Vec<Option<i64>>,
     defers: Vec<Option<i64>>,
     first_tries: Vec<bool>,
+    x_run: Vec<Uuid>,
+    x_parent: Vec<Uuid>,
 }

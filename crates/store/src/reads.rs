@@ -269,27 +269,43 @@ impl Store {
     }
 
     pub async fn newest_checkpoint(&self, run_id: Uuid) -> Result<Option<Checkpoint>, StoreError> {
-        let row: Option<(i64, String, i32, Value)> = sqlx::query_as(
+        Ok(self.checkpoints(run_id, 1, i64::MAX).await?.pop())
+    }
+
+    /// The run's checkpoints at sequence `at_most` or below, newest first, at most `limit`.
+    /// One whose state does not parse fails the read with [`StoreError::Corrupt`] naming it.
+    async fn checkpoints(
+        &self,
+        run_id: Uuid,
+        limit: i64,
+        at_most: i64,
+    ) -> Result<Vec<Checkpoint>, StoreError> {
+        let rows: Vec<(i64, String, i32, Value)> = sqlx::query_as(
             "SELECT sequence, definition, version, state FROM rein_checkpoints
-             WHERE run_id = $1 ORDER BY sequence DESC LIMIT 1",
+             WHERE run_id = $1 AND sequence <= $3 ORDER BY sequence DESC LIMIT $2",
         )
         .bind(run_id)
-        .fetch_optional(self.pool())
+        .bind(limit)
+        .bind(at_most)
+        .fetch_all(self.pool())
         .await?;
-        row.map(|(sequence, definition, version, state)| {
-            Ok(Checkpoint {
-                sequence: sequence as u64,
-                definition,
-                version: version as u32,
-                state: serde_json::from_value(state)
-                    .map_err(|e| StoreError::Corrupt(format!("checkpoint: {e}")))?,
+        rows.into_iter()
+            .map(|(sequence, definition, version, state)| {
+                Ok(Checkpoint {
+                    sequence: sequence as u64,
+                    definition,
+                    version: version as u32,
+                    state: serde_json::from_value(state).map_err(|e| {
+                        StoreError::Corrupt(format!("checkpoint at sequence {sequence}: {e}"))
+                    })?,
+                })
             })
-        })
-        .transpose()
+            .collect()
     }
 
     /// Replays the run's whole log from `X_0` and compares it with the stored projection
-    /// (SPEC E3). `Ok(None)` when they agree; `Ok(Some(reason))` describes a mismatch.
+    /// (SPEC E3) and with every checkpoint at its sequence (SPEC E4, C10). `Ok(None)` when
+    /// they all agree; `Ok(Some(reason))` describes the first mismatch.
     pub async fn verify_run(&self, run_id: Uuid) -> Result<Option<String>, StoreError> {
         let row = self.run(run_id).await?;
         let def = self
@@ -306,7 +322,12 @@ impl Store {
                 )));
             }
         }
-        let replayed = match rein_core::replay(
+        let checkpoints = match self.checkpoints(run_id, i64::MAX, i64::MAX).await {
+            Ok(c) => c,
+            Err(StoreError::Corrupt(problem)) => return Ok(Some(problem)),
+            Err(e) => return Err(e),
+        };
+        let (replayed, bad_checkpoints) = match rein_core::checkpoint::replay_judging(
             &def,
             RunState::initial(&def, input),
             events
@@ -314,8 +335,9 @@ impl Store {
                 .map(|e| e.as_event())
                 .collect::<Vec<_>>()
                 .iter(),
+            &checkpoints,
         ) {
-            Ok(state) => state,
+            Ok(judged) => judged,
             Err((i, e)) => return Ok(Some(format!("event {} does not replay: {e}", i + 1))),
         };
         // Replay uses the recorded results: every value an event refers to by hash must be
@@ -343,49 +365,122 @@ impl Store {
         if row.last_sequence != replayed.sequence as i64 || row.state != replayed.state {
             return Ok(Some("run row columns disagree with the projection".into()));
         }
-        Ok(None)
+        Ok(bad_checkpoints.into_iter().next())
     }
 
-    /// Recovery as a new process does it (SPEC E4): newest checkpoint plus the tail.
-    pub async fn recover_run(&self, run_id: Uuid) -> Result<RunState, StoreError> {
+    /// Recovery as a new process does it (SPEC E4): the newest checkpoint plus the tail,
+    /// up to the sequence of the stored projection. The checkpoint is trusted only when that
+    /// reaches the projection exactly; otherwise the state is rebuilt from the whole log,
+    /// which is the truth, and [`Recovered::warnings`] says why.
+    pub async fn recover_run(&self, run_id: Uuid) -> Result<Recovered, StoreError> {
         let row = self.run(run_id).await?;
         let def = self
             .load_definition(&row.definition, Some(row.version))
             .await?;
-        let Some(checkpoint) = self.newest_checkpoint(run_id).await? else {
-            let input = self.run_input(run_id).await?;
-            let events: Vec<Event> = self
-                .history(run_id)
-                .await?
-                .iter()
-                .map(StoredEvent::as_event)
-                .collect();
-            return rein_core::replay(&def, RunState::initial(&def, input), events.iter())
-                .map_err(|(_, e)| StoreError::Corrupt(format!("log does not replay: {e}")));
+        // Events are append-only and contiguous: those up to the projection's sequence are
+        // fixed, whatever commits land meanwhile.
+        let upto = row.last_sequence;
+        let mut warnings = Vec::new();
+        let checkpoint = match self.checkpoints(run_id, 1, upto).await {
+            Ok(mut c) => c.pop(),
+            Err(StoreError::Corrupt(problem)) => {
+                warnings.push(format!("the newest checkpoint is unusable ({problem})"));
+                None
+            }
+            Err(e) => return Err(e),
         };
-        let tail: Vec<Event> = self
-            .history_after(run_id, checkpoint.sequence as i64)
+        let mut unusable = None;
+        if let Some(checkpoint) = &checkpoint {
+            let tail = self
+                .events_between(run_id, checkpoint.sequence as i64, upto)
+                .await?;
+            match checkpoint.recover(&def, tail.iter()) {
+                Ok(state) if state == row.projection => {
+                    return Ok(Recovered {
+                        state,
+                        from_checkpoint: Some(checkpoint.sequence),
+                        warnings,
+                    });
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    unusable = Some(format!(
+                        "checkpoint at sequence {} is unusable ({e})",
+                        checkpoint.sequence
+                    ))
+                }
+            }
+        }
+        let input = self.run_input(run_id).await?;
+        let events = self.events_between(run_id, 0, upto).await?;
+        let (replayed, bad_checkpoint) = rein_core::checkpoint::replay_judging(
+            &def,
+            RunState::initial(&def, input),
+            events.iter(),
+            checkpoint.as_slice(),
+        )
+        .map_err(|(_, e)| StoreError::Corrupt(format!("log does not replay: {e}")))?;
+        if bad_checkpoint.is_empty() {
+            warnings.extend(unusable);
+        }
+        warnings.extend(bad_checkpoint);
+        if replayed != row.projection {
+            warnings.push(format!(
+                "the stored projection (sequence {}) differs from the state the log gives",
+                row.projection.sequence
+            ));
+        }
+        if !warnings.is_empty() {
+            tracing::warn!(%run_id, problems = %warnings.join("; "),
+                "recovery did not trust the stored state and rebuilt it from the log");
+        }
+        Ok(Recovered {
+            state: replayed,
+            from_checkpoint: None,
+            warnings,
+        })
+    }
+
+    /// The run's events with `after < sequence <= upto`, in order.
+    async fn events_between(
+        &self,
+        run_id: Uuid,
+        after: i64,
+        upto: i64,
+    ) -> Result<Vec<Event>, StoreError> {
+        Ok(self
+            .history_after(run_id, after)
             .await?
             .iter()
+            .filter(|e| e.sequence <= upto)
             .map(StoredEvent::as_event)
-            .collect();
-        checkpoint
-            .recover(&def, tail.iter())
-            .map_err(|e| StoreError::Corrupt(format!("checkpoint recovery: {e}")))
+            .collect())
     }
 
     /// The run's resume brief (SPEC D3), built from its newest checkpoint and the tail of
-    /// its log.
+    /// its log (or from the whole log, when the checkpoint does not hold up).
     pub async fn resume_brief(
         &self,
         run_id: Uuid,
     ) -> Result<rein_core::brief::ResumeBrief, StoreError> {
+        Ok(self.resume_brief_checked(run_id).await?.0)
+    }
+
+    /// [`Store::resume_brief`] with what recovery had to say about the stored checkpoint and
+    /// projection ([`Recovered::warnings`]).
+    pub async fn resume_brief_checked(
+        &self,
+        run_id: Uuid,
+    ) -> Result<(rein_core::brief::ResumeBrief, Vec<String>), StoreError> {
         let row = self.run(run_id).await?;
         let def = self
             .load_definition(&row.definition, Some(row.version))
             .await?;
-        let state = self.recover_run(run_id).await?;
-        Ok(rein_core::brief::resume_brief(&def, &state))
+        let recovered = self.recover_run(run_id).await?;
+        Ok((
+            rein_core::brief::resume_brief(&def, &recovered.state),
+            recovered.warnings,
+        ))
     }
 
     /// Runs by (definition, state, status).
@@ -466,6 +561,17 @@ impl Store {
                 .await?,
         )
     }
+}
+
+/// A run's state as recovery rebuilt it ([`Store::recover_run`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recovered {
+    pub state: RunState,
+    /// The sequence of the checkpoint it was built from; `None` when built from the whole log.
+    pub from_checkpoint: Option<u64>,
+    /// Why the newest checkpoint (or the stored projection) was not trusted: it does not
+    /// agree with the log. Empty when all is well.
+    pub warnings: Vec<String>,
 }
 
 /// When one event was written and by whom (see [`Store::event_times`]).

@@ -612,6 +612,13 @@ async fn recovery_from_checkpoint_plus_tail_equals_full_replay() {
     );
 
     let recovered = store.recover_run(run).await.unwrap();
+    assert_eq!(
+        recovered.from_checkpoint,
+        Some(70),
+        "built from the checkpoint"
+    );
+    assert!(recovered.warnings.is_empty(), "{:?}", recovered.warnings);
+    let recovered = recovered.state;
     let def = lifecycle();
     let events: Vec<Event> = store
         .history(run)

@@ -4,7 +4,7 @@
 //!
 //! Run input, all optional: `{"sim": {"work_ms": 0, "transient_failures": 0,
 //! "fatal_at_step": null, "side_effect": true, "approval": "none" | "grant" | "deny" |
-//! "expire", "amount": 0, "steps": 1}}`.
+//! "expire", "amount": 0, "steps": 1}}` (`steps` at most [`SIM_STEPS_MAX`]).
 
 use std::time::Duration;
 
@@ -16,6 +16,31 @@ use crate::handler::{ActionContext, BoxFuture, NodeHandler, Outcome, Reconciled}
 
 /// Longest `work_ms` a sim action may ask for.
 pub const SIM_WORK_MS_MAX: u64 = 60_000;
+/// Most tool steps a sim research run may ask for: three events a step keep the longest
+/// one well inside the default ceiling on a run's events.
+pub const SIM_STEPS_MAX: u32 = 1_000;
+
+/// What is wrong with a run input's `sim` settings, if anything. Enqueueing a run of a
+/// definition whose states run `sim` is refused with it; a research run that still gets
+/// one (enqueued by other means) fails at intake with INVALID_INPUT.
+pub fn input_problem(input: &Value) -> Option<String> {
+    let sim = input.get("sim")?;
+    let parsed: SimInput = match serde_json::from_value(sim.clone()) {
+        Ok(parsed) => parsed,
+        Err(e) => return Some(format!("input.sim does not parse: {e}")),
+    };
+    match parsed.steps {
+        Some(steps) if steps > SIM_STEPS_MAX => Some(format!(
+            "input.sim.steps is {steps}; a sim run takes at most {SIM_STEPS_MAX} steps"
+        )),
+        _ => None,
+    }
+}
+
+/// Whether `def` runs the `sim` action in any state.
+pub fn runs_sim(def: &rein_core::Definition) -> bool {
+    def.states().any(|s| s.action.as_deref() == Some("sim"))
+}
 
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(default)]
@@ -47,6 +72,8 @@ impl SimInput {
 /// Which role the current state plays for `sim`.
 enum Role {
     Emit(&'static str),
+    /// The run's sim settings are out of bounds: it fails with this event.
+    Refuse(&'static str),
     Tool {
         ok: &'static str,
         transient: &'static str,
@@ -59,6 +86,7 @@ enum Role {
 
 fn role(ctx: &ActionContext) -> Role {
     match (ctx.definition.name(), ctx.node.as_str()) {
+        (_, "INTAKE") if input_problem(&ctx.run.data).is_some() => Role::Refuse("INVALID_INPUT"),
         ("lifecycle", "planned") => Role::Emit("start"),
         ("lifecycle", "running") => Role::Tool {
             ok: "complete",
@@ -107,8 +135,13 @@ impl NodeHandler for Sim {
             }
             match role(&ctx) {
                 Role::Emit(event) => Outcome::event(event, json!({})),
+                Role::Refuse(event) => Outcome::event(
+                    event,
+                    json!({ "reason": "invalid_input",
+                            "error": { "class": "fatal", "message": input_problem(&ctx.run.data) } }),
+                ),
                 Role::Observe => {
-                    let wanted = sim.steps.unwrap_or(1).max(1);
+                    let wanted = sim.steps.unwrap_or(1).clamp(1, SIM_STEPS_MAX);
                     // Both candidates, so the definition's priority decides (SPEC M6).
                     if ctx.run.steps_completed >= wanted {
                         Outcome::Events(vec![

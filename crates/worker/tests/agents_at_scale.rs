@@ -1,7 +1,8 @@
 //! Agents at scale against a real PostgreSQL, with in-process workers and schedulers:
 //! parallel branches as child runs joined by policy (SPEC P1), budgets (tokens, wall time),
-//! LLM-sized payloads stored once by hash (SPEC E5) and the resume brief after a restart
-//! (SPEC D3). Only the external model and tools are faked (the handlers below).
+//! LLM-sized payloads stored once by hash (SPEC E5), the resume brief after a restart
+//! (SPEC D3) and the ceiling that ends runaway runs. Only the external model and tools are
+//! faked (the handlers below).
 
 #[path = "../../store/tests/common/mod.rs"]
 mod common;
@@ -16,6 +17,7 @@ use rein_scheduler::{Scheduler, SchedulerConfig};
 use rein_store::{Sender, Store, StoreError};
 use rein_worker::{
     ActionContext, BoxFuture, NodeHandler, Outcome, Reconciled, Registry, Worker, WorkerConfig,
+    builtin_registry,
 };
 use serde_json::{Value, json};
 use tokio::sync::{Barrier, Notify};
@@ -122,6 +124,8 @@ impl NodeHandler for Fake {
                     json!({ "usage": { "tokens": 300, "cost": 0.01 } }),
                 ),
                 "park" => Outcome::event("PARK", json!({})),
+                "spin" => Outcome::event("AGAIN", json!({})),
+                "start" => Outcome::event("GO", json!({})),
                 "fetch" => Outcome::event("FETCHED", json!({ "result": big_result() })),
                 "step" => {
                     fakes
@@ -153,7 +157,9 @@ impl NodeHandler for Fake {
 
 fn registry(fakes: &Fakes) -> Registry {
     let mut registry = Registry::new();
-    for action in ["plan", "task", "think", "park", "fetch", "step"] {
+    for action in [
+        "plan", "task", "think", "park", "fetch", "step", "spin", "start",
+    ] {
         registry.register(
             action,
             Fake {
@@ -175,14 +181,24 @@ impl Fleet {
         Fleet { stops: Vec::new() }
     }
 
-    fn worker(mut self, store: &Store, id: &str, concurrency: usize, fakes: &Fakes) -> Fleet {
+    fn worker(self, store: &Store, id: &str, concurrency: usize, fakes: &Fakes) -> Fleet {
+        self.worker_with(store, id, concurrency, registry(fakes))
+    }
+
+    fn worker_with(
+        mut self,
+        store: &Store,
+        id: &str,
+        concurrency: usize,
+        registry: Registry,
+    ) -> Fleet {
         let mut config = WorkerConfig::new(id);
         config.lease_ttl_ms = 1_000;
         config.poll_interval_ms = 20;
         config.shutdown_grace_ms = 200;
         config.concurrency = concurrency;
         config.claim_batch = 1;
-        let worker = Worker::new(store.clone(), config, registry(fakes));
+        let worker = Worker::new(store.clone(), config, registry);
         let stop = CancellationToken::new();
         let task = tokio::spawn({
             let stop = stop.clone();
@@ -277,6 +293,11 @@ fn task() -> String {
 
 /// A parent that plans, then fans out into `branches` joined by `join`.
 fn fan_parent(name: &str, join: &str, branches: &[&str]) -> String {
+    fan_parent_with(name, join, branches, "")
+}
+
+/// [`fan_parent`] with `more` TOML in its fan-out table.
+fn fan_parent_with(name: &str, join: &str, branches: &[&str], more: &str) -> String {
     let branches: Vec<String> = branches
         .iter()
         .map(|b| {
@@ -286,7 +307,7 @@ fn fan_parent(name: &str, join: &str, branches: &[&str]) -> String {
         })
         .collect();
     let fan_out = format!(
-        "\n[states.fan_out]\njoined_event = \"JOINED\"\nfailed_event = \"JOIN_FAILED\"\njoin = {join}\nbranches = [{}]\n",
+        "\n[states.fan_out]\njoined_event = \"JOINED\"\nfailed_event = \"JOIN_FAILED\"\njoin = {join}\nbranches = [{}]\n{more}",
         branches.join(", ")
     );
     machine(
@@ -307,6 +328,14 @@ fn fan_parent(name: &str, join: &str, branches: &[&str]) -> String {
     )
 }
 
+/// (branch, state) of each child, as [`children_of`] lists them.
+fn states_by_branch(children: &[(Uuid, String, String)]) -> Vec<(&str, &str)> {
+    children
+        .iter()
+        .map(|(_, b, s)| (b.as_str(), s.as_str()))
+        .collect()
+}
+
 async fn children_of(store: &Store, parent: Uuid) -> Vec<(Uuid, String, String)> {
     sqlx::query_as(
         "SELECT run_id, branch->>'name', state FROM rein_runs
@@ -322,12 +351,15 @@ async fn children_of(store: &Store, parent: Uuid) -> Vec<(Uuid, String, String)>
 async fn three_branches_at_least_two_one_fails_and_the_join_proceeds_with_the_two_results() {
     let store = store("fan_at_least").await;
     register(&store, &task()).await;
+    // b may still be running when a and c decide the join: it is kept running, so its own
+    // failure is what reaches the parent.
     let parent = register(
         &store,
-        &fan_parent(
+        &fan_parent_with(
             "fan-2of3",
             r#"{ policy = "at_least", k = 2 }"#,
             &["a", "b", "c"],
+            "cancel_losers = false\n",
         ),
     )
     .await;
@@ -374,10 +406,7 @@ async fn three_branches_at_least_two_one_fails_and_the_join_proceeds_with_the_tw
     assert_eq!(data["branches"]["c"]["result"]["value"], "C");
     let children = children_of(&store, run).await;
     assert_eq!(
-        children
-            .iter()
-            .map(|(_, b, s)| (b.as_str(), s.as_str()))
-            .collect::<Vec<_>>(),
+        states_by_branch(&children),
         vec![("a", "DONE"), ("b", "FAILED"), ("c", "DONE")]
     );
     assert_replays(&store, run).await;
@@ -428,12 +457,14 @@ async fn policy_all_takes_the_failure_path_when_one_branch_fails() {
 async fn a_branch_result_arriving_after_the_join_fired_is_recorded_as_rejected() {
     let store = store("fan_late").await;
     register(&store, &task()).await;
+    // c is kept running past the join, so its result arrives late.
     let parent = register(
         &store,
-        &fan_parent(
+        &fan_parent_with(
             "fan-late",
             r#"{ policy = "at_least", k = 2 }"#,
             &["a", "b", "c"],
+            "cancel_losers = false\n",
         ),
     )
     .await;
@@ -492,6 +523,120 @@ async fn a_branch_result_arriving_after_the_join_fired_is_recorded_as_rejected()
             .iter()
             .all(|e| e.payload["branch"] != "c")
     );
+    assert_replays(&store, run).await;
+}
+
+/// One quick branch `a` and two that hold until released, joined when one succeeds, run by
+/// a worker and a scheduler until the join is decided.
+async fn one_of_three(store: &Store, name: &str, more: &str) -> (Uuid, Fakes, Fleet) {
+    register(store, &task()).await;
+    let parent = register(
+        store,
+        &fan_parent_with(
+            name,
+            r#"{ policy = "at_least", k = 1 }"#,
+            &["a", "b", "c"],
+            more,
+        ),
+    )
+    .await;
+    let run = enqueue(
+        store,
+        &parent,
+        json!({ "branch_inputs": {
+            "a": { "outcome": "succeed", "value": "A" },
+            "b": { "outcome": "succeed", "hold": true, "value": "B" },
+            "c": { "outcome": "succeed", "hold": true, "value": "C" } } }),
+    )
+    .await;
+    let fakes = Fakes::default();
+    let fleet = Fleet::new()
+        .worker(store, &format!("{name}-w1"), 4, &fakes)
+        .scheduler(store, &format!("{name}-s1"));
+    wait_state(store, run, "DONE").await;
+    (run, fakes, fleet)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_branches_still_running_when_the_join_is_decided_are_cancelled() {
+    let store = store("fan_cancel_losers").await;
+    let (run, fakes, fleet) = one_of_three(&store, "fan-1of3", "").await;
+    wait_until("b and c are cancelled", LONG, || async {
+        let children = children_of(&store, run).await;
+        children
+            .iter()
+            .filter(|(_, b, s)| b != "a" && s == "CANCELLED")
+            .count()
+            == 2
+    })
+    .await;
+    // Their ends still reach the parent, which records them as too late.
+    wait_until("both late ends are recorded", LONG, || async {
+        events_of(&store, run, "BRANCH_REJECTED").await.len() == 2
+    })
+    .await;
+    fleet.stop().await;
+
+    let joined = events_of(&store, run, "JOINED").await;
+    assert_eq!(joined.len(), 1);
+    assert_eq!(joined[0].payload["succeeded"], json!(["a"]));
+    assert_eq!(joined[0].payload["running"], json!(["b", "c"]));
+    let children = children_of(&store, run).await;
+    assert_eq!(
+        states_by_branch(&children),
+        vec![("a", "DONE"), ("b", "CANCELLED"), ("c", "CANCELLED")]
+    );
+    for (child, branch, _) in children.iter().filter(|(_, b, _)| b != "a") {
+        let cancels = events_of(&store, *child, "CANCEL").await;
+        assert_eq!(cancels.len(), 1, "branch {branch}");
+        assert_eq!(cancels[0].payload["reason"], "join_decided");
+        assert_eq!(cancels[0].payload["parent_run_id"], json!(run));
+        let row = store.run(*child).await.expect("child");
+        assert_eq!(
+            row.terminal_reason.as_deref(),
+            Some("cancelled: join_decided")
+        );
+        assert!(
+            events_of(&store, *child, "FINISHED").await.is_empty(),
+            "branch {branch} never finished its work"
+        );
+        assert_replays(&store, *child).await;
+    }
+    assert!(fakes.calls_of("task") <= 3, "no branch ran again");
+    assert_replays(&store, run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_cancel_losers_false_the_branches_still_running_run_to_their_end() {
+    let store = store("fan_keep_losers").await;
+    let (run, fakes, fleet) =
+        one_of_three(&store, "fan-1of3-keep", "cancel_losers = false\n").await;
+    wait_until("b and c are running", LONG, || async {
+        fakes.calls_of("task") == 3
+    })
+    .await;
+    // Released after the join, both finish their work.
+    wait_until("b and c finished", LONG, || async {
+        fakes.release.notify_waiters();
+        children_of(&store, run)
+            .await
+            .iter()
+            .all(|(_, _, s)| s == "DONE")
+    })
+    .await;
+    fleet.stop().await;
+    for (child, branch, _) in children_of(&store, run).await {
+        assert!(
+            events_of(&store, child, "CANCEL").await.is_empty(),
+            "branch {branch} was not cancelled"
+        );
+        let inbox: i64 = sqlx::query_scalar("SELECT count(*) FROM rein_inbox WHERE run_id = $1")
+            .bind(child)
+            .fetch_one(store.pool())
+            .await
+            .expect("inbox");
+        assert_eq!(inbox, 0, "nothing waits for branch {branch}");
+    }
     assert_replays(&store, run).await;
 }
 
@@ -915,4 +1060,100 @@ async fn the_resume_brief_after_a_restart_lists_exactly_the_done_steps_and_the_p
     assert_eq!(last.pending, None, "a finished run has nothing pending");
     assert_ne!(last.to_canonical_json(), brief.to_canonical_json());
     assert_replays(&store, run).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Runaway runs
+
+/// A fixture of the core's tests with `max_events = 50`.
+fn with_ceiling_of_50(text: &str) -> String {
+    assert!(text.contains("version = 1\n"));
+    text.replacen("version = 1\n", "version = 1\nmax_events = 50\n", 1)
+}
+
+async fn wait_terminal(store: &Store, run: Uuid) {
+    wait_until("the run ended", LONG, || async {
+        store.run(run).await.expect("run").status == "terminal"
+    })
+    .await;
+}
+
+/// Asserts that `run` ended failed on its ceiling of 50 events, the last one written by
+/// `writer`.
+async fn assert_ended_on_the_ceiling(store: &Store, run: Uuid, writer: &str) {
+    let row = store.run(run).await.expect("run");
+    assert_eq!(row.state, "CANCELLED", "the definition's cancel state");
+    assert_eq!(row.terminal_reason.as_deref(), Some("step_limit"));
+    assert_eq!(row.last_sequence, 50, "at the ceiling, not past it");
+    assert!(row.finished_at.is_some());
+    let history = store.history(run).await.expect("history");
+    assert_eq!(history.len(), 50);
+    let last = history.last().expect("events");
+    assert_eq!(last.kind, "STEP_LIMIT_REACHED");
+    assert_eq!(last.payload["reason"], "step_limit");
+    assert_eq!(last.payload["max_events"], 50);
+    assert_eq!(
+        last.worker, writer,
+        "appended to the commit that reached the ceiling"
+    );
+    assert_replays(store, run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_active_state_that_returns_to_itself_ends_failed_at_max_events() {
+    let store = store("runaway_self_loop").await;
+    let text = with_ceiling_of_50(include_str!("../../core/tests/fixtures/self-loop.toml"));
+    let def = register(&store, &text).await;
+    let run = enqueue(&store, &def, json!({})).await;
+    let fakes = Fakes::default();
+    let fleet = Fleet::new().worker(&store, "spin-w1", 1, &fakes);
+    wait_terminal(&store, run).await;
+    fleet.stop().await;
+    assert_ended_on_the_ceiling(&store, run, "spin-w1").await;
+    assert_eq!(
+        events_of(&store, run, "AGAIN").await.len(),
+        49,
+        "the worker's steps until the ceiling"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_waiting_states_whose_1ms_timers_point_at_each_other_end_failed_at_max_events() {
+    let store = store("runaway_ping_pong").await;
+    let text = with_ceiling_of_50(include_str!(
+        "../../core/tests/fixtures/timer-ping-pong.toml"
+    ));
+    let def = register(&store, &text).await;
+    assert_eq!(def.warnings().len(), 1, "{:?}", def.warnings());
+    let run = enqueue(&store, &def, json!({})).await;
+    let fakes = Fakes::default();
+    let fleet = Fleet::new()
+        .worker(&store, "pong-w1", 1, &fakes)
+        .scheduler(&store, "pong-s1");
+    wait_terminal(&store, run).await;
+    fleet.stop().await;
+    assert_ended_on_the_ceiling(&store, run, "pong-s1").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_research_run_asking_for_more_sim_steps_than_the_sim_takes_fails_at_intake() {
+    let store = store("runaway_sim_steps").await;
+    let def = store
+        .load_definition("research-agent", None)
+        .await
+        .expect("built in");
+    let run = enqueue(&store, &def, json!({ "sim": { "steps": 100_000_000 } })).await;
+    let fleet = Fleet::new().worker_with(&store, "steps-w1", 1, builtin_registry(store.clone()));
+    wait_terminal(&store, run).await;
+    fleet.stop().await;
+    let row = store.run(run).await.expect("run");
+    assert_eq!(row.state, "FAILED");
+    assert_eq!(row.terminal_reason.as_deref(), Some("invalid_input"));
+    let history = store.history(run).await.expect("history");
+    assert_eq!(history.len(), 1, "nothing ran");
+    assert_eq!(history[0].kind, "INVALID_INPUT");
+    assert_eq!(
+        history[0].payload["error"]["message"],
+        "input.sim.steps is 100000000; a sim run takes at most 1000 steps"
+    );
 }
