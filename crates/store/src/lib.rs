@@ -44,8 +44,8 @@ pub use reads::{DefinitionRow, EventTime, RunFilter, RunRow, StoredEvent};
 pub use retention::{ARCHIVE_BATCH_MAX, ArchiveCandidates, ArchivedBatch, EventsTableSize};
 pub use scans::{NextLook, SCAN_BACKOFF_MS_MAX, SCAN_BACKOFF_MS_MIN, Seen};
 pub use send::{
-    EnqueueRequest, Enqueued, INBOX_READ_MAX, INBOX_TTL_MS_DEFAULT, InboxEntry, SendOutcome,
-    jitter_from, plan_inbox,
+    CLIENT_KEY_LEN_MAX, EnqueueRequest, Enqueued, INBOX_READ_MAX, INBOX_TTL_MS_DEFAULT, InboxEntry,
+    SendOutcome, jitter_from, plan_inbox,
 };
 pub use tokens::{SCOPES, SUBJECT_BYTES_MAX, Scope, TokenInfo, check_token_request};
 pub use why::{
@@ -351,13 +351,23 @@ pub(crate) async fn load_definition_with<'e>(
     name: &str,
     version: Option<u32>,
 ) -> Result<rein_core::Definition, StoreError> {
+    let stored_version = match version.map(i32::try_from) {
+        None => None,
+        Some(Ok(v)) if v >= 1 => Some(v),
+        Some(_) => {
+            return Err(StoreError::Invalid(format!(
+                "a definition version is 1..={}",
+                rein_core::limits::VERSION_MAX
+            )));
+        }
+    };
     let body: Option<serde_json::Value> = sqlx::query_scalar(
         "SELECT body FROM rein_definitions
          WHERE name = $1 AND ($2::int IS NULL OR version = $2)
          ORDER BY version DESC LIMIT 1",
     )
     .bind(name)
-    .bind(version.map(|v| v as i32))
+    .bind(stored_version)
     .fetch_optional(executor)
     .await?;
     let Some(body) = body else {
