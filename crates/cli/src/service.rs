@@ -4,7 +4,7 @@
 //! `DATABASE_URL`. Errors come back in the API's shape ([`ApiError`]) with its stable codes.
 
 use chrono::{DateTime, Utc};
-use rein_core::{Definition, Format, GuardRegistry};
+use rein_core::{Definition, Format, GuardRegistry, RunStatus};
 use rein_store::{
     Approval, ClientKey, DefinitionRow, EnqueueRequest, INBOX_TTL_MS_DEFAULT, Member, RunFilter,
     SendOutcome, Sender, Store, StoreError, StoredEvent,
@@ -18,12 +18,14 @@ use crate::api::ApiError;
 use crate::ops::run_json;
 
 /// Page sizes accepted by list operations.
+pub const PAGE_MIN: i64 = 1;
 pub const PAGE_MAX: i64 = 1000;
 pub const PAGE_DEFAULT: i64 = 50;
-/// Longest name or filter value accepted (names are at most 64 bytes).
-pub const NAME_BYTES_MAX: usize = 128;
-/// Longest cursor accepted (a real one is about 180 characters).
-const CURSOR_BYTES_MAX: usize = 512;
+/// Most digits of a cursor's instant (microseconds since 1970): 18 reach the year 33658,
+/// inside what both chrono and PostgreSQL represent, so every such cursor can be compared.
+pub const CURSOR_MICROS_DIGITS_MAX: usize = 18;
+/// Hex digits of a cursor's run id.
+pub const CURSOR_ID_DIGITS: usize = 32;
 /// Longest approver name recorded with a decision.
 pub const APPROVER_BYTES_MAX: usize = 256;
 
@@ -32,21 +34,35 @@ pub const APPROVER_BYTES_MAX: usize = 256;
 /// A new run.
 #[derive(Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"definition": "research-agent", "input": {"topic": "refunds"}}))]
 pub struct EnqueueBody {
     /// Definition name (registered in the database).
+    #[schema(value_type = crate::api::schema::Name)]
     pub definition: String,
     /// Definition version; the newest when absent.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::api::schema::integral"
+    )]
+    #[schema(value_type = Option<crate::api::schema::Version>)]
     pub version: Option<u32>,
-    /// The run's input (its initial business data).
+    /// The run's input (its initial business data): any JSON value; one that is not an
+    /// object is kept as `{"input": VALUE}`. Default `{}`.
     #[serde(default = "empty_object")]
-    #[schema(value_type = Object)]
+    #[schema(value_type = Value)]
     pub input: Value,
-    /// Queue name (default `default`).
+    /// Queue name, a name like a definition's (default `default`).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::api::schema::Name>)]
     pub queue: Option<String>,
     /// Higher is claimed first (default 0).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::api::schema::integral"
+    )]
+    #[schema(value_type = Option<crate::api::schema::Priority>)]
     pub priority: Option<i32>,
 }
 
@@ -137,55 +153,71 @@ fn empty_object() -> Value {
 
 // ---- input checks -------------------------------------------------------------------------
 
-/// `limit` when given, checked against [`PAGE_MAX`].
+/// `limit` when given, checked against [`PAGE_MIN`]..=[`PAGE_MAX`].
 pub fn page(limit: Option<i64>) -> Result<i64, ApiError> {
     let limit = limit.unwrap_or(PAGE_DEFAULT);
-    if !(1..=PAGE_MAX).contains(&limit) {
+    if !(PAGE_MIN..=PAGE_MAX).contains(&limit) {
         return Err(ApiError::validation(format!(
-            "limit must be 1..={PAGE_MAX}"
+            "limit must be {PAGE_MIN}..={PAGE_MAX}"
         )));
     }
     Ok(limit)
 }
 
-/// A filter value or name: 1..=[`NAME_BYTES_MAX`] bytes when given.
+/// A name when given (of a definition, event or queue, or a filter on one): the rule every
+/// name in a definition follows ([`rein_core::name_problem`]), so one that breaks it is
+/// refused rather than matching nothing.
 pub fn name(what: &str, value: Option<String>) -> Result<Option<String>, ApiError> {
     match value {
-        Some(v) if v.is_empty() || v.len() > NAME_BYTES_MAX => Err(ApiError::validation(format!(
-            "{what} must be 1..={NAME_BYTES_MAX} bytes"
-        ))),
+        Some(v) => match rein_core::name_problem(&v) {
+            Some(problem) => Err(ApiError::validation(format!("{what}: {problem}"))
+                .with_details(serde_json::json!({ "field": what }))),
+            None => Ok(Some(v)),
+        },
+        None => Ok(None),
+    }
+}
+
+/// A status filter when given: one of [`RunStatus::ALL`].
+pub fn status(value: Option<String>) -> Result<Option<String>, ApiError> {
+    match value {
+        Some(v) if !RunStatus::ALL.iter().any(|s| s.as_str() == v) => {
+            let all: Vec<&str> = RunStatus::ALL.iter().map(|s| s.as_str()).collect();
+            Err(ApiError::validation(format!(
+                "status must be one of {}",
+                all.join(", ")
+            )))
+        }
         other => Ok(other),
     }
 }
 
-/// Lowercase hex of `rfc3339|uuid`: opaque to clients, safe in headers and query strings.
+/// The regular expression every cursor matches: `MICROS_RUNID`, the creation instant in
+/// microseconds since 1970 and the run id as 32 lowercase hex digits. Opaque to clients, safe
+/// in headers and query strings; every string it matches is a cursor [`decode_cursor`] takes.
+pub fn cursor_pattern() -> String {
+    format!("^[0-9]{{1,{CURSOR_MICROS_DIGITS_MAX}}}_[0-9a-f]{{{CURSOR_ID_DIGITS}}}$")
+}
+
 pub fn encode_cursor(at: DateTime<Utc>, run_id: Uuid) -> String {
-    let text = format!(
-        "{}|{run_id}",
-        at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
-    );
-    text.bytes().map(|b| format!("{b:02x}")).collect()
+    format!("{}_{}", at.timestamp_micros(), run_id.simple())
 }
 
 pub fn decode_cursor(cursor: &str) -> Result<(DateTime<Utc>, Uuid), ApiError> {
     let bad = || ApiError::validation("the cursor is malformed; use a Rein-Next-Cursor value");
-    if cursor.is_empty() || cursor.len() > CURSOR_BYTES_MAX || !cursor.len().is_multiple_of(2) {
+    let (micros, id) = cursor.split_once('_').ok_or_else(bad)?;
+    if micros.is_empty()
+        || micros.len() > CURSOR_MICROS_DIGITS_MAX
+        || !micros.bytes().all(|b| b.is_ascii_digit())
+        || id.len() != CURSOR_ID_DIGITS
+        || !id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
         return Err(bad());
     }
-    let bytes = (0..cursor.len())
-        .step_by(2)
-        .map(|i| {
-            cursor
-                .get(i..i + 2)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-        })
-        .collect::<Option<Vec<u8>>>()
-        .ok_or_else(bad)?;
-    let text = String::from_utf8(bytes).map_err(|_| bad())?;
-    let (at, id) = text.split_once('|').ok_or_else(bad)?;
-    let at = DateTime::parse_from_rfc3339(at).map_err(|_| bad())?;
-    let id = Uuid::parse_str(id).map_err(|_| bad())?;
-    Ok((at.with_timezone(&Utc), id))
+    let micros: i64 = micros.parse().map_err(|_| bad())?;
+    let at = DateTime::from_timestamp_micros(micros).ok_or_else(bad)?;
+    let id = Uuid::try_parse(id).map_err(|_| bad())?;
+    Ok((at, id))
 }
 
 /// An approver's name, trimmed: non-empty, at most [`APPROVER_BYTES_MAX`] bytes, no control
@@ -250,7 +282,7 @@ pub async fn runs(
 ) -> Result<RunsPage, ApiError> {
     let limit = page(limit)?;
     let filter = RunFilter {
-        status: name("status", filter.status)?,
+        status: status(filter.status)?,
         definition: name("definition", filter.definition)?,
         ..filter
     };
@@ -438,14 +470,7 @@ pub async fn definition(
     version: Option<u32>,
 ) -> Result<DefinitionView, ApiError> {
     let definition = name("name", Some(definition.to_owned()))?.unwrap_or_default();
-    let def = match store.load_definition(&definition, version).await {
-        Ok(def) => def,
-        Err(e @ StoreError::UnknownDefinition { .. }) => {
-            return Err(ApiError::not_found(e.to_string())
-                .with_details(json!({ "definition": definition, "version": version })));
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let def = store.load_definition(&definition, version).await?;
     let spec = serde_json::to_value(def.spec())
         .map_err(|e| ApiError::from(StoreError::Corrupt(e.to_string())))?;
     Ok(DefinitionView {

@@ -6,7 +6,7 @@ mod common;
 use common::{Api, code, json_of, rein, stderr, stdout};
 use rein_store::{ApprovalAsk, EnqueueRequest, Sender, Store};
 use reqwest::StatusCode;
-use serde_json::json;
+use serde_json::{Value, json};
 use uuid::Uuid;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,7 +192,6 @@ async fn enqueue_is_idempotent_by_key_and_the_run_reads_back() {
     }
     for bad in [
         "{not json".to_owned(),
-        json!({"definition": "no-such-definition"}).to_string(),
         json!({"definition": "research-agent", "surprise": 1}).to_string(),
     ] {
         let (s, v) = json_of(
@@ -210,6 +209,17 @@ async fn enqueue_is_idempotent_by_key_and_the_run_reads_back() {
             "{bad}: {v}"
         );
     }
+    // A well-formed request naming a definition nobody registered: not found, like
+    // `GET /v1/definitions/NAME`.
+    let (s, v) = api
+        .post_json(
+            "/v1/runs",
+            &token,
+            &json!({"definition": "no-such-definition"}),
+        )
+        .await;
+    assert_eq!((s, code(&v)), (StatusCode::NOT_FOUND, "not_found"), "{v}");
+    assert_eq!(v["error"]["details"]["definition"], "no-such-definition");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -924,4 +934,435 @@ async fn a_revoked_token_is_refused_from_then_on() {
     // Revoking it again is refused: nothing live to revoke.
     let out = rein(&["tokens", "revoke", &id, "--database-url", &api.url]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+// ---- the served document is the contract ---------------------------------------------------
+
+/// A running API with a run to address, its served document, and requests of every
+/// operation the server accepts, to vary one input at a time against what the document says.
+struct Contract {
+    api: Api,
+    token: String,
+    doc: Value,
+    run: Uuid,
+    /// A registered definition as a JSON document (registering it again is a no-op).
+    definition: String,
+}
+
+impl Contract {
+    async fn start(prefix: &str) -> Contract {
+        let api = Api::start(prefix, &[]).await;
+        let token = api.token("contract", &["admin"]);
+        let (s, doc) = api.get_json("/openapi.json", &token).await;
+        assert_eq!(s, StatusCode::OK);
+        let (s, v) = api
+            .post_json("/v1/runs", &token, &json!({"definition": "research-agent"}))
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+        let run = v["run_id"].as_str().unwrap().parse().unwrap();
+        let (s, v) = api.get_json("/v1/definitions/research-agent", &token).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        Contract {
+            api,
+            token,
+            doc,
+            run,
+            definition: v["spec"].to_string(),
+        }
+    }
+
+    /// Every operation of the document: path, method, operation.
+    fn operations(&self) -> Vec<(String, String, Value)> {
+        let mut all = Vec::new();
+        for (path, item) in self.doc["paths"].as_object().expect("paths") {
+            for (method, op) in item.as_object().unwrap() {
+                all.push((path.clone(), method.clone(), op.clone()));
+            }
+        }
+        all
+    }
+
+    /// The schema behind `schema`: references followed, the non-null branch of a nullable one.
+    fn resolve<'a>(&'a self, schema: &'a Value) -> &'a Value {
+        if let Some(r) = schema["$ref"].as_str() {
+            let name = r
+                .strip_prefix("#/components/schemas/")
+                .expect("a local $ref");
+            return self.resolve(&self.doc["components"]["schemas"][name]);
+        }
+        if let Some(branches) = schema["oneOf"].as_array() {
+            let typed: Vec<&Value> = branches.iter().filter(|b| b["type"] != "null").collect();
+            if let [only] = typed[..] {
+                return self.resolve(only);
+            }
+        }
+        schema
+    }
+
+    /// A schema's type, `null` aside.
+    fn type_of(schema: &Value) -> &str {
+        match &schema["type"] {
+            Value::String(t) => t,
+            Value::Array(ts) => ts
+                .iter()
+                .filter_map(Value::as_str)
+                .find(|t| *t != "null")
+                .unwrap_or(""),
+            _ => "",
+        }
+    }
+
+    /// The value of path parameter `name` in a request the server accepts.
+    fn path_value(&self, path: &str, name: &str) -> String {
+        match name {
+            "id" if path.starts_with("/v1/runs/") => self.run.to_string(),
+            "id" => Uuid::now_v7().to_string(),
+            "name" => "research-agent".to_owned(),
+            other => panic!("{path}: give the contract test a value for path parameter `{other}`"),
+        }
+    }
+
+    /// The body of a request of this operation the server accepts (its answer may still be
+    /// 404 or 409: the request is well formed).
+    fn base_body(&self, method: &str, path: &str) -> Option<(String, &'static str)> {
+        let json = |v: Value| Some((v.to_string(), "application/json"));
+        match (method, path) {
+            ("get", _) | ("post", "/v1/runs/{id}/rerun") => None,
+            ("post", "/v1/runs") => json(json!({"definition": "research-agent"})),
+            ("post", "/v1/runs/{id}/events") => json(json!({"type": "NOT_DECLARED"})),
+            ("post", "/v1/approvals/{id}/grant" | "/v1/approvals/{id}/deny") => json(json!({})),
+            ("post", "/v1/definitions") => Some((self.definition.clone(), "application/json")),
+            _ => panic!("{method} {path}: give the contract test a request body"),
+        }
+    }
+
+    /// Sends a request of the operation the server accepts, but for what `vary` changes.
+    async fn send(&self, method: &str, path: &str, vary: Vary<'_>) -> (StatusCode, Value) {
+        let mut url = path.to_owned();
+        for segment in path.split('/').filter(|s| s.starts_with('{')) {
+            let name = &segment[1..segment.len() - 1];
+            let value = match vary.path {
+                Some((n, v)) if n == name => v.to_owned(),
+                _ => self.path_value(path, name),
+            };
+            url = url.replace(segment, &value);
+        }
+        let url = format!("{}{url}", self.api.base);
+        let mut req = match method {
+            "get" => self.api.http.get(url),
+            "post" => self.api.http.post(url),
+            other => panic!("method {other}"),
+        }
+        .bearer_auth(&self.token)
+        .query(&vary.query);
+        for (name, value) in &vary.headers {
+            req = req.header(*name, value.as_str());
+        }
+        let body = match (&vary.body, self.base_body(method, path)) {
+            (Some(body), _) => Some((body.to_string(), "application/json")),
+            (None, base) => base,
+        };
+        if let Some((text, content_type)) = body {
+            req = req.header("content-type", content_type).body(text);
+        }
+        json_of(req.send().await.unwrap()).await
+    }
+
+    /// The operation's JSON body with `property` set to `value`.
+    fn body_with(&self, method: &str, path: &str, property: &str, value: Value) -> Value {
+        let (text, _) = self.base_body(method, path).expect("a body");
+        let mut body: Value = serde_json::from_str(&text).unwrap();
+        body[property] = value;
+        body
+    }
+}
+
+#[derive(Default)]
+struct Vary<'a> {
+    path: Option<(&'a str, &'a str)>,
+    query: Vec<(&'a str, String)>,
+    headers: Vec<(&'a str, String)>,
+    body: Option<Value>,
+}
+
+/// Refused for its shape: 422 `validation_failed`.
+fn refused((s, v): &(StatusCode, Value)) -> bool {
+    *s == StatusCode::UNPROCESSABLE_ENTITY && code(v) == "validation_failed"
+}
+
+/// Accepted as well formed: neither refused for its shape nor a server error (a well-formed
+/// request may still name nothing, 404, or conflict, 409).
+fn accepted((s, _): &(StatusCode, Value)) -> bool {
+    *s != StatusCode::UNPROCESSABLE_ENTITY && !s.is_server_error()
+}
+
+/// Checks one documented value against the server; `send` sends a request with the value
+/// in place, `describe` names it in messages. An integer must be bounded: at each bound it
+/// is accepted, one past it refused. A string is refused empty exactly when the document
+/// rules the empty string out (`minLength` >= 1, an `enum`, or a format empty text cannot
+/// meet); one of `maxLength` characters is accepted and one longer refused (where a run of
+/// `a`s can match its pattern: none, or the name rule). Returns how many values were tried.
+async fn check_bounds<F, Fut>(contract: &Contract, schema: &Value, describe: &str, send: F) -> usize
+where
+    F: Fn(Value) -> Fut,
+    Fut: std::future::Future<Output = (StatusCode, Value)>,
+{
+    let schema = contract.resolve(schema);
+    let mut tried = 0;
+    match Contract::type_of(schema) {
+        "integer" => {
+            let (Some(min), Some(max)) = (schema["minimum"].as_i64(), schema["maximum"].as_i64())
+            else {
+                panic!(
+                    "{describe}: an integer is documented with a minimum and a maximum: {schema}"
+                );
+            };
+            for (value, want_accepted) in [
+                (i128::from(min), true),
+                (i128::from(max), true),
+                (i128::from(min) - 1, false),
+                (i128::from(max) + 1, false),
+            ] {
+                let number: Value = serde_json::from_str(&value.to_string()).unwrap();
+                let answer = send(number).await;
+                if want_accepted {
+                    assert!(
+                        accepted(&answer),
+                        "{describe} = {value} (a bound) is refused: {answer:?}"
+                    );
+                } else {
+                    assert!(
+                        refused(&answer),
+                        "{describe} = {value} (past a bound) is not refused with 422: {answer:?}"
+                    );
+                }
+                tried += 1;
+            }
+        }
+        "string" => {
+            let min_length = schema["minLength"].as_u64().unwrap_or(0);
+            let excludes_empty = min_length >= 1
+                || schema["enum"]
+                    .as_array()
+                    .is_some_and(|values| !values.contains(&json!("")))
+                || matches!(schema["format"].as_str(), Some("date-time" | "uuid"));
+            let answer = send(json!("")).await;
+            if excludes_empty {
+                assert!(
+                    refused(&answer),
+                    "{describe} = \"\" is documented as invalid but not refused with 422: {answer:?}"
+                );
+            } else {
+                assert!(
+                    accepted(&answer),
+                    "{describe} = \"\" is documented as valid (no minLength) but refused: {answer:?}"
+                );
+            }
+            tried += 1;
+            let filler_fits = schema["pattern"].is_null()
+                || schema["pattern"].as_str() == Some(rein_core::NAME_PATTERN);
+            if let (Some(max), true) = (schema["maxLength"].as_u64(), filler_fits) {
+                let answer = send(json!("a".repeat(max as usize))).await;
+                assert!(
+                    accepted(&answer),
+                    "{describe} of {max} characters (the bound) is refused: {answer:?}"
+                );
+                let answer = send(json!("a".repeat(max as usize + 1))).await;
+                assert!(
+                    refused(&answer),
+                    "{describe} of {} characters is not refused with 422: {answer:?}",
+                    max + 1
+                );
+                tried += 2;
+            }
+        }
+        _ => {}
+    }
+    tried
+}
+
+fn as_param(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_path_parameter_is_a_documented_422_on_every_operation() {
+    let contract = Contract::start("api_contract_path").await;
+    let detail_fields: Vec<&String> =
+        contract.doc["components"]["schemas"]["ErrorDetail"]["properties"]
+            .as_object()
+            .expect("ErrorDetail is documented")
+            .keys()
+            .collect();
+    let mut checked = 0;
+    for (path, method, op) in contract.operations() {
+        let params: Vec<&Value> = op["parameters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["in"] == "path")
+            .collect();
+        if params.is_empty() {
+            continue;
+        }
+        let documented = &op["responses"]["422"];
+        assert_eq!(
+            documented["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/ErrorBody",
+            "{method} {path} documents its 422 with the error body: {documented}"
+        );
+        let fine = contract.send(&method, &path, Vary::default()).await;
+        assert!(
+            accepted(&fine),
+            "{method} {path} with well-formed parameters: {fine:?}"
+        );
+        for param in params {
+            let name = param["name"].as_str().unwrap();
+            let schema = contract.resolve(&param["schema"]);
+            let malformed = if schema["format"] == "uuid" {
+                "not-a-uuid"
+            } else {
+                assert!(
+                    schema["pattern"].is_string(),
+                    "{method} {path}: path parameter `{name}` documents its shape: {schema}"
+                );
+                "not%20a%20name"
+            };
+            let vary = Vary {
+                path: Some((name, malformed)),
+                ..Vary::default()
+            };
+            let (s, v) = contract.send(&method, &path, vary).await;
+            assert!(
+                refused(&(s, v.clone())),
+                "{method} {path} with {name} = {malformed}: {s} {v}"
+            );
+            let fields: Vec<&String> = v["error"]
+                .as_object()
+                .expect("an error body")
+                .keys()
+                .collect();
+            assert_eq!(
+                fields, detail_fields,
+                "{method} {path}: the documented error body: {v}"
+            );
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| !m.is_empty()),
+                "{v}"
+            );
+            checked += 1;
+        }
+    }
+    // Run, why, events (get and send), rerun, grant, deny, definition.
+    assert_eq!(
+        checked, 8,
+        "every operation with a path parameter was checked"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn documented_query_and_header_bounds_are_the_bounds_the_server_enforces() {
+    let contract = Contract::start("api_contract_params").await;
+    let mut tried = 0;
+    let mut integers = 0;
+    for (path, method, op) in contract.operations() {
+        for param in op["parameters"].as_array().into_iter().flatten() {
+            let name = param["name"].as_str().unwrap();
+            let place = param["in"].as_str().unwrap();
+            if place == "path" {
+                continue;
+            }
+            let schema = &param["schema"];
+            if Contract::type_of(contract.resolve(schema)) == "integer" {
+                integers += 1;
+            }
+            let describe = format!("{method} {path} {place} parameter {name}");
+            tried += check_bounds(&contract, schema, &describe, |value| {
+                let (path, method) = (path.clone(), method.clone());
+                let contract = &contract;
+                async move {
+                    let vary = match place {
+                        "query" => Vary {
+                            query: vec![(name, as_param(&value))],
+                            ..Vary::default()
+                        },
+                        "header" => Vary {
+                            headers: vec![(name, as_param(&value))],
+                            ..Vary::default()
+                        },
+                        other => panic!("parameter in {other}"),
+                    };
+                    contract.send(&method, &path, vary).await
+                }
+            })
+            .await;
+        }
+    }
+    // limit of runs and approvals, version of a definition.
+    assert_eq!(integers, 3, "the integer parameters were found");
+    // The six filters of runs, two of approvals, a definition's version, a document's
+    // format, enqueue's Idempotency-Key.
+    assert!(tried >= 22, "only {tried} values tried");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn documented_body_bounds_are_the_bounds_the_server_enforces() {
+    let contract = Contract::start("api_contract_bodies").await;
+    let mut tried = 0;
+    for (path, method, op) in contract.operations() {
+        let schema = &op["requestBody"]["content"]["application/json"]["schema"];
+        if schema.is_null() {
+            continue;
+        }
+        let body = contract.resolve(schema);
+        for (property, schema) in body["properties"].as_object().into_iter().flatten() {
+            let describe = format!("{method} {path} body field {property}");
+            tried += check_bounds(&contract, schema, &describe, |value| {
+                let (path, method) = (path.clone(), method.clone());
+                let contract = &contract;
+                async move {
+                    let body = contract.body_with(&method, &path, property, value);
+                    let vary = Vary {
+                        body: Some(body),
+                        ..Vary::default()
+                    };
+                    contract.send(&method, &path, vary).await
+                }
+            })
+            .await;
+        }
+    }
+    // Enqueue's definition, version, queue, priority; a sent event's type; a decision's
+    // comment (grant and deny).
+    assert!(tried >= 23, "only {tried} values tried");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_definition_version_the_database_cannot_store_is_refused_not_a_server_error() {
+    let api = Api::start("api_def_version", &[]).await;
+    let token = api.token("ci", &["operate", "read"]);
+    let (s, v) = api.get_json("/v1/definitions/chain4", &token).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let mut spec = v["spec"].clone();
+    spec["name"] = json!("chain4-big");
+    spec["version"] = json!(u64::from(rein_core::limits::VERSION_MAX) + 1);
+    let (s, v) = api.post_json("/v1/definitions", &token, &spec).await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed"),
+        "{v}"
+    );
+    assert_eq!(
+        v["error"]["details"]["problems"][0]["item"], "version",
+        "{v}"
+    );
+    // The highest version it can store registers.
+    spec["version"] = json!(rein_core::limits::VERSION_MAX);
+    let (s, v) = api.post_json("/v1/definitions", &token, &spec).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
 }

@@ -652,8 +652,11 @@ impl Definition {
             |item: String, reason: String| problems.push(DefinitionProblem { item, reason });
 
         check_name(&mut p, "name", &spec.name);
-        if spec.version == 0 {
-            p("version".into(), "must be 1 or greater".into());
+        if !(1..=limits::VERSION_MAX).contains(&spec.version) {
+            p(
+                "version".into(),
+                format!("must be 1..={}", limits::VERSION_MAX),
+            );
         }
         if spec.states.len() > limits::STATES_MAX {
             p(
@@ -1637,24 +1640,35 @@ fn check_budget(
 }
 
 fn check_name(p: &mut impl FnMut(String, String), item: &str, name: &str) {
+    if let Some(reason) = name_problem(name) {
+        p(item.to_owned(), reason);
+    }
+}
+
+/// The name rule of [`name_problem`] as a regular expression, for documents that describe
+/// it (the API's OpenAPI schema): 1..=[`limits::NAME_LEN_MAX`] of these characters.
+pub const NAME_PATTERN: &str = "^[A-Za-z0-9_.-]+$";
+
+/// Why `name` is not usable as the name of a definition, state, event, node action, tool or
+/// guard: it must be 1..=[`limits::NAME_LEN_MAX`] bytes of letters, digits, `_`, `-` and `.`
+/// ([`NAME_PATTERN`]).
+pub fn name_problem(name: &str) -> Option<String> {
     if name.is_empty() {
-        p(item.to_owned(), "name is empty".into());
+        Some("name is empty".into())
     } else if name.len() > limits::NAME_LEN_MAX {
-        p(
-            item.to_owned(),
-            format!(
-                "name is {} bytes; the limit is {}",
-                name.len(),
-                limits::NAME_LEN_MAX
-            ),
-        );
+        Some(format!(
+            "name is {} bytes; the limit is {}",
+            name.len(),
+            limits::NAME_LEN_MAX
+        ))
     } else if !name
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
     {
-        p(
-            item.to_owned(),
-            format!("name `{name}` may use only letters, digits, `_`, `-` and `.`"),
-        );
+        Some(format!(
+            "name `{name}` may use only letters, digits, `_`, `-` and `.`"
+        ))
+    } else {
+        None
     }
 }

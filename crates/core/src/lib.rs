@@ -32,7 +32,8 @@ pub mod text;
 pub mod timer;
 
 pub use definition::{
-    Definition, DefinitionError, DefinitionProblem, Format, LimitSpec, StateKind, limit_key_problem,
+    Definition, DefinitionError, DefinitionProblem, Format, LimitSpec, NAME_PATTERN, StateKind,
+    limit_key_problem, name_problem,
 };
 pub use event::{EngineEvent, Event};
 pub use guard::{GuardInput, GuardKind, GuardRegistry};

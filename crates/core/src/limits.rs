@@ -5,6 +5,8 @@
 pub const DEFINITION_BYTES_MAX: usize = 1024 * 1024;
 /// Longest name of a definition, state, event, node action, tool or guard.
 pub const NAME_LEN_MAX: usize = 64;
+/// Highest definition version: versions are stored as a PostgreSQL `integer`.
+pub const VERSION_MAX: u32 = i32::MAX as u32;
 pub const STATES_MAX: usize = 256;
 pub const EVENTS_MAX: usize = 512;
 pub const TRANSITIONS_MAX: usize = 4096;

@@ -122,6 +122,14 @@ pub enum RunStatus {
 }
 
 impl RunStatus {
+    /// Every status, in lifecycle order.
+    pub const ALL: [RunStatus; 4] = [
+        RunStatus::Runnable,
+        RunStatus::Parked,
+        RunStatus::NeedsOperator,
+        RunStatus::Terminal,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             RunStatus::Runnable => "runnable",

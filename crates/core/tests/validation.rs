@@ -379,6 +379,42 @@ fn event_name_with_illegal_characters_is_rejected() {
 }
 
 #[test]
+fn a_version_the_database_cannot_store_is_rejected() {
+    use rein_core::limits::VERSION_MAX;
+    for bad in [0, u64::from(VERSION_MAX) + 1] {
+        let err = invalid(&replaced("version = 1", &format!("version = {bad}")));
+        assert_problem(&err, "version", &format!("must be 1..={VERSION_MAX}"));
+    }
+    let top = parse(&replaced(
+        "version = 1",
+        &format!("version = {VERSION_MAX}"),
+    ))
+    .expect("the highest version is valid");
+    assert_eq!(top.version(), VERSION_MAX);
+}
+
+#[test]
+fn the_name_rule_takes_letters_digits_and_three_marks_up_to_the_limit() {
+    for ok in [
+        "a",
+        "Mini_agent-2.0",
+        &"x".repeat(rein_core::limits::NAME_LEN_MAX),
+    ] {
+        assert_eq!(rein_core::name_problem(ok), None, "{ok}");
+    }
+    for bad in [
+        "",
+        "a b",
+        "ä",
+        "a/b",
+        "a\n",
+        &"x".repeat(rein_core::limits::NAME_LEN_MAX + 1),
+    ] {
+        assert!(rein_core::name_problem(bad).is_some(), "{bad:?}");
+    }
+}
+
+#[test]
 fn declaring_an_engine_event_is_rejected() {
     let err = invalid(&replaced(
         "events = [\"go\", \"finish\"]",

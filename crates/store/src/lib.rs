@@ -46,8 +46,8 @@ pub use reads::{DefinitionRow, EventTime, Recovered, RunFilter, RunRow, StoredEv
 pub use retention::{ARCHIVE_BATCH_MAX, ArchiveCandidates, ArchivedBatch, EventsTableSize};
 pub use scans::{NextLook, SCAN_BACKOFF_MS_MAX, SCAN_BACKOFF_MS_MIN, Seen};
 pub use send::{
-    ClientKey, EnqueueRequest, Enqueued, INBOX_READ_MAX, INBOX_TTL_MS_DEFAULT, InboxEntry,
-    SendOutcome, jitter_from, plan_inbox, sent_event_id,
+    CLIENT_KEY_LEN_MAX, ClientKey, EnqueueRequest, Enqueued, INBOX_READ_MAX, INBOX_TTL_MS_DEFAULT,
+    InboxEntry, SendOutcome, jitter_from, plan_inbox, sent_event_id,
 };
 pub use sender::{SENDER_BYTES_MAX, Sender};
 pub use tokens::{SCOPES, SUBJECT_BYTES_MAX, Scope, TokenInfo, check_token_request};
@@ -427,13 +427,23 @@ pub(crate) async fn load_definition_with<'e>(
     version: Option<u32>,
 ) -> Result<rein_core::Definition, StoreError> {
     input::check_text("definition", name)?;
+    let stored_version = match version.map(i32::try_from) {
+        None => None,
+        Some(Ok(v)) if v >= 1 => Some(v),
+        Some(_) => {
+            return Err(StoreError::Invalid(format!(
+                "a definition version is 1..={}",
+                rein_core::limits::VERSION_MAX
+            )));
+        }
+    };
     let body: Option<serde_json::Value> = sqlx::query_scalar(
         "SELECT body FROM rein_definitions
          WHERE name = $1 AND ($2::int IS NULL OR version = $2)
          ORDER BY version DESC LIMIT 1",
     )
     .bind(name)
-    .bind(version.map(|v| v as i32))
+    .bind(stored_version)
     .fetch_optional(executor)
     .await?;
     let Some(body) = body else {

@@ -116,7 +116,8 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::RunNotFound(id) => ApiError::not_found(format!("run {id} not found"))
                 .with_details(json!({ "run_id": id })),
-            StoreError::UnknownDefinition { name, version } => ApiError::validation(format!(
+            // A well-formed request naming a definition (version) nobody registered.
+            StoreError::UnknownDefinition { name, version } => ApiError::not_found(format!(
                 "{}",
                 StoreError::UnknownDefinition {
                     name: name.clone(),

@@ -4,6 +4,7 @@
 
 pub mod error;
 mod routes;
+pub mod schema;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};

@@ -22,6 +22,7 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::error::ErrorBody;
+use super::schema;
 use super::{ApiError, App, Caller};
 use crate::remote::NEXT_CURSOR;
 use crate::service::{
@@ -56,7 +57,7 @@ impl Modify for BearerAuth {
 }
 
 pub fn router() -> OpenApiRouter<Arc<App>> {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let mut router = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(healthz))
         .routes(routes!(metrics))
         .routes(routes!(readyz))
@@ -71,7 +72,10 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(rerun_run))
         .routes(routes!(list_workers))
         .routes(routes!(list_definitions, register_definition))
-        .routes(routes!(get_definition))
+        .routes(routes!(get_definition));
+    schema::document_bad_path_parameters(router.get_openapi_mut());
+    schema::link_runs(router.get_openapi_mut());
+    router
 }
 
 // ---- shapes -------------------------------------------------------------------------------
@@ -84,12 +88,15 @@ struct Health {
 /// An event sent to a run from outside.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"type": "CANCEL", "payload": {}}))]
 struct SendBody {
-    /// Event type, e.g. USER_REPLY or CANCEL.
+    /// Event type, e.g. USER_REPLY or CANCEL: a name of the run's definition.
     #[serde(rename = "type")]
+    #[schema(value_type = schema::Name)]
     kind: String,
+    /// Any JSON value (default `{}`).
     #[serde(default = "empty_object")]
-    #[schema(value_type = Object)]
+    #[schema(value_type = Value)]
     payload: Value,
 }
 
@@ -98,6 +105,7 @@ struct SendBody {
 #[serde(deny_unknown_fields)]
 struct DecideBody {
     /// Why; kept with the decision (at most 4096 bytes).
+    #[schema(value_type = Option<schema::Comment>)]
     comment: Option<String>,
 }
 
@@ -191,14 +199,18 @@ struct DecisionView {
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct RunsQuery {
-    /// Only runs with this status (e.g. runnable, waiting, terminal).
+    /// Only runs with this status.
+    #[param(value_type = Option<schema::Status>, inline)]
     status: Option<String>,
     /// Only runs of this definition.
+    #[param(value_type = Option<schema::Name>, inline)]
     definition: Option<String>,
-    /// At most this many, newest first (1..=1000, default 50).
+    /// At most this many, newest first (default 50).
+    #[param(value_type = Option<schema::PageLimit>, inline)]
     limit: Option<i64>,
     /// Continue after the last run of a previous page: the `Rein-Next-Cursor` header it
-    /// came with (opaque).
+    /// came with.
+    #[param(value_type = Option<schema::Cursor>, inline)]
     cursor: Option<String>,
     /// Only runs created strictly after this instant (RFC 3339).
     created_after: Option<DateTime<Utc>>,
@@ -214,7 +226,8 @@ struct ApprovalsQuery {
     all: Option<bool>,
     /// Only this run's requests.
     run: Option<Uuid>,
-    /// At most this many, newest first (1..=1000, default 50).
+    /// At most this many, newest first (default 50).
+    #[param(value_type = Option<schema::PageLimit>, inline)]
     limit: Option<i64>,
 }
 
@@ -322,11 +335,12 @@ async fn openapi_json(State(app): AppState, Extension(_caller): Extension<Caller
 /// the same run. Keys belong to the token's subject: another subject's same key is another
 /// key.
 #[utoipa::path(post, path = "/v1/runs", tag = "runs", request_body = EnqueueBody,
-    params(("Idempotency-Key" = Option<String>, Header, description = "Client key (1..=256 bytes), scoped to the token's subject: the same key with the same body returns the same run; with another body it is a conflict")),
+    params(("Idempotency-Key" = inline(Option<schema::IdempotencyKey>), Header, nullable = false, description = "Client key (1..=256 bytes), scoped to the token's subject: the same key with the same body returns the same run; with another body it is a conflict")),
     responses((status = 201, description = "Created", body = EnqueueResponse),
               (status = 200, description = "The run this Idempotency-Key already created for this body", body = EnqueueResponse),
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the enqueue scope", body = ErrorBody),
+              (status = 404, description = "No such definition (version)", body = ErrorBody),
               (status = 409, description = "The Idempotency-Key was used with another body (conflict; details.idempotency_key)", body = ErrorBody),
               (status = 413, description = "Body too large", body = ErrorBody),
               (status = 422, description = "Invalid request (details.field names a field that cannot be stored, e.g. one with a NUL character)", body = ErrorBody)))]
@@ -468,7 +482,7 @@ async fn run_events(
 /// event records the token's subject as its sender.
 #[utoipa::path(post, path = "/v1/runs/{id}/events", tag = "runs", request_body = SendBody,
     params(("id" = Uuid, Path, description = "Run id"),
-           ("Idempotency-Key" = Option<String>, Header, description = "Client key (1..=256 bytes): sending again with the same key returns what became of the first send instead of applying it twice")),
+           ("Idempotency-Key" = inline(Option<schema::IdempotencyKey>), Header, nullable = false, description = "Client key (1..=256 bytes): sending again with the same key returns what became of the first send instead of applying it twice")),
     responses((status = 200, description = "Applied", body = SendResponse),
               (status = 202, description = "Queued in the run's inbox", body = SendResponse),
               (status = 401, description = "No or bad token", body = ErrorBody),
@@ -595,15 +609,34 @@ struct DefinitionSummary {
 #[serde(deny_unknown_fields)]
 struct DefinitionQuery {
     /// This version; the newest when absent.
+    #[param(value_type = Option<schema::Version>, inline)]
     version: Option<u32>,
+}
+
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+struct DefinitionPath {
+    /// Definition name.
+    #[param(value_type = schema::Name, inline)]
+    name: String,
 }
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct RegisterQuery {
-    /// `toml` or `json`; overrides the Content-Type (JSON unless `application/toml`).
-    format: Option<String>,
+    /// Overrides the Content-Type (JSON unless `application/toml`).
+    #[param(inline)]
+    format: Option<DocumentFormat>,
+}
+
+/// The language of a definition document.
+#[derive(Deserialize, ToSchema, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum DocumentFormat {
+    Toml,
+    Json,
 }
 
 /// The registered definitions: every version of each, by name then version.
@@ -621,7 +654,7 @@ async fn list_definitions(
 
 /// One definition version (the newest unless `version`) with its spec.
 #[utoipa::path(get, path = "/v1/definitions/{name}", tag = "definitions",
-    params(("name" = String, Path, description = "Definition name"), DefinitionQuery),
+    params(DefinitionPath, DefinitionQuery),
     responses((status = 200, description = "The definition", body = DefinitionView),
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the read scope", body = ErrorBody),
@@ -664,14 +697,9 @@ async fn register_definition(
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Operate)?;
     let q = query(q)?;
-    let format = match q.format.as_deref() {
-        Some("toml") => Format::Toml,
-        Some("json") => Format::Json,
-        Some(other) => {
-            return Err(ApiError::validation(format!(
-                "format must be `toml` or `json`, not `{other}`"
-            )));
-        }
+    let format = match q.format {
+        Some(DocumentFormat::Toml) => Format::Toml,
+        Some(DocumentFormat::Json) => Format::Json,
         None => {
             let toml = headers
                 .get(axum::http::header::CONTENT_TYPE)

@@ -596,6 +596,25 @@ impl Api {
             .post(format!("{}{path}", self.base))
             .bearer_auth(token)
     }
+
+    /// POSTs `body` as JSON and reads the JSON answer.
+    pub async fn post_json(
+        &self,
+        path: &str,
+        token: &str,
+        body: &serde_json::Value,
+    ) -> (reqwest::StatusCode, serde_json::Value) {
+        json_of(self.post(path, token).json(body).send().await.unwrap()).await
+    }
+
+    /// GETs `path` and reads the JSON answer.
+    pub async fn get_json(
+        &self,
+        path: &str,
+        token: &str,
+    ) -> (reqwest::StatusCode, serde_json::Value) {
+        json_of(self.get(path, Some(token)).send().await.unwrap()).await
+    }
 }
 
 /// The status and JSON body of an API response.

@@ -1,0 +1,241 @@
+//! Schemas of the OpenAPI document built from the constants the server checks against, so
+//! the document states exactly the bounds the API enforces: a request the document allows is
+//! not refused for its shape, and one it forbids is refused with 422. (utoipa's validation
+//! attributes take only literals, so the bounded types below build their schemas in code.)
+
+use rein_core::limits::{NAME_LEN_MAX, VERSION_MAX};
+use rein_core::{NAME_PATTERN, RunStatus};
+use serde::Deserialize;
+use utoipa::openapi::link::LinkBuilder;
+use utoipa::openapi::path::{Operation, ParameterIn, PathItem};
+use utoipa::openapi::response::ResponseBuilder;
+use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, Schema, SchemaFormat, Type};
+use utoipa::openapi::{Content, ContentBuilder, OpenApi, Ref, RefOr};
+use utoipa::{PartialSchema, ToSchema};
+
+use rein_store::CLIENT_KEY_LEN_MAX;
+
+use crate::service::{
+    CURSOR_ID_DIGITS, CURSOR_MICROS_DIGITS_MAX, PAGE_MAX, PAGE_MIN, cursor_pattern,
+};
+
+/// Declares a schema-only type: fields keep their Rust type and name it with
+/// `value_type = ...` (query and path parameters add `inline`), so they keep their doc
+/// comment as description and their optionality. Body fields refer to it as a component:
+/// utoipa wraps an inline schema with a description in an `allOf` with an `object`, which
+/// no string satisfies.
+macro_rules! schema_type {
+    ($(#[$doc:meta])* $name:ident => $schema:expr) => {
+        $(#[$doc])*
+        pub struct $name;
+
+        impl PartialSchema for $name {
+            fn schema() -> RefOr<Schema> {
+                RefOr::T(Schema::Object($schema.build()))
+            }
+        }
+
+        impl ToSchema for $name {}
+    };
+}
+
+fn string() -> ObjectBuilder {
+    ObjectBuilder::new().schema_type(Type::String)
+}
+
+fn integer(format: KnownFormat) -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::Integer)
+        .format(Some(SchemaFormat::KnownFormat(format)))
+}
+
+schema_type! {
+    /// A name (of a definition, event or queue): [`rein_core::name_problem`]'s rule.
+    Name => string()
+        .min_length(Some(1))
+        .max_length(Some(NAME_LEN_MAX))
+        .pattern(Some(NAME_PATTERN))
+}
+
+schema_type! {
+    /// A definition version: 1..=[`VERSION_MAX`].
+    Version => integer(KnownFormat::Int32)
+        .minimum(Some(1))
+        .maximum(Some(VERSION_MAX))
+}
+
+schema_type! {
+    /// A run's priority: any 32-bit integer.
+    Priority => integer(KnownFormat::Int32)
+        .minimum(Some(i32::MIN))
+        .maximum(Some(i32::MAX))
+}
+
+schema_type! {
+    /// A page size: [`PAGE_MIN`]..=[`PAGE_MAX`].
+    PageLimit => integer(KnownFormat::Int64)
+        .minimum(Some(PAGE_MIN))
+        .maximum(Some(PAGE_MAX))
+}
+
+schema_type! {
+    /// A run status filter: one of [`RunStatus::ALL`].
+    Status => string().enum_values(Some(RunStatus::ALL.map(RunStatus::as_str)))
+}
+
+schema_type! {
+    /// A page cursor as `Rein-Next-Cursor` carries it.
+    Cursor => string()
+        .min_length(Some(1 + 1 + CURSOR_ID_DIGITS))
+        .max_length(Some(CURSOR_MICROS_DIGITS_MAX + 1 + CURSOR_ID_DIGITS))
+        .pattern(Some(cursor_pattern()))
+}
+
+schema_type! {
+    /// A client's `Idempotency-Key`: 1..=[`CLIENT_KEY_LEN_MAX`] visible ASCII characters, with
+    /// spaces and tabs only inside (HTTP drops them at the ends), as a header value the API
+    /// reads as text.
+    IdempotencyKey => string()
+        .min_length(Some(1))
+        .max_length(Some(CLIENT_KEY_LEN_MAX))
+        .pattern(Some("^[!-~]([\\t -~]*[!-~])?$"))
+}
+
+schema_type! {
+    /// An approval decision's comment: at most [`rein_store::COMMENT_BYTES_MAX`] bytes (a
+    /// schema counts characters; an ASCII comment reaches the bound exactly).
+    Comment => string().max_length(Some(rein_store::COMMENT_BYTES_MAX))
+}
+
+/// An optional integer field of a body as JSON Schema reads `integer`: any number without a
+/// fractional part, so `3.0` is 3 like `3` (serde alone refuses a number written with a
+/// decimal point), and one outside `T` is refused.
+pub fn integral<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<i64>,
+{
+    use serde::de::Error;
+    let Some(number) = Option::<serde_json::Number>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    let whole = match (number.as_i64(), number.as_f64()) {
+        (Some(n), _) => Some(n),
+        // Without a fraction and within ±2^63, the float names an i64 exactly.
+        (None, Some(f)) if f.fract() == 0.0 && f.abs() < 2f64.powi(63) => Some(f as i64),
+        _ => None,
+    };
+    whole
+        .and_then(|n| T::try_from(n).ok())
+        .map(Some)
+        .ok_or_else(|| {
+            D::Error::custom(format!(
+                "{number} is not a whole number that fits in {}",
+                std::any::type_name::<T>()
+            ))
+        })
+}
+
+/// Every operation of a path.
+fn operations(item: &mut PathItem) -> impl Iterator<Item = &mut Operation> {
+    [
+        &mut item.get,
+        &mut item.put,
+        &mut item.post,
+        &mut item.delete,
+        &mut item.options,
+        &mut item.head,
+        &mut item.patch,
+        &mut item.trace,
+        &mut item.query,
+    ]
+    .into_iter()
+    .flatten()
+    .chain(item.additional_operations.values_mut())
+}
+
+/// What a malformed path parameter answers, for the document.
+const BAD_PATH: &str =
+    "A path parameter is malformed (an id that is not a UUID, a name that breaks the name rule)";
+
+/// Documents the 422 every operation with a path parameter answers when it is malformed,
+/// in one place rather than in each route's annotation: added where a route lists no 422,
+/// mentioned in the description where it lists one for other reasons.
+pub fn document_bad_path_parameters(doc: &mut OpenApi) {
+    for item in doc.paths.paths.values_mut() {
+        for operation in operations(item) {
+            let has_path_parameter =
+                operation.parameters.iter().flatten().any(
+                    |p| matches!(p, RefOr::T(p) if matches!(p.parameter_in, ParameterIn::Path)),
+                );
+            if !has_path_parameter {
+                continue;
+            }
+            let responses = &mut operation.responses.responses;
+            match responses.get_mut("422") {
+                Some(RefOr::T(existing)) => {
+                    existing.description = format!("{}; or: {BAD_PATH}", existing.description);
+                }
+                Some(RefOr::Ref(_)) => {}
+                None => {
+                    let body = ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("ErrorBody")))
+                        .build();
+                    let response = ResponseBuilder::new()
+                        .description(BAD_PATH)
+                        .content("application/json", body)
+                        .build();
+                    responses.insert("422".to_owned(), RefOr::T(response));
+                }
+            }
+        }
+    }
+}
+
+/// Where the operations on one run live; their `{id}` is a run id.
+const RUN_PATH: &str = "/v1/runs/{id}";
+
+/// Links every success response whose body names a run (`run_id`, as the one an enqueue or
+/// rerun answers) to each operation on that run, so a client (or a stateful API tester)
+/// can follow a new run from the response that created it.
+pub fn link_runs(doc: &mut OpenApi) {
+    let naming_a_run: Vec<String> = doc
+        .components
+        .iter()
+        .flat_map(|c| c.schemas.iter())
+        .filter(|(_, schema)| {
+            matches!(schema, RefOr::T(Schema::Object(o)) if o.properties.contains_key("run_id"))
+        })
+        .map(|(name, _)| format!("#/components/schemas/{name}"))
+        .collect();
+    let mut on_a_run: Vec<String> = Vec::new();
+    for (path, item) in doc.paths.paths.iter_mut() {
+        if path.starts_with(RUN_PATH) {
+            on_a_run.extend(operations(item).filter_map(|o| o.operation_id.clone()));
+        }
+    }
+    for item in doc.paths.paths.values_mut() {
+        for operation in operations(item) {
+            for (status, response) in &mut operation.responses.responses {
+                let RefOr::T(response) = response else {
+                    continue;
+                };
+                let names_a_run = status.starts_with('2')
+                    && response.content.values().any(|c| {
+                        matches!(c, RefOr::T(Content { schema: Some(RefOr::Ref(r)), .. })
+                            if naming_a_run.contains(&r.ref_location))
+                    });
+                if !names_a_run {
+                    continue;
+                }
+                for target in &on_a_run {
+                    let link = LinkBuilder::new()
+                        .operation_id(target.as_str())
+                        .parameter("id", "$response.body#/run_id")
+                        .build();
+                    response.links.insert(target.clone(), RefOr::T(link));
+                }
+            }
+        }
+    }
+}
