@@ -177,6 +177,9 @@ impl Fleet {
             .args(args)
             .args(["--database-url", &self.url, "--id", id])
             .env("REIN_LOG", "info,sqlx=warn")
+            // A test names the Redis it means (`--redis-url` or `env`): one inherited from
+            // the test command is shared with every earlier run, whose limits it still holds.
+            .env_remove("REDIS_URL")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out)
