@@ -476,11 +476,30 @@ pub fn text<'v>(v: &'v Value, key: &str) -> &'v str {
     v.get(key).and_then(Value::as_str).unwrap_or("")
 }
 
-/// `key` of a JSON document as it reads in a table: text without quotes, a missing or null
-/// value as "-", anything else as JSON.
+/// `text` as it may be printed to a terminal: a control or invisible format character (a
+/// newline, ESC, a bidirectional override) shows as its escape (`\u{1b}`) instead of acting
+/// on the terminal or forging a line of output.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    use rein_store::input::is_unprintable;
+    if !text.chars().any(is_unprintable) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if is_unprintable(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// `key` of a JSON document as it reads in a table: text without quotes (its control
+/// characters escaped), a missing or null value as "-", anything else as JSON.
 pub fn cell(v: &Value, key: &str) -> String {
     match v.get(key) {
-        Some(Value::String(s)) => s.clone(),
+        Some(Value::String(s)) => printable(s).into_owned(),
         Some(Value::Null) | None => "-".to_owned(),
         Some(other) => other.to_string(),
     }
@@ -822,7 +841,7 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
                     }
                 ),
             }
-            let reason = text(&row, "terminal_reason");
+            let reason = printable(text(&row, "terminal_reason"));
             if !reason.is_empty() {
                 println!("reason      {reason}");
             }

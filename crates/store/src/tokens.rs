@@ -74,6 +74,8 @@ pub fn check_token_request(subject: &str, scopes: &[String]) -> Result<(), Store
             "the subject must be 1..={SUBJECT_BYTES_MAX} bytes and not blank"
         )));
     }
+    // The subject is printed into logs, `rein runs history` and approvals as it is.
+    crate::input::check_printable("subject", subject)?;
     if scopes.is_empty() {
         return Err(StoreError::Invalid(format!(
             "a token needs at least one scope (one of {})",
