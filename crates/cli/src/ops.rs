@@ -102,8 +102,10 @@ pub struct EnqueueArgs {
     key: Option<String>,
     #[arg(long, default_value_t = 0)]
     priority: i32,
-    #[arg(long, default_value = "default")]
-    queue: String,
+    /// Queue (default `default`; through the API with a token bound to queues, the first of
+    /// them).
+    #[arg(long)]
+    queue: Option<String>,
     /// Print `{"run_id", "created"}` instead of the id alone.
     #[arg(long)]
     json: bool,
@@ -443,7 +445,7 @@ pub async fn enqueue(args: EnqueueArgs) -> u8 {
         definition: args.definition,
         version: args.definition_version,
         input,
-        queue: Some(args.queue),
+        queue: args.queue,
         priority: Some(args.priority),
     };
     answer(backend.enqueue(body, args.key).await, args.json, |done| {

@@ -83,7 +83,9 @@ impl Backend {
     /// API, [`DB_CALLER`] on the database.
     pub async fn enqueue(&self, body: EnqueueBody, key: Option<String>) -> Result<Value, ApiError> {
         match self {
-            Backend::Db(store) => to_value(service::enqueue(store, body, key, DB_CALLER).await?),
+            Backend::Db(store) => {
+                to_value(service::enqueue(store, body, key, DB_CALLER, None).await?)
+            }
             Backend::Api(c) => {
                 let mut request = c
                     .request(reqwest::Method::POST, &["v1", "runs"])
@@ -170,7 +172,7 @@ impl Backend {
                     name: sender.to_owned(),
                     may_approve: true,
                 };
-                to_value(service::send(store, run, kind, payload, &sender, key).await?)
+                to_value(service::send(store, run, kind, payload, &sender, key, None).await?)
             }
             Backend::Api(c) => {
                 let mut request = c
@@ -189,7 +191,7 @@ impl Backend {
 
     pub async fn rerun(&self, run: Uuid) -> Result<Value, ApiError> {
         match self {
-            Backend::Db(store) => to_value(service::rerun(store, run).await?),
+            Backend::Db(store) => to_value(service::rerun(store, run, None).await?),
             Backend::Api(c) => {
                 let request = c.request(
                     reqwest::Method::POST,
@@ -233,7 +235,7 @@ impl Backend {
     ) -> Result<Value, ApiError> {
         match self {
             Backend::Db(store) => {
-                to_value(service::decide(store, approval, grant, approver, comment).await?)
+                to_value(service::decide(store, approval, grant, approver, comment, None).await?)
             }
             Backend::Api(c) => {
                 let verb = if grant { "grant" } else { "deny" };
@@ -454,7 +456,9 @@ pub fn fail(e: &ApiError) -> u8 {
 
 pub fn exit_code(code: &str) -> u8 {
     match code {
-        "invalid_transition" | "fenced" | "conflict" | "event_not_allowed" => exit::REFUSED,
+        "invalid_transition" | "fenced" | "conflict" | "event_not_allowed" | "quota_exceeded" => {
+            exit::REFUSED
+        }
         "unavailable" | "internal" => exit::DATABASE,
         "unauthorized" | "forbidden" => exit::AUTH,
         _ => exit::INPUT,
