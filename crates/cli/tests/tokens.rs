@@ -477,3 +477,62 @@ async fn a_sender_that_would_drive_the_terminal_is_refused_and_old_ones_print_es
     assert_eq!(text.lines().count(), 2, "a header and one event: {text:?}");
     assert!(text.contains("api:bob\\u{1b}[2J\\u{a}"), "{text:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_token_can_come_from_a_file_and_the_flag_warns() {
+    let api = Api::start("tok_file", &[]).await;
+    let token = api.token("reader", &["read"]);
+    let dir = common::tmp_dir("tok_file_secrets");
+    let file = dir.join("token");
+    std::fs::write(&file, format!("{token}\n")).unwrap();
+    let file = file.to_str().unwrap().to_owned();
+    let list = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut args = vec!["runs", "list", "--api-url", &api.base];
+        args.extend_from_slice(extra);
+        rein_with(&args, env)
+    };
+
+    let out = list(&["--api-token-file", &file], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+    // The file wins over REIN_TOKEN.
+    let out = list(
+        &["--api-token-file", &file],
+        &[("REIN_TOKEN", "rein_wrong")],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    let out = list(&["--api-token", &token], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let warned = stderr(&out);
+    assert!(
+        warned.contains("warning: --api-token") && warned.contains("--api-token-file"),
+        "{warned}"
+    );
+    assert!(
+        !warned.contains(&token),
+        "the warning does not repeat the secret"
+    );
+    let out = list(&[], &[("REIN_TOKEN", &token)]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+
+    let empty = dir.join("empty");
+    std::fs::write(&empty, "\n").unwrap();
+    let large = dir.join("large");
+    std::fs::write(&large, "x".repeat(5000)).unwrap();
+    let missing = dir.join("missing");
+    for (path, says) in [
+        (&empty, "is empty"),
+        (&large, "larger than 4096 bytes"),
+        (&missing, "cannot read --api-token-file"),
+        (&dir, "cannot read --api-token-file"),
+    ] {
+        let out = list(&["--api-token-file", path.to_str().unwrap()], &[]);
+        assert_eq!(out.status.code(), Some(1), "{path:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{path:?}: {}", stderr(&out));
+        assert!(stdout(&out).is_empty());
+    }
+    let out = list(&["--api-token-file", &file, "--api-token", &token], &[]);
+    assert_eq!(out.status.code(), Some(1), "both at once: {}", stderr(&out));
+}
