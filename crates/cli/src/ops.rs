@@ -102,8 +102,10 @@ pub struct EnqueueArgs {
     key: Option<String>,
     #[arg(long, default_value_t = 0)]
     priority: i32,
-    #[arg(long, default_value = "default")]
-    queue: String,
+    /// Queue (default `default`; through the API with a token bound to queues, the first of
+    /// them).
+    #[arg(long)]
+    queue: Option<String>,
     /// Print `{"run_id", "created"}` instead of the id alone.
     #[arg(long)]
     json: bool,
@@ -443,7 +445,7 @@ pub async fn enqueue(args: EnqueueArgs) -> u8 {
         definition: args.definition,
         version: args.definition_version,
         input,
-        queue: Some(args.queue),
+        queue: args.queue,
         priority: Some(args.priority),
     };
     answer(backend.enqueue(body, args.key).await, args.json, |done| {
@@ -476,11 +478,30 @@ pub fn text<'v>(v: &'v Value, key: &str) -> &'v str {
     v.get(key).and_then(Value::as_str).unwrap_or("")
 }
 
-/// `key` of a JSON document as it reads in a table: text without quotes, a missing or null
-/// value as "-", anything else as JSON.
+/// `text` as it may be printed to a terminal: a control or invisible format character (a
+/// newline, ESC, a bidirectional override) shows as its escape (`\u{1b}`) instead of acting
+/// on the terminal or forging a line of output.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    use rein_store::input::is_unprintable;
+    if !text.chars().any(is_unprintable) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if is_unprintable(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// `key` of a JSON document as it reads in a table: text without quotes (its control
+/// characters escaped), a missing or null value as "-", anything else as JSON.
 pub fn cell(v: &Value, key: &str) -> String {
     match v.get(key) {
-        Some(Value::String(s)) => s.clone(),
+        Some(Value::String(s)) => printable(s).into_owned(),
         Some(Value::Null) | None => "-".to_owned(),
         Some(other) => other.to_string(),
     }
@@ -822,7 +843,7 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
                     }
                 ),
             }
-            let reason = text(&row, "terminal_reason");
+            let reason = printable(text(&row, "terminal_reason"));
             if !reason.is_empty() {
                 println!("reason      {reason}");
             }

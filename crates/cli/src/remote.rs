@@ -1,8 +1,10 @@
-//! Where operator commands go: the Rein API when `REIN_URL` is set (with `REIN_TOKEN`), the
-//! database otherwise. Either way a command gets the same JSON document back — the database
-//! side runs the very operations the API handlers run ([`crate::service`]) — so its output,
-//! `--json` or human, does not depend on the route.
+//! Where operator commands go: the Rein API when `REIN_URL` is set (with `REIN_TOKEN` or
+//! `--api-token-file`), the database otherwise. Either way a command gets the same JSON
+//! document back — the database side runs the very operations the API handlers run
+//! ([`crate::service`]) — so its output, `--json` or human, does not depend on the route.
 
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -25,6 +27,10 @@ const RESPONSE_BYTES_MAX: usize = 64 * 1024 * 1024;
 pub const DB_CALLER: &str = "cli";
 /// The response header naming the next page of `GET /v1/runs`.
 pub const NEXT_CURSOR: &str = "rein-next-cursor";
+/// Largest token file read: a token is one line of well under this.
+pub const TOKEN_FILE_BYTES_MAX: u64 = 4096;
+/// The environment variable holding the API token.
+const TOKEN_ENV: &str = "REIN_TOKEN";
 
 /// How an operator command reaches Rein.
 #[derive(clap::Args, Clone)]
@@ -34,14 +40,60 @@ pub struct Conn {
     /// Go through this Rein API (e.g. http://127.0.0.1:7878) instead of the database.
     #[arg(long = "api-url", env = "REIN_URL", value_name = "URL")]
     pub url: Option<String>,
-    /// Bearer token for the API (`rein tokens create` prints one).
-    #[arg(
-        long = "api-token",
-        env = "REIN_TOKEN",
-        hide_env_values = true,
-        value_name = "TOKEN"
-    )]
+    /// Bearer token for the API (`rein tokens create` prints one). A flag's value shows in
+    /// `ps` and shell history: prefer the REIN_TOKEN environment variable, which is read
+    /// when neither this nor --api-token-file is given, or --api-token-file.
+    #[arg(long = "api-token", value_name = "TOKEN")]
     pub token: Option<String>,
+    /// Read the bearer token from this file (the line `rein tokens create` printed; a
+    /// trailing newline is ignored), e.g. a mounted secret.
+    #[arg(long = "api-token-file", value_name = "PATH", conflicts_with = "token")]
+    pub token_file: Option<PathBuf>,
+}
+
+impl Conn {
+    /// The API token and where it came from: --api-token-file, --api-token, or REIN_TOKEN.
+    fn api_token(&self) -> Result<Option<(String, String)>, String> {
+        if let Some(path) = &self.token_file {
+            let token = read_token_file(path)?;
+            return Ok(Some((token, format!("the token in {}", path.display()))));
+        }
+        if let Some(token) = self.token.clone().filter(|t| !t.is_empty()) {
+            return Ok(Some((token, "--api-token".to_owned())));
+        }
+        Ok(std::env::var(TOKEN_ENV)
+            .ok()
+            .filter(|t| !t.is_empty())
+            .map(|t| (t, TOKEN_ENV.to_owned())))
+    }
+}
+
+/// The token in the file at `path`: its content without trailing newlines. An empty,
+/// unreadable or oversized file is refused, naming the file.
+pub fn read_token_file(path: &Path) -> Result<String, String> {
+    let shown = path.display();
+    let file = std::fs::File::open(path)
+        .map_err(|e| format!("cannot read --api-token-file {shown}: {e}"))?;
+    let mut bytes = Vec::new();
+    file.take(TOKEN_FILE_BYTES_MAX + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read --api-token-file {shown}: {e}"))?;
+    if bytes.len() as u64 > TOKEN_FILE_BYTES_MAX {
+        return Err(format!(
+            "--api-token-file {shown} is larger than {TOKEN_FILE_BYTES_MAX} bytes; it should hold \
+             only the token `rein tokens create` printed"
+        ));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| {
+        format!("--api-token-file {shown} is not text; it should hold only the token")
+    })?;
+    let token = text.trim_end_matches(['\n', '\r']);
+    if token.trim().is_empty() {
+        return Err(format!(
+            "--api-token-file {shown} is empty; put the token `rein tokens create` printed in it"
+        ));
+    }
+    Ok(token.to_owned())
 }
 
 /// The API over HTTP.
@@ -60,13 +112,27 @@ impl Backend {
     /// The API when a URL is given, the database otherwise; errors are printed and returned
     /// as exit codes.
     pub async fn open(conn: &Conn) -> Result<Backend, u8> {
+        if conn.token.is_some() {
+            // Any user of the machine can read another's command line.
+            eprintln!(
+                "warning: --api-token puts the token in the process list (`ps`) and shell \
+                 history; set REIN_TOKEN or use --api-token-file PATH instead"
+            );
+        }
         let Some(url) = conn.url.as_deref().filter(|u| !u.is_empty()) else {
             // This process is the one that refuses what the database route refuses (an
             // invalid transition): its warnings go to stderr like a role's.
             crate::init_logging_at(false, "warn,sqlx=error");
             return ops::connect(&conn.db, false).await.map(Backend::Db);
         };
-        match Client::new(url, conn.token.clone()) {
+        let token = match conn.api_token() {
+            Ok(token) => token,
+            Err(message) => {
+                eprintln!("error: {message}");
+                return Err(exit::INPUT);
+            }
+        };
+        match Client::new(url, token) {
             Ok(client) => Ok(Backend::Api(client)),
             Err(message) => {
                 eprintln!("error: {message}");
@@ -83,7 +149,9 @@ impl Backend {
     /// API, [`DB_CALLER`] on the database.
     pub async fn enqueue(&self, body: EnqueueBody, key: Option<String>) -> Result<Value, ApiError> {
         match self {
-            Backend::Db(store) => to_value(service::enqueue(store, body, key, DB_CALLER).await?),
+            Backend::Db(store) => {
+                to_value(service::enqueue(store, body, key, DB_CALLER, None).await?)
+            }
             Backend::Api(c) => {
                 let mut request = c
                     .request(reqwest::Method::POST, &["v1", "runs"])
@@ -170,7 +238,7 @@ impl Backend {
                     name: sender.to_owned(),
                     may_approve: true,
                 };
-                to_value(service::send(store, run, kind, payload, &sender, key).await?)
+                to_value(service::send(store, run, kind, payload, &sender, key, None).await?)
             }
             Backend::Api(c) => {
                 let mut request = c
@@ -189,7 +257,7 @@ impl Backend {
 
     pub async fn rerun(&self, run: Uuid) -> Result<Value, ApiError> {
         match self {
-            Backend::Db(store) => to_value(service::rerun(store, run).await?),
+            Backend::Db(store) => to_value(service::rerun(store, run, None).await?),
             Backend::Api(c) => {
                 let request = c.request(
                     reqwest::Method::POST,
@@ -233,7 +301,7 @@ impl Backend {
     ) -> Result<Value, ApiError> {
         match self {
             Backend::Db(store) => {
-                to_value(service::decide(store, approval, grant, approver, comment).await?)
+                to_value(service::decide(store, approval, grant, approver, comment, None).await?)
             }
             Backend::Api(c) => {
                 let verb = if grant { "grant" } else { "deny" };
@@ -305,7 +373,8 @@ fn to_value(value: impl Serialize) -> Result<Value, ApiError> {
 }
 
 impl Client {
-    fn new(url: &str, token: Option<String>) -> Result<Client, String> {
+    /// A client of the API at `url`, with a token and where it came from.
+    fn new(url: &str, token: Option<(String, String)>) -> Result<Client, String> {
         if url.len() > URL_BYTES_MAX {
             return Err(format!("REIN_URL is longer than {URL_BYTES_MAX} bytes"));
         }
@@ -317,13 +386,14 @@ impl Client {
                 "REIN_URL `{url}` must be an http:// or https:// address of `rein api`"
             ));
         }
-        let token = token.filter(|t| !t.is_empty());
-        if token
-            .as_deref()
-            .is_some_and(|t| t.len() > 1024 || t.chars().any(|c| c.is_control() || c == ' '))
+        if let Some((t, from)) = &token
+            && (t.len() > 1024 || t.chars().any(|c| c.is_control() || c == ' '))
         {
-            return Err("REIN_TOKEN is not a token (too long, or has spaces or control characters); use the line `rein tokens create` printed".into());
+            return Err(format!(
+                "{from} is not a token (too long, or has spaces or control characters); use the line `rein tokens create` printed"
+            ));
         }
+        let token = token.map(|(t, _)| t);
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(60))
@@ -454,7 +524,9 @@ pub fn fail(e: &ApiError) -> u8 {
 
 pub fn exit_code(code: &str) -> u8 {
     match code {
-        "invalid_transition" | "fenced" | "conflict" | "event_not_allowed" => exit::REFUSED,
+        "invalid_transition" | "fenced" | "conflict" | "event_not_allowed" | "quota_exceeded" => {
+            exit::REFUSED
+        }
         "unavailable" | "internal" => exit::DATABASE,
         "unauthorized" | "forbidden" => exit::AUTH,
         _ => exit::INPUT,

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use rein_core::{Definition, Format, GuardRegistry, RunStatus};
 use rein_store::{
     Approval, ClientKey, DefinitionRow, EnqueueRequest, INBOX_TTL_MS_DEFAULT, Member, RunFilter,
-    SendOutcome, Sender, Store, StoreError, StoredEvent,
+    SendOutcome, Sender, Store, StoreError, StoredEvent, TokenInfo,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -52,7 +52,8 @@ pub struct EnqueueBody {
     #[serde(default = "empty_object")]
     #[schema(value_type = Value)]
     pub input: Value,
-    /// Queue name, a name like a definition's (default `default`).
+    /// Queue name, a name like a definition's (default `default`; for a token bound to
+    /// queues, the first of them).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<crate::api::schema::Name>)]
     pub queue: Option<String>,
@@ -241,12 +242,14 @@ pub fn approver(name: &str) -> Result<&str, String> {
 
 // ---- operations ---------------------------------------------------------------------------
 
-/// Creates a run (or finds the one `caller`'s `key` already created for this same body).
+/// Creates a run (or finds the one `caller`'s `key` already created for this same body),
+/// within `token`'s bounds and quotas when an API token asks (none on the database).
 pub async fn enqueue(
     store: &Store,
     body: EnqueueBody,
     key: Option<String>,
     caller: &str,
+    token: Option<&TokenInfo>,
 ) -> Result<EnqueueResponse, ApiError> {
     let definition = name("definition", Some(body.definition))?.unwrap_or_default();
     let def = store.load_definition(&definition, body.version).await?;
@@ -258,11 +261,12 @@ pub async fn enqueue(
     let mut request = EnqueueRequest::new(def, body.input);
     request.version_asked = body.version;
     request.client_key = key.map(|key| ClientKey::new(caller, key));
-    if let Some(queue) = name("queue", body.queue)? {
-        request.queue = queue;
-    }
+    request.queue = match name("queue", body.queue)? {
+        Some(queue) => queue,
+        None => token.map_or("default", TokenInfo::default_queue).to_owned(),
+    };
     request.priority = body.priority.unwrap_or(0);
-    let done = store.enqueue(request).await?;
+    let done = store.enqueue_as(token, request).await?;
     Ok(EnqueueResponse {
         run_id: done.run_id,
         created: done.created,
@@ -307,8 +311,26 @@ pub async fn history(store: &Store, run_id: Uuid) -> Result<Vec<StoredEvent>, Ap
     Ok(store.history(run_id).await?)
 }
 
+/// Refuses `token` acting on run `run_id` when the token is bound to queues the run is not
+/// in; a token without queue bounds is not asked about.
+async fn within_queues(
+    store: &Store,
+    token: Option<&TokenInfo>,
+    run_id: Uuid,
+) -> Result<(), ApiError> {
+    match token {
+        Some(t) if t.bounds.queues.is_some() => {
+            let queue = store.run_queue(run_id).await?;
+            t.may_act_on(&queue)
+                .map_err(|e| ApiError::from(StoreError::OutOfBounds(e)))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Sends an event from outside: applied now, or queued in the run's inbox. With `key`, a
-/// repeat returns what became of the first send instead of applying it again.
+/// repeat returns what became of the first send instead of applying it again. A token
+/// bound to queues sends only to runs in them.
 pub async fn send(
     store: &Store,
     run_id: Uuid,
@@ -316,8 +338,10 @@ pub async fn send(
     payload: Value,
     sender: &Sender,
     key: Option<&str>,
+    token: Option<&TokenInfo>,
 ) -> Result<SendResponse, ApiError> {
     name("type", Some(kind.to_owned()))?;
+    within_queues(store, token, run_id).await?;
     let sent = match key {
         Some(key) => {
             store
@@ -344,9 +368,14 @@ pub async fn send(
     })
 }
 
-/// A new run like a finished one, linked to it (SPEC E6); conflict while it runs.
-pub async fn rerun(store: &Store, parent: Uuid) -> Result<RerunResponse, ApiError> {
-    match store.rerun(parent).await {
+/// A new run like a finished one, linked to it (SPEC E6); conflict while it runs. For a
+/// token, the new run is held to its bounds and quotas like an enqueue.
+pub async fn rerun(
+    store: &Store,
+    parent: Uuid,
+    token: Option<&TokenInfo>,
+) -> Result<RerunResponse, ApiError> {
+    match store.rerun_as(token, parent).await {
         Ok(run_id) => Ok(RerunResponse {
             run_id,
             parent_run_id: parent,
@@ -370,13 +399,15 @@ pub async fn approvals(
 }
 
 /// Grants or denies a request as `approver` and says what the run got. Unknown requests are
-/// not found; ones that can no longer be decided conflict, with the store's reason.
+/// not found; ones that can no longer be decided conflict, with the store's reason. A token
+/// bound to queues decides only for runs in them.
 pub async fn decide(
     store: &Store,
     approval_id: Uuid,
     grant: bool,
     approver_name: &str,
     comment: Option<&str>,
+    token: Option<&TokenInfo>,
 ) -> Result<Decision, ApiError> {
     let approver_name = approver(approver_name).map_err(ApiError::validation)?;
     if comment.is_some_and(|c| c.len() > rein_store::COMMENT_BYTES_MAX) {
@@ -396,6 +427,7 @@ pub async fn decide(
         }
         Err(e) => return Err(e.into()),
     };
+    within_queues(store, token, existing.run_id).await?;
     // Where the run's log stood before the decision, to find the event it is sent.
     let before = store.run(existing.run_id).await?.last_sequence;
     let decided = match store

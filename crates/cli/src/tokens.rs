@@ -1,7 +1,7 @@
 //! `rein tokens create`: API bearer tokens with scopes (SPEC Z1), made against the database
 //! directly. The secret is printed once, alone on stdout; only its hash is stored.
 
-use rein_store::{SCOPES, check_token_request};
+use rein_store::{SCOPES, TOKEN_QUOTA_MAX, TokenBounds, check_token_request};
 
 use crate::{DbArgs, exit, ops};
 
@@ -29,9 +29,61 @@ pub struct CreateArgs {
     /// all). Repeat for several.
     #[arg(long = "scope", value_name = "SCOPE", required = true)]
     scopes: Vec<String>,
-    /// Who the token speaks for (recorded as the approver of its decisions), 1..=128 bytes.
+    /// Who the token speaks for (recorded as the approver of its decisions), 1..=128 bytes
+    /// of printable text.
     #[arg(long, value_name = "NAME")]
     subject: String,
+    /// Bind the token to this queue: its runs (enqueued, rerun, sent events, decided) must
+    /// be in one of its queues, and an enqueue that names none goes to the first. Repeat for
+    /// several; without it, every queue.
+    #[arg(long = "queue", value_name = "QUEUE")]
+    queues: Vec<String>,
+    /// The highest priority the token may give a run (enqueue, rerun).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    max_priority: Option<i32>,
+    /// How many runs the token created may be unfinished at once; past it the API answers
+    /// 429 (quota_exceeded).
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=TOKEN_QUOTA_MAX as i64))]
+    max_in_flight: Option<u32>,
+    /// How many runs the token may create in any minute; past it the API answers 429 with
+    /// Retry-After.
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=TOKEN_QUOTA_MAX as i64))]
+    max_enqueue_per_minute: Option<u32>,
+}
+
+impl CreateArgs {
+    fn bounds(&self) -> TokenBounds {
+        TokenBounds {
+            queues: (!self.queues.is_empty()).then(|| self.queues.clone()),
+            priority_max: self.max_priority,
+            in_flight_max: self.max_in_flight,
+            enqueue_per_minute_max: self.max_enqueue_per_minute,
+        }
+    }
+}
+
+/// The bounds as `rein tokens create` reports them: "" for none.
+fn describe(bounds: &TokenBounds) -> String {
+    let mut parts = Vec::new();
+    if let Some(queues) = &bounds.queues {
+        parts.push(format!("queues {}", queues.join(", ")));
+    }
+    if let Some(max) = bounds.priority_max {
+        parts.push(format!("priority at most {max}"));
+    }
+    if let Some(n) = bounds.in_flight_max {
+        parts.push(format!("at most {n} runs in flight"));
+    }
+    if let Some(n) = bounds.enqueue_per_minute_max {
+        parts.push(format!("at most {n} runs created per minute"));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(", bound to {}", parts.join("; "))
+    }
 }
 
 pub async fn tokens(cmd: TokensCommand) -> u8 {
@@ -63,7 +115,8 @@ async fn revoke(args: RevokeArgs) -> u8 {
 }
 
 async fn create(args: CreateArgs) -> u8 {
-    if let Err(e) = check_token_request(&args.subject, &args.scopes) {
+    let bounds = args.bounds();
+    if let Err(e) = check_token_request(&args.subject, &args.scopes).and_then(|()| bounds.check()) {
         eprintln!("error: {e}");
         return exit::INPUT;
     }
@@ -71,14 +124,18 @@ async fn create(args: CreateArgs) -> u8 {
         Ok(s) => s,
         Err(code) => return code,
     };
-    match store.create_token(&args.subject, &args.scopes).await {
+    match store
+        .create_bounded_token(&args.subject, &args.scopes, &bounds)
+        .await
+    {
         Ok((token_id, secret)) => {
             println!("{secret}");
             eprintln!(
-                "created token {token_id} for `{}` with scopes {} (of {}); the secret above is not shown again",
+                "created token {token_id} for `{}` with scopes {} (of {}){}; the secret above is not shown again",
                 args.subject,
                 args.scopes.join(", "),
-                SCOPES.join(", ")
+                SCOPES.join(", "),
+                describe(&bounds)
             );
             exit::OK
         }

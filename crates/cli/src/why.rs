@@ -416,6 +416,8 @@ fn to_json(facts: &WhyFacts, v: &Verdict) -> Value {
 fn field(label: &str, values: &[String]) {
     for (i, value) in values.iter().enumerate() {
         let label = if i == 0 { label } else { "" };
+        // Senders, reasons and payloads come from callers: they must not drive the terminal.
+        let value = crate::ops::printable(value);
         println!("{label:<LABEL_WIDTH$}  {value}");
     }
 }

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{Api, code, json_of, rein, stderr, stdout};
-use rein_store::{ApprovalAsk, EnqueueRequest, Sender, Store};
+use rein_store::{EnqueueRequest, Sender};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -315,40 +315,10 @@ async fn events_apply_queue_or_are_refused_with_the_state() {
     assert_eq!((s, code(&v)), (StatusCode::NOT_FOUND, "not_found"));
 }
 
-/// A research-agent run parked in WAITING_APPROVAL with an open request, without a worker.
-async fn waiting_approval(store: &Store) -> (Uuid, Uuid) {
-    let def = store.load_definition("research-agent", None).await.unwrap();
-    let run = store
-        .enqueue(EnqueueRequest::new(def, json!({})))
-        .await
-        .unwrap()
-        .run_id;
-    common::as_the_engine(
-        store,
-        run,
-        &["TASK_ACCEPTED", "PLAN_READY", "APPROVAL_REQUIRED"],
-    )
-    .await;
-    let approval = store
-        .request_approval(ApprovalAsk {
-            run_id: run,
-            node: "ACTING",
-            tool: "refund",
-            args: &json!({"order_id": "A1", "amount": 150}),
-            action_hash: "h-api",
-            risk: "high",
-            expires_after_ms: 3_600_000,
-        })
-        .await
-        .unwrap()
-        .approval_id;
-    (run, approval)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_records_the_tokens_subject_as_approver() {
     let api = Api::start("api_approve", &[]).await;
-    let (run, approval) = waiting_approval(&api.store).await;
+    let (run, approval) = common::waiting_approval(&api.store).await;
     let reader = api.token("watcher", &["read"]);
     let approver = api.token("alice@example.com", &["approve", "read"]);
 
@@ -560,16 +530,7 @@ async fn a_finished_run_is_rerun_as_a_linked_run_and_workers_are_listed() {
     .await;
     assert_eq!(s, StatusCode::CONFLICT, "{v}");
     assert_eq!(v["error"]["code"], "conflict");
-    api.store
-        .send(
-            run,
-            "CANCEL",
-            json!({"reason": "test"}),
-            &Sender::outside("test"),
-            60_000,
-        )
-        .await
-        .unwrap();
+    common::cancel(&api.store, run).await;
     let (s, v) = json_of(
         api.post(&format!("/v1/runs/{run}/rerun"), &token)
             .send()

@@ -41,6 +41,13 @@ pub enum StoreError {
         "idempotency key `{key}` was already used with a different {what}; use a new key for a new request"
     )]
     KeyConflict { key: String, what: String },
+    /// A request beyond what the caller's token is bound to: another queue, a higher
+    /// priority (SPEC Z4).
+    #[error(transparent)]
+    OutOfBounds(crate::OutOfBounds),
+    /// One of the caller's token quotas is used up (SPEC Z4).
+    #[error(transparent)]
+    QuotaExceeded(crate::QuotaExceeded),
     #[error(transparent)]
     InvalidTransition(#[from] rein_core::InvalidTransition),
     #[error("database error: {0}")]

@@ -49,6 +49,34 @@ pub fn check_json(field: &str, value: &Value) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Whether `c` would act on a terminal or a log reader instead of showing as itself: the
+/// control characters (C0 with newline and ESC, DEL, C1) and the invisible format characters
+/// that reorder or hide the text around them (bidirectional overrides and isolates,
+/// zero-width characters, the byte-order mark).
+pub fn is_unprintable(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}'
+        )
+}
+
+/// Refuses a name that is printed into logs, tables and histories (a token's subject, an
+/// event's sender) when it holds a character [`is_unprintable`] finds; `field` names it.
+pub fn check_printable(field: &str, value: &str) -> Result<(), StoreError> {
+    match value.chars().find(|c| is_unprintable(*c)) {
+        Some(c) => Err(StoreError::InvalidField {
+            field: field.to_owned(),
+            reason: format!(
+                "`{field}` contains the control character {} (it would reach logs and tables \
+                 raw); use printable text",
+                c.escape_unicode()
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
 fn nul_in(field: String) -> StoreError {
     StoreError::InvalidField {
         reason: format!("`{field}` contains a NUL character (\\u0000), which cannot be stored"),
@@ -102,6 +130,27 @@ mod tests {
     fn clean_documents_pass() {
         check_json("input", &json!({"a": ["b", {"c": 1}], "d": null})).unwrap();
         check_text("queue", "default").unwrap();
+    }
+
+    #[test]
+    fn names_that_would_drive_a_terminal_are_refused() {
+        for bad in [
+            "a\nb",
+            "\u{1b}[31mred",
+            "tab\there",
+            "del\u{7f}",
+            "c1\u{85}",
+            "rtl\u{202e}txt",
+        ] {
+            assert_eq!(
+                field_of(check_printable("subject", bad)),
+                "subject",
+                "{bad:?}"
+            );
+        }
+        for good in ["alice@example.com", "Zoë Ünal", "ci bot (prod)", "名前"] {
+            check_printable("subject", good).unwrap();
+        }
     }
 
     #[test]

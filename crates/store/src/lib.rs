@@ -50,7 +50,10 @@ pub use send::{
     InboxEntry, SendOutcome, jitter_from, plan_inbox, sent_event_id,
 };
 pub use sender::{SENDER_BYTES_MAX, Sender};
-pub use tokens::{SCOPES, SUBJECT_BYTES_MAX, Scope, TokenInfo, check_token_request};
+pub use tokens::{
+    IN_FLIGHT_RETRY_AFTER_S, OutOfBounds, Quota, QuotaExceeded, SCOPES, SUBJECT_BYTES_MAX, Scope,
+    TOKEN_QUEUES_MAX, TOKEN_QUOTA_MAX, TokenBounds, TokenInfo, check_token_request,
+};
 pub use why::{
     HEARTBEAT_FRESH_MS, WHY_ROWS_MAX, WhyAction, WhyApproval, WhyEvent, WhyFacts, WhyFleet,
     WhyInbox, WhyRun, WhySimEffect,

@@ -54,6 +54,17 @@ impl Store {
     /// run `run_id`, linked to it as its parent (SPEC E6). A run that has not finished is
     /// refused: it may still succeed.
     pub async fn rerun(&self, run_id: Uuid) -> Result<Uuid, StoreError> {
+        self.rerun_as(None, run_id).await
+    }
+
+    /// [`Store::rerun`] for `token`: the new run is created as [`Store::enqueue_as`]
+    /// creates one, so it stays in the token's queues and priority ceiling and counts
+    /// against its quotas.
+    pub async fn rerun_as(
+        &self,
+        token: Option<&crate::TokenInfo>,
+        run_id: Uuid,
+    ) -> Result<Uuid, StoreError> {
         let row: Option<(String, i32, String, Value, String, i32)> = sqlx::query_as(
             "SELECT definition, version, status, input, queue, priority
              FROM rein_runs WHERE run_id = $1",
@@ -76,6 +87,6 @@ impl Store {
         request.queue = queue;
         request.priority = priority;
         request.parent_run_id = Some(run_id);
-        Ok(self.enqueue(request).await?.run_id)
+        Ok(self.enqueue_as(token, request).await?.run_id)
     }
 }

@@ -29,6 +29,9 @@ pub struct EnqueueRequest {
     pub priority: i32,
     pub queue: String,
     pub parent_run_id: Option<Uuid>,
+    /// The API token whose call creates the run (SPEC Z4): what its quotas count. `None`
+    /// on the database route and for the engine's own runs.
+    pub enqueued_token: Option<Uuid>,
 }
 
 /// A client's idempotency key for an enqueue (SPEC I3, Z4), scoped to its caller: the same
@@ -60,6 +63,7 @@ impl EnqueueRequest {
             priority: 0,
             queue: "default".to_owned(),
             parent_run_id: None,
+            enqueued_token: None,
         }
     }
 
@@ -646,7 +650,9 @@ async fn enqueue_rows(
     let mut body_hashes = Vec::new();
     let mut timers: Vec<Option<i64>> = Vec::new();
     let mut deadlines: Vec<Option<i64>> = Vec::new();
+    let mut tokens = Vec::new();
     for r in requests {
+        tokens.push(r.enqueued_token);
         deadlines.push(
             r.definition
                 .budget()
@@ -689,6 +695,7 @@ async fn enqueue_rows(
         .bind(&deadlines)
         .bind(&callers)
         .bind(&body_hashes)
+        .bind(&tokens)
         .fetch_all(&mut *conn)
         .await?;
     let mut out = Vec::with_capacity(rows.len());

@@ -69,6 +69,7 @@ impl Sender {
     pub(crate) fn check_name(&self) -> Result<(), StoreError> {
         let name = self.name();
         crate::input::check_text("sender", name)?;
+        crate::input::check_printable("sender", name)?;
         if name.trim().is_empty() || name.len() > SENDER_BYTES_MAX {
             return Err(StoreError::InvalidField {
                 field: "sender".into(),

@@ -3,7 +3,7 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use rein_store::{Scope, StoreError};
+use rein_store::{OutOfBounds, Scope, StoreError};
 use serde::Serialize;
 use serde_json::{Value, json};
 use utoipa::ToSchema;
@@ -17,10 +17,12 @@ pub struct ApiError {
     /// What went wrong underneath (a store error's own text). Never sent to API clients;
     /// the CLI prints it when it runs an operation against the database itself.
     pub cause: Option<String>,
+    /// Sent as `Retry-After` (seconds): when asking again may succeed.
+    pub retry_after_s: Option<u64>,
 }
 
 /// Every error code the API answers with.
-pub const CODES: [&str; 12] = [
+pub const CODES: [&str; 13] = [
     "validation_failed",
     "invalid_transition",
     "fenced",
@@ -31,6 +33,7 @@ pub const CODES: [&str; 12] = [
     "event_not_allowed",
     "payload_too_large",
     "method_not_allowed",
+    "quota_exceeded",
     "unavailable",
     "internal",
 ];
@@ -44,8 +47,8 @@ pub struct ErrorBody {
 #[derive(Serialize, ToSchema)]
 pub struct ErrorDetail {
     /// Stable: validation_failed, invalid_transition, conflict, not_found, unauthorized,
-    /// forbidden, event_not_allowed, payload_too_large, method_not_allowed, unavailable,
-    /// internal.
+    /// forbidden, event_not_allowed, payload_too_large, method_not_allowed,
+    /// quota_exceeded, unavailable, internal.
     pub code: String,
     pub message: String,
     #[schema(value_type = Option<Object>)]
@@ -60,6 +63,7 @@ impl ApiError {
             message,
             details: None,
             cause: None,
+            retry_after_s: None,
         }
     }
 
@@ -140,6 +144,32 @@ impl From<StoreError> for ApiError {
                     json!({ "required_scope": Scope::Approve.as_str(), "event": event }),
                 )
             }
+            StoreError::OutOfBounds(beyond) => {
+                let details = match &beyond {
+                    OutOfBounds::Queue { queue, allowed } => {
+                        json!({ "queue": queue, "allowed_queues": allowed })
+                    }
+                    OutOfBounds::Priority { priority, max } => {
+                        json!({ "priority": priority, "priority_max": max })
+                    }
+                };
+                ApiError::new(StatusCode::FORBIDDEN, "forbidden", beyond.to_string())
+                    .with_details(details)
+            }
+            StoreError::QuotaExceeded(q) => {
+                let mut e = ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "quota_exceeded",
+                    q.to_string(),
+                )
+                .with_details(json!({
+                    "quota": q.quota.as_str(),
+                    "limit": q.limit,
+                    "retry_after_s": q.retry_after_s,
+                }));
+                e.retry_after_s = Some(q.retry_after_s);
+                e
+            }
             ref e @ StoreError::KeyConflict { ref key, .. } => {
                 ApiError::conflict(e.to_string()).with_details(json!({ "idempotency_key": key }))
             }
@@ -185,6 +215,12 @@ impl IntoResponse for ApiError {
             },
         };
         let mut response = (self.status, Json(body)).into_response();
+        if let Some(seconds) = self.retry_after_s {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(seconds),
+            );
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,

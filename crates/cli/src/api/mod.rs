@@ -150,6 +150,7 @@ async fn authenticate(State(app): State<Arc<App>>, mut req: Request, next: Next)
             token_id: uuid::Uuid::nil(),
             subject: INSECURE_SUBJECT.to_owned(),
             scopes: vec![Scope::Admin.as_str().to_owned()],
+            bounds: rein_store::TokenBounds::default(),
         }
     } else {
         let secret = match bearer(req.headers().get(AUTHORIZATION)) {

@@ -333,17 +333,21 @@ async fn openapi_json(State(app): AppState, Extension(_caller): Extension<Caller
 
 /// Create a run. With an `Idempotency-Key` header, the same key with the same body returns
 /// the same run. Keys belong to the token's subject: another subject's same key is another
-/// key.
+/// key. A token bound to queues enqueues only into them (into its first when the body names
+/// none) and within its priority ceiling; a token with quotas is refused with 429 and
+/// `Retry-After` while they are used up.
 #[utoipa::path(post, path = "/v1/runs", tag = "runs", request_body = EnqueueBody,
     params(("Idempotency-Key" = inline(Option<schema::IdempotencyKey>), Header, nullable = false, description = "Client key (1..=256 bytes), scoped to the token's subject: the same key with the same body returns the same run; with another body it is a conflict")),
     responses((status = 201, description = "Created", body = EnqueueResponse),
               (status = 200, description = "The run this Idempotency-Key already created for this body", body = EnqueueResponse),
               (status = 401, description = "No or bad token", body = ErrorBody),
-              (status = 403, description = "Needs the enqueue scope", body = ErrorBody),
+              (status = 403, description = "Needs the enqueue scope, or the queue or priority is beyond the token's bounds (details: queue and allowed_queues, or priority and priority_max)", body = ErrorBody),
               (status = 404, description = "No such definition (version)", body = ErrorBody),
               (status = 409, description = "The Idempotency-Key was used with another body (conflict; details.idempotency_key)", body = ErrorBody),
               (status = 413, description = "Body too large", body = ErrorBody),
-              (status = 422, description = "Invalid request (details.field names a field that cannot be stored, e.g. one with a NUL character)", body = ErrorBody)))]
+              (status = 422, description = "Invalid request (details.field names a field that cannot be stored, e.g. one with a NUL character)", body = ErrorBody),
+              (status = 429, description = "A quota of the token is used up (quota_exceeded; details: quota, limit, retry_after_s)", body = ErrorBody,
+               headers(("Retry-After" = u64, description = "Seconds until asking again may succeed")))))]
 async fn enqueue_run(
     State(app): AppState,
     Extension(caller): Extension<Caller>,
@@ -353,7 +357,8 @@ async fn enqueue_run(
     let who = caller.require(Scope::Enqueue)?;
     let body: EnqueueBody = parse_body(&body)?;
     let key = idempotency_key(&headers)?;
-    let done = service::enqueue(&app.store, body, key, &caller_name(&who.subject)).await?;
+    let done =
+        service::enqueue(&app.store, body, key, &caller_name(&who.subject), Some(who)).await?;
     let status = if done.created {
         StatusCode::CREATED
     } else {
@@ -427,21 +432,24 @@ async fn why_run(
 }
 
 /// Run a finished run again: a new run with its definition version, input, queue and
-/// priority, linked to it (SPEC E6).
+/// priority, linked to it (SPEC E6). It is held to the token's bounds and quotas like an
+/// enqueue.
 #[utoipa::path(post, path = "/v1/runs/{id}/rerun", tag = "runs",
     params(("id" = Uuid, Path, description = "A finished run")),
     responses((status = 201, description = "The new run", body = RerunResponse),
               (status = 401, description = "No or bad token", body = ErrorBody),
-              (status = 403, description = "Needs the operate scope", body = ErrorBody),
+              (status = 403, description = "Needs the operate scope, or the run's queue or priority is beyond the token's bounds", body = ErrorBody),
               (status = 404, description = "No such run", body = ErrorBody),
-              (status = 409, description = "The run has not finished", body = ErrorBody)))]
+              (status = 409, description = "The run has not finished", body = ErrorBody),
+              (status = 429, description = "A quota of the token is used up (quota_exceeded)", body = ErrorBody,
+               headers(("Retry-After" = u64, description = "Seconds until asking again may succeed")))))]
 async fn rerun_run(
     State(app): AppState,
     Extension(caller): Extension<Caller>,
     id: Result<Path<Uuid>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    caller.require(Scope::Operate)?;
-    let done = service::rerun(&app.store, path_id(id)?).await?;
+    let who = caller.require(Scope::Operate)?;
+    let done = service::rerun(&app.store, path_id(id)?, Some(who)).await?;
     Ok((StatusCode::CREATED, Json(done)).into_response())
 }
 
@@ -479,14 +487,15 @@ async fn run_events(
 /// run and its state takes the event, otherwise queued in its inbox. Only CANCEL and the
 /// definition's `external_events` are accepted; engine events and call results are the
 /// engine's own (event_not_allowed). An approval event also needs the approve scope. The
-/// event records the token's subject as its sender.
+/// event records the token's subject as its sender. A token bound to queues sends only to
+/// runs in them.
 #[utoipa::path(post, path = "/v1/runs/{id}/events", tag = "runs", request_body = SendBody,
     params(("id" = Uuid, Path, description = "Run id"),
            ("Idempotency-Key" = inline(Option<schema::IdempotencyKey>), Header, nullable = false, description = "Client key (1..=256 bytes): sending again with the same key returns what became of the first send instead of applying it twice")),
     responses((status = 200, description = "Applied", body = SendResponse),
               (status = 202, description = "Queued in the run's inbox", body = SendResponse),
               (status = 401, description = "No or bad token", body = ErrorBody),
-              (status = 403, description = "Needs the operate scope (forbidden; an approval event also needs approve), or the event is not one outside callers may send (event_not_allowed)", body = ErrorBody),
+              (status = 403, description = "Needs the operate scope (forbidden; an approval event also needs approve; a token bound to queues reaches only runs in them), or the event is not one outside callers may send (event_not_allowed)", body = ErrorBody),
               (status = 404, description = "No such run", body = ErrorBody),
               (status = 409, description = "The run cannot take this event (invalid_transition), or the Idempotency-Key was used with another event (conflict)", body = ErrorBody),
               (status = 413, description = "Body too large", body = ErrorBody),
@@ -513,6 +522,7 @@ async fn send_event(
         body.payload,
         &sender,
         key.as_deref(),
+        Some(who),
     )
     .await?;
     let status = if sent.applied() {
@@ -545,7 +555,7 @@ async fn list_approvals(
     params(("id" = Uuid, Path, description = "Approval request id")),
     responses((status = 200, description = "Granted; `delivery` says which event the run got and whether it is applied or queued", body = DecisionView),
               (status = 401, description = "No or bad token", body = ErrorBody),
-              (status = 403, description = "Needs the approve scope", body = ErrorBody),
+              (status = 403, description = "Needs the approve scope; a token bound to queues decides only for runs in them", body = ErrorBody),
               (status = 404, description = "No such request", body = ErrorBody),
               (status = 409, description = "Already decided, expired or void", body = ErrorBody),
               (status = 422, description = "Invalid request", body = ErrorBody)))]
@@ -563,7 +573,7 @@ async fn grant_approval(
     params(("id" = Uuid, Path, description = "Approval request id")),
     responses((status = 200, description = "Denied; `delivery` says which event the run got and whether it is applied or queued", body = DecisionView),
               (status = 401, description = "No or bad token", body = ErrorBody),
-              (status = 403, description = "Needs the approve scope", body = ErrorBody),
+              (status = 403, description = "Needs the approve scope; a token bound to queues decides only for runs in them", body = ErrorBody),
               (status = 404, description = "No such request", body = ErrorBody),
               (status = 409, description = "Already decided, expired or void", body = ErrorBody),
               (status = 422, description = "Invalid request", body = ErrorBody)))]
@@ -586,8 +596,15 @@ async fn decide(
     let who = caller.require(Scope::Approve)?;
     let id = path_id(id)?;
     let body: DecideBody = parse_body(&body)?;
-    let decided =
-        service::decide(&app.store, id, grant, &who.subject, body.comment.as_deref()).await?;
+    let decided = service::decide(
+        &app.store,
+        id,
+        grant,
+        &who.subject,
+        body.comment.as_deref(),
+        Some(who),
+    )
+    .await?;
     Ok(Json(decided).into_response())
 }
 

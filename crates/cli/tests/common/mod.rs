@@ -40,6 +40,11 @@ pub fn rein(args: &[&str]) -> Output {
 
 /// A token made by `rein tokens create` on the database at `url`.
 pub fn token(url: &str, subject: &str, scopes: &[&str]) -> String {
+    token_with(url, subject, scopes, &[])
+}
+
+/// [`token`] with `extra` flags of `rein tokens create` (its bounds and quotas).
+pub fn token_with(url: &str, subject: &str, scopes: &[&str], extra: &[&str]) -> String {
     let mut args = vec![
         "tokens",
         "create",
@@ -51,6 +56,7 @@ pub fn token(url: &str, subject: &str, scopes: &[&str]) -> String {
     for s in scopes {
         args.extend_from_slice(&["--scope", s]);
     }
+    args.extend_from_slice(extra);
     let out = rein(&args);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = stdout(&out);
@@ -632,4 +638,48 @@ pub async fn json_of(r: reqwest::Response) -> (reqwest::StatusCode, serde_json::
 /// The stable code of an API error document.
 pub fn code(v: &serde_json::Value) -> &str {
     v["error"]["code"].as_str().unwrap_or("<none>")
+}
+
+/// A research-agent run parked in WAITING_APPROVAL with an open request, without a worker.
+pub async fn waiting_approval(store: &rein_store::Store) -> (uuid::Uuid, uuid::Uuid) {
+    let def = store.load_definition("research-agent", None).await.unwrap();
+    let run = store
+        .enqueue(rein_store::EnqueueRequest::new(def, serde_json::json!({})))
+        .await
+        .unwrap()
+        .run_id;
+    as_the_engine(
+        store,
+        run,
+        &["TASK_ACCEPTED", "PLAN_READY", "APPROVAL_REQUIRED"],
+    )
+    .await;
+    let approval = store
+        .request_approval(rein_store::ApprovalAsk {
+            run_id: run,
+            node: "ACTING",
+            tool: "refund",
+            args: &serde_json::json!({"order_id": "A1", "amount": 150}),
+            action_hash: "h-api",
+            risk: "high",
+            expires_after_ms: 3_600_000,
+        })
+        .await
+        .unwrap()
+        .approval_id;
+    (run, approval)
+}
+
+/// Cancels an unleased run at once, as an outside caller.
+pub async fn cancel(store: &rein_store::Store, run: uuid::Uuid) {
+    store
+        .send(
+            run,
+            "CANCEL",
+            serde_json::json!({"reason": "test"}),
+            &rein_store::Sender::outside("test"),
+            60_000,
+        )
+        .await
+        .unwrap();
 }
