@@ -51,9 +51,9 @@ impl Store {
     }
 
     /// Starts a new run with the definition version, input, queue and priority of finished
-    /// run `run_id`, linked to it as its parent (SPEC E6). A run that has not finished is
-    /// refused: it may still succeed.
-    pub async fn rerun(&self, run_id: Uuid) -> Result<Uuid, StoreError> {
+    /// run `run_id`, linked to it as its parent (SPEC E6), enqueued by `by`. A run that has
+    /// not finished is refused: it may still succeed.
+    pub async fn rerun(&self, run_id: Uuid, by: Option<&str>) -> Result<Uuid, StoreError> {
         let row: Option<(String, i32, String, Value, String, i32)> = sqlx::query_as(
             "SELECT definition, version, status, input, queue, priority
              FROM rein_runs WHERE run_id = $1",
@@ -76,6 +76,7 @@ impl Store {
         request.queue = queue;
         request.priority = priority;
         request.parent_run_id = Some(run_id);
+        request.enqueued_by = by.map(str::to_owned);
         Ok(self.enqueue(request).await?.run_id)
     }
 }

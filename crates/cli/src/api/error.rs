@@ -140,6 +140,13 @@ impl From<StoreError> for ApiError {
                     json!({ "required_scope": Scope::Approve.as_str(), "event": event }),
                 )
             }
+            ref e @ StoreError::ApproverIsEnqueuer {
+                run_id,
+                ref approver,
+                ref rule,
+            } => ApiError::new(StatusCode::FORBIDDEN, "forbidden", e.to_string())
+                .with_details(json!({ "run_id": run_id, "approver": approver,
+                        "policy": "approver_may_not_be_enqueuer", "rule": rule })),
             ref e @ StoreError::KeyConflict { ref key, .. } => {
                 ApiError::conflict(e.to_string()).with_details(json!({ "idempotency_key": key }))
             }
