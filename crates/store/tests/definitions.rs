@@ -405,6 +405,16 @@ async fn a_deployment_rule_separates_the_duties_for_every_definition() {
         .await
         .unwrap();
     assert_eq!(strict.run(run).await.unwrap().state, "ACTING");
+    // Running it again is enqueuing it: the new run is the rerunner's.
+    strict
+        .send(run, "CANCEL", json!({}), &Sender::outside("ops"), 60_000)
+        .await
+        .unwrap();
+    let again = strict.rerun(run, Some("bob")).await.unwrap();
+    assert_eq!(
+        strict.run(again).await.unwrap().enqueued_by.as_deref(),
+        Some("bob")
+    );
     // A run that recorded no enqueuer (created before Rein recorded it) is not refused.
     let (_, approval) = waiting_for(&strict, &research(false), "carol").await;
     sqlx::query("UPDATE rein_runs SET enqueued_by = NULL")
@@ -415,4 +425,82 @@ async fn a_deployment_rule_separates_the_duties_for_every_definition() {
         .decide_approval(approval, true, "carol", None)
         .await
         .unwrap();
+}
+
+/// Fans out into one branch of `triage`, naming no version.
+const GATHER: &str = r#"
+name = "gather"
+version = 1
+cancel_state = "CANCELLED"
+events = ["GO", "JOINED", "JOIN_FAILED"]
+
+[[states]]
+name = "PLAN"
+kind = "active"
+initial = true
+
+[[states]]
+name = "GATHER"
+kind = "waiting"
+[states.fan_out]
+joined_event = "JOINED"
+failed_event = "JOIN_FAILED"
+join = { policy = "all" }
+branches = [{ name = "only", definition = "triage", succeed_on = ["done"] }]
+
+[[states]]
+name = "DONE"
+kind = "terminal"
+
+[[states]]
+name = "FAILED"
+kind = "terminal"
+
+[[states]]
+name = "CANCELLED"
+kind = "terminal"
+
+[[transitions]]
+from = "PLAN"
+event = "GO"
+to = "GATHER"
+
+[[transitions]]
+from = "GATHER"
+event = "JOINED"
+to = "DONE"
+
+[[transitions]]
+from = "GATHER"
+event = "JOIN_FAILED"
+to = "FAILED"
+"#;
+
+/// A branch that names no version starts with its definition's current version, not the
+/// highest, and records its parent's enqueuer as its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_branch_without_a_version_follows_the_current_pointer_and_its_parents_enqueuer() {
+    let store = store("defs_branch").await;
+    for version in [1, 2] {
+        store
+            .publish_definition(&own("triage", version), by("alice", false))
+            .await
+            .unwrap();
+    }
+    let gather = Definition::parse(GATHER, Format::Toml, &GuardRegistry::new()).unwrap();
+    store.register_definition(&gather).await.unwrap();
+    let mut request = EnqueueRequest::new(gather, json!({}));
+    request.enqueued_by = Some("alice".to_owned());
+    let parent = store.enqueue(request).await.unwrap().run_id;
+    store
+        .send(parent, "GO", json!({}), &Sender::Engine("w".into()), 60_000)
+        .await
+        .unwrap();
+    let children = store.list_runs(None, Some("triage"), 10).await.unwrap();
+    let [child] = &children[..] else {
+        panic!("one branch started: {children:?}");
+    };
+    assert_eq!(child.parent_run_id, Some(parent));
+    assert_eq!(child.version, 1, "the current version, not the highest");
+    assert_eq!(child.enqueued_by.as_deref(), Some("alice"));
 }
