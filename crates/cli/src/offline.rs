@@ -25,7 +25,7 @@ pub enum DefinitionsCommand {
         /// or file; implied when REIN_URL is set.
         #[arg(long)]
         registered: bool,
-        /// With --registered: this version (default: the newest).
+        /// With --registered: this version (default: the name's current one).
         #[arg(long = "definition-version", value_name = "N")]
         definition_version: Option<u32>,
         #[command(flatten)]
@@ -37,17 +37,42 @@ pub enum DefinitionsCommand {
         /// set.
         #[arg(long)]
         registered: bool,
-        /// A JSON array of {name, version, hash, description, ...}.
+        /// A JSON array of {name, version, hash, description, ...}; registered versions
+        /// also say who registered them and which is current.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
         conn: Conn,
     },
     /// Validate a definition file and store it in the database as a new version, so runs
-    /// can be enqueued with it.
+    /// can be enqueued with it. Runs enqueued without a version keep starting with the
+    /// name's current version unless --make-current (a new name's first version is current).
+    /// Through the API this needs the publish scope.
     Register {
         file: String,
-        /// Print `{"name", "version", "created"}`.
+        /// Make this version the one runs enqueued without a version start with.
+        #[arg(long)]
+        make_current: bool,
+        #[command(flatten)]
+        publisher: PublisherArgs,
+        /// Print `{"name", "version", "created", "current_version"}`.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Make a registered version the name's current one: runs enqueued without a version
+    /// (and fan-out branches that name none) start with it from now on; runs already started
+    /// keep theirs. Through the API this needs the publish scope.
+    Current {
+        /// Definition name.
+        name: String,
+        /// A registered version of it.
+        #[arg(value_name = "VERSION")]
+        definition_version: u32,
+        #[command(flatten)]
+        publisher: PublisherArgs,
+        /// Print `{"name", "version", "previous"}`.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -55,12 +80,26 @@ pub enum DefinitionsCommand {
     },
 }
 
+/// Who publishes a version or moves a name's current one, and whether a built-in name may
+/// take a version other than the one this binary ships.
+#[derive(clap::Args)]
+pub struct PublisherArgs {
+    /// For a built-in name (lifecycle, research-agent, refund-agent, chain4), allow a
+    /// version other than the one this binary ships; through the API it needs the admin
+    /// scope.
+    #[arg(long)]
+    allow_builtin: bool,
+    /// Who does it, recorded with the definition (through the API, the token's subject is).
+    #[arg(long = "as", value_name = "NAME", env = "REIN_OPERATOR", default_value = rein_store::OPERATOR)]
+    by: String,
+}
+
 impl DefinitionsCommand {
     /// Whether the command needs the database or the API (and so the async runtime).
     pub fn needs_service(&self) -> bool {
         match self {
             DefinitionsCommand::Check { .. } => false,
-            DefinitionsCommand::Register { .. } => true,
+            DefinitionsCommand::Register { .. } | DefinitionsCommand::Current { .. } => true,
             DefinitionsCommand::List {
                 registered, conn, ..
             } => *registered || conn.url.is_some(),
@@ -223,7 +262,7 @@ pub fn definitions(cmd: DefinitionsCommand) -> u8 {
             exit::OK
         }
         // Need the database or the API; main runs them on the async runtime.
-        DefinitionsCommand::Register { .. } => exit::INPUT,
+        DefinitionsCommand::Register { .. } | DefinitionsCommand::Current { .. } => exit::INPUT,
     }
 }
 
@@ -233,7 +272,8 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
     let conn = match &cmd {
         DefinitionsCommand::List { conn, .. }
         | DefinitionsCommand::Show { conn, .. }
-        | DefinitionsCommand::Register { conn, .. } => conn.clone(),
+        | DefinitionsCommand::Register { conn, .. }
+        | DefinitionsCommand::Current { conn, .. } => conn.clone(),
         DefinitionsCommand::Check { .. } => return definitions(cmd),
     };
     let backend = match Backend::open(&conn).await {
@@ -243,11 +283,15 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
     match cmd {
         DefinitionsCommand::List { json, .. } => {
             crate::ops::answer(backend.definitions().await, json, |list| {
+                println!("name\tversion\tcurrent\tregistered by\tdescription");
                 for d in list.as_array().into_iter().flatten() {
+                    let current = d.get("current").and_then(Value::as_bool) == Some(true);
                     println!(
-                        "{}\tv{}\t{}",
+                        "{}\tv{}\t{}\t{}\t{}",
                         crate::ops::text(d, "name"),
                         crate::ops::cell(d, "version"),
+                        if current { "current" } else { "-" },
+                        crate::ops::cell(d, "registered_by"),
                         crate::ops::text(d, "description")
                     );
                 }
@@ -263,6 +307,19 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
                 Ok(v) => v,
                 Err(e) => return remote::fail(&e),
             };
+            // What the document cannot say about itself, where it does not mix with it.
+            eprintln!(
+                "{} v{}{}, registered by {} at {}",
+                crate::ops::text(&view, "name"),
+                crate::ops::cell(&view, "version"),
+                if view.get("current").and_then(Value::as_bool) == Some(true) {
+                    " (current)"
+                } else {
+                    " (not current)"
+                },
+                crate::ops::cell(&view, "registered_by"),
+                crate::ops::short_time(crate::ops::text(&view, "registered_at"))
+            );
             let spec = view.get("spec").cloned().unwrap_or(Value::Null);
             match format {
                 ShowFormat::Json => {
@@ -289,7 +346,13 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
                 }
             }
         }
-        DefinitionsCommand::Register { file, json, .. } => {
+        DefinitionsCommand::Register {
+            file,
+            make_current,
+            publisher,
+            json,
+            ..
+        } => {
             let text = match read_file_limited(&file, rein_core::limits::DEFINITION_BYTES_MAX) {
                 Ok(t) => t,
                 Err(e) => {
@@ -297,7 +360,14 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
                     return exit::INPUT;
                 }
             };
-            let registered = backend.register(text, Format::from_path(&file)).await;
+            let publisher = crate::service::Publisher {
+                by: &publisher.by,
+                make_current,
+                allow_builtin: publisher.allow_builtin,
+            };
+            let registered = backend
+                .register(text, Format::from_path(&file), publisher)
+                .await;
             if let Ok(done) = &registered {
                 for w in done
                     .get("warnings")
@@ -325,8 +395,16 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
                     if done.get("created").and_then(Value::as_bool) == Some(true) {
                         println!("registered {name} v{version}");
                     } else {
+                        println!("{name} v{version} is already registered with this body");
+                    }
+                    let current = crate::ops::cell(&done, "current_version");
+                    if current == version {
                         println!(
-                            "{name} v{version} is already registered with this body; nothing changed"
+                            "{name} v{version} is current: runs enqueued without a version start with it"
+                        );
+                    } else {
+                        println!(
+                            "{name} v{current} stays current; `rein definitions current {name} {version}` makes v{version} the one runs enqueued without a version start with"
                         );
                     }
                     exit::OK
@@ -339,6 +417,28 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
                 }
             }
         }
+        DefinitionsCommand::Current {
+            name,
+            definition_version: version,
+            publisher,
+            json,
+            ..
+        } => crate::ops::answer(
+            backend
+                .set_current(&name, version, (&publisher.by, publisher.allow_builtin))
+                .await,
+            json,
+            |moved| {
+                let previous = match moved.get("previous").and_then(Value::as_u64) {
+                    Some(v) if v == u64::from(version) => " (it already was)".to_owned(),
+                    Some(v) => format!(" (was v{v})"),
+                    None => String::new(),
+                };
+                println!(
+                    "{name} v{version} is current{previous}: runs enqueued without a version start with it"
+                );
+            },
+        ),
         DefinitionsCommand::Check { .. } => exit::INPUT,
     }
 }

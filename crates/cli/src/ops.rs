@@ -91,7 +91,8 @@ pub struct EnqueueArgs {
     /// Definition name (registered in the database).
     #[arg(long)]
     definition: String,
-    /// Definition version (default: newest).
+    /// Definition version (default: the name's current version, `rein definitions list`
+    /// marks it).
     #[arg(long = "definition-version")]
     definition_version: Option<u32>,
     /// Run input as JSON.
@@ -106,6 +107,9 @@ pub struct EnqueueArgs {
     /// them).
     #[arg(long)]
     queue: Option<String>,
+    /// Who enqueues it, recorded with the run (through the API, the token's subject is).
+    #[arg(long = "as", value_name = "NAME", env = "REIN_OPERATOR", default_value = rein_store::OPERATOR)]
+    by: String,
     /// Print `{"run_id", "created"}` instead of the id alone.
     #[arg(long)]
     json: bool,
@@ -142,6 +146,9 @@ pub struct RerunArgs {
     conn: Conn,
     /// A finished run; the new run gets its definition version, input, queue and priority.
     run: Uuid,
+    /// Who enqueues the new run, recorded with it (through the API, the token's subject is).
+    #[arg(long = "as", value_name = "NAME", env = "REIN_OPERATOR", default_value = rein_store::OPERATOR)]
+    by: String,
     /// Print `{"run_id", "parent_run_id"}` instead of the new id alone.
     #[arg(long)]
     json: bool,
@@ -448,9 +455,13 @@ pub async fn enqueue(args: EnqueueArgs) -> u8 {
         queue: args.queue,
         priority: Some(args.priority),
     };
-    answer(backend.enqueue(body, args.key).await, args.json, |done| {
-        println!("{}", text(done, "run_id"));
-    })
+    answer(
+        backend.enqueue(body, args.key, &args.by).await,
+        args.json,
+        |done| {
+            println!("{}", text(done, "run_id"));
+        },
+    )
 }
 
 /// Prints a command's answer: the document itself with `--json`, `human(document)` otherwise;
@@ -548,7 +559,7 @@ pub async fn rerun(args: RerunArgs) -> u8 {
         Ok(b) => b,
         Err(code) => return code,
     };
-    answer(backend.rerun(args.run).await, args.json, |done| {
+    answer(backend.rerun(args.run, &args.by).await, args.json, |done| {
         println!("{}", text(done, "run_id"));
     })
 }
@@ -787,6 +798,7 @@ pub fn run_json(row: &rein_store::RunRow) -> Value {
         "steps_completed": row.projection.steps_completed,
         "pending_action": row.projection.action,
         "terminal_reason": row.terminal_reason,
+        "enqueued_by": row.enqueued_by,
         "lease": {
             "worker": row.lease_owner,
             "token": row.fencing_token,
@@ -830,6 +842,7 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
             );
             println!("sequence    {}", cell(&row, "sequence"));
             println!("attempt     {}", cell(&row, "attempt"));
+            println!("enqueued by {}", cell(&row, "enqueued_by"));
             match (text(&lease, "worker"), text(&lease, "until")) {
                 ("", _) | (_, "") => println!("lease       none (token {})", cell(&lease, "token")),
                 (w, u) => println!(

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::api::ApiError;
-use crate::service::{self, EnqueueBody};
+use crate::service::{self, EnqueueBody, Publisher};
 use crate::{DbArgs, exit, ops};
 
 /// Longest API URL accepted.
@@ -146,11 +146,17 @@ impl Backend {
     }
 
     /// Creates a run. A client key belongs to the caller: the token's subject through the
-    /// API, [`DB_CALLER`] on the database.
-    pub async fn enqueue(&self, body: EnqueueBody, key: Option<String>) -> Result<Value, ApiError> {
+    /// API, [`DB_CALLER`] on the database. The run records who enqueued it: the token's
+    /// subject through the API, `by` on the database.
+    pub async fn enqueue(
+        &self,
+        body: EnqueueBody,
+        key: Option<String>,
+        by: &str,
+    ) -> Result<Value, ApiError> {
         match self {
             Backend::Db(store) => {
-                to_value(service::enqueue(store, body, key, DB_CALLER, None).await?)
+                to_value(service::enqueue(store, body, key, (DB_CALLER, by), None).await?)
             }
             Backend::Api(c) => {
                 let mut request = c
@@ -255,9 +261,11 @@ impl Backend {
         }
     }
 
-    pub async fn rerun(&self, run: Uuid) -> Result<Value, ApiError> {
+    /// Runs a finished run again, enqueued by the token's subject through the API and by
+    /// `by` on the database.
+    pub async fn rerun(&self, run: Uuid, by: &str) -> Result<Value, ApiError> {
         match self {
-            Backend::Db(store) => to_value(service::rerun(store, run, None).await?),
+            Backend::Db(store) => to_value(service::rerun(store, run, by, None).await?),
             Backend::Api(c) => {
                 let request = c.request(
                     reqwest::Method::POST,
@@ -336,9 +344,18 @@ impl Backend {
         }
     }
 
-    pub async fn register(&self, text: String, format: Format) -> Result<Value, ApiError> {
+    /// Registers a definition version, published by the token's subject through the API
+    /// and by `publisher.by` on the database.
+    pub async fn register(
+        &self,
+        text: String,
+        format: Format,
+        publisher: Publisher<'_>,
+    ) -> Result<Value, ApiError> {
         match self {
-            Backend::Db(store) => to_value(service::register(store, &text, format).await?),
+            Backend::Db(store) => {
+                to_value(service::register(store, &text, format, publisher).await?)
+            }
             Backend::Api(c) => {
                 let (format, content_type) = match format {
                     Format::Toml => ("toml", "application/toml"),
@@ -346,9 +363,37 @@ impl Backend {
                 };
                 let request = c
                     .request(reqwest::Method::POST, &["v1", "definitions"])
-                    .query(&[("format", format)])
+                    .query(&[
+                        ("format", format.to_owned()),
+                        ("make_current", publisher.make_current.to_string()),
+                        ("allow_builtin", publisher.allow_builtin.to_string()),
+                    ])
                     .header(CONTENT_TYPE, content_type)
                     .body(text);
+                c.send(request).await.map(|(v, _)| v)
+            }
+        }
+    }
+
+    /// Points definition `name` at `version`, moved by the token's subject through the API
+    /// and by `by` on the database.
+    pub async fn set_current(
+        &self,
+        name: &str,
+        version: u32,
+        (by, allow_builtin): (&str, bool),
+    ) -> Result<Value, ApiError> {
+        match self {
+            Backend::Db(store) => {
+                to_value(service::set_current(store, name, version, (by, allow_builtin)).await?)
+            }
+            Backend::Api(c) => {
+                let request = c
+                    .request(
+                        reqwest::Method::POST,
+                        &["v1", "definitions", name, "current"],
+                    )
+                    .json(&json!({ "version": version, "allow_builtin": allow_builtin }));
                 c.send(request).await.map(|(v, _)| v)
             }
         }

@@ -6,8 +6,8 @@
 use chrono::{DateTime, Utc};
 use rein_core::{Definition, Format, GuardRegistry, RunStatus};
 use rein_store::{
-    Approval, ClientKey, DefinitionRow, EnqueueRequest, INBOX_TTL_MS_DEFAULT, Member, RunFilter,
-    SendOutcome, Sender, Store, StoreError, StoredEvent, TokenInfo,
+    Approval, ClientKey, DefinitionRow, EnqueueRequest, INBOX_TTL_MS_DEFAULT, Member, Publication,
+    RunFilter, SendOutcome, Sender, Store, StoreError, StoredEvent, TokenInfo,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -39,7 +39,8 @@ pub struct EnqueueBody {
     /// Definition name (registered in the database).
     #[schema(value_type = crate::api::schema::Name)]
     pub definition: String,
-    /// Definition version; the newest when absent.
+    /// Definition version; the name's current version when absent (`rein definitions
+    /// current`).
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -102,6 +103,12 @@ pub struct DefinitionView {
     pub name: String,
     pub version: u32,
     pub hash: String,
+    /// Whether runs enqueued without a version start with this one.
+    pub current: bool,
+    /// Who registered it (a token's subject, the CLI's `--as` name, `rein` for a built-in);
+    /// absent for versions registered before Rein recorded it.
+    pub registered_by: Option<String>,
+    pub registered_at: DateTime<Utc>,
     /// The validated document, as `rein definitions show --format json` prints it.
     #[schema(value_type = Object)]
     pub spec: Value,
@@ -113,12 +120,37 @@ pub struct RegisterResponse {
     pub version: u32,
     /// False when this exact body was already registered under this version.
     pub created: bool,
+    /// The name's current version now: this one when it was made current, or when it is
+    /// the name's first; otherwise registering left the pointer where it was.
+    pub current_version: u32,
     /// What validation found doubtful but not wrong (e.g. a cycle only timers drive), as
     /// `[{item, reason}]`, absent when there are none; the definition is registered
     /// regardless.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     #[schema(value_type = Vec<Object>)]
     pub warnings: Vec<Value>,
+}
+
+/// Where a definition name's current version moved.
+#[derive(Serialize, ToSchema)]
+pub struct CurrentResponse {
+    pub name: String,
+    /// The current version now.
+    pub version: u32,
+    /// The one before (absent when the name had none).
+    pub previous: Option<u32>,
+}
+
+/// Who publishes a definition version and how.
+#[derive(Debug, Clone, Copy)]
+pub struct Publisher<'a> {
+    /// The token's subject; the CLI's `--as` name on the database.
+    pub by: &'a str,
+    /// Make the version its name's current one.
+    pub make_current: bool,
+    /// Allow a version of a built-in name other than the one this binary ships (an admin's
+    /// decision through the API).
+    pub allow_builtin: bool,
 }
 
 /// How a decision reached its run.
@@ -242,13 +274,14 @@ pub fn approver(name: &str) -> Result<&str, String> {
 
 // ---- operations ---------------------------------------------------------------------------
 
-/// Creates a run (or finds the one `caller`'s `key` already created for this same body),
-/// within `token`'s bounds and quotas when an API token asks (none on the database).
+/// Creates a run enqueued by `enqueued_by` (or finds the one `caller`'s `key` already
+/// created for this same body), within `token`'s bounds and quotas when an API token asks
+/// (none on the database).
 pub async fn enqueue(
     store: &Store,
     body: EnqueueBody,
     key: Option<String>,
-    caller: &str,
+    (caller, enqueued_by): (&str, &str),
     token: Option<&TokenInfo>,
 ) -> Result<EnqueueResponse, ApiError> {
     let definition = name("definition", Some(body.definition))?.unwrap_or_default();
@@ -266,6 +299,7 @@ pub async fn enqueue(
         None => token.map_or("default", TokenInfo::default_queue).to_owned(),
     };
     request.priority = body.priority.unwrap_or(0);
+    request.enqueued_by = Some(enqueued_by.to_owned());
     let done = store.enqueue_as(token, request).await?;
     Ok(EnqueueResponse {
         run_id: done.run_id,
@@ -368,14 +402,15 @@ pub async fn send(
     })
 }
 
-/// A new run like a finished one, linked to it (SPEC E6); conflict while it runs. For a
-/// token, the new run is held to its bounds and quotas like an enqueue.
+/// A new run like a finished one, linked to it (SPEC E6) and enqueued by `by`; conflict
+/// while it runs. For a token, the new run is held to its bounds and quotas like an enqueue.
 pub async fn rerun(
     store: &Store,
     parent: Uuid,
+    by: &str,
     token: Option<&TokenInfo>,
 ) -> Result<RerunResponse, ApiError> {
-    match store.rerun_as(token, parent).await {
+    match store.rerun_as(token, parent, Some(by)).await {
         Ok(run_id) => Ok(RerunResponse {
             run_id,
             parent_run_id: parent,
@@ -495,7 +530,7 @@ pub async fn definitions(store: &Store) -> Result<Vec<DefinitionRow>, ApiError> 
     Ok(store.list_definitions().await?)
 }
 
-/// One registered version (the newest unless `version`) with its spec.
+/// One registered version (the current one unless `version`) with its spec.
 pub async fn definition(
     store: &Store,
     definition: &str,
@@ -503,22 +538,54 @@ pub async fn definition(
 ) -> Result<DefinitionView, ApiError> {
     let definition = name("name", Some(definition.to_owned()))?.unwrap_or_default();
     let def = store.load_definition(&definition, version).await?;
+    let row = store
+        .definition_row(&definition, Some(def.version()))
+        .await?;
     let spec = serde_json::to_value(def.spec())
         .map_err(|e| ApiError::from(StoreError::Corrupt(e.to_string())))?;
     Ok(DefinitionView {
         name: def.name().to_owned(),
         version: def.version(),
         hash: def.hash().to_owned(),
+        current: row.current,
+        registered_by: row.registered_by,
+        registered_at: row.created_at,
         spec,
     })
 }
 
-/// Validates a definition document and stores it as a version; every problem is listed in
-/// `details.problems` with its location.
+/// Refuses to give built-in name `name` a version other than the one this binary ships
+/// (`version` with body `hash`, or any body when `hash` is absent) unless `allow_builtin`:
+/// such a version would change what every run of the built-in does.
+fn builtin_unshadowed(
+    name: &str,
+    version: u32,
+    hash: Option<&str>,
+    allow_builtin: bool,
+) -> Result<(), ApiError> {
+    let Some(Ok(shipped)) = rein_core::builtin::load(name) else {
+        return Ok(());
+    };
+    let is_shipped = version == shipped.version() && hash.is_none_or(|h| h == shipped.hash());
+    if is_shipped || allow_builtin {
+        return Ok(());
+    }
+    Err(ApiError::conflict(format!(
+        "{name} is a built-in definition (this binary ships v{}): another version of it would \
+         change what every run of {name} does. Register your own under another name, or, as an \
+         admin who means to replace it, pass allow_builtin=true (`--allow-builtin`)",
+        shipped.version()
+    ))
+    .with_details(json!({ "definition": name, "builtin_version": shipped.version() })))
+}
+
+/// Validates a definition document and stores it as a version published by `publisher`;
+/// every problem is listed in `details.problems` with its location.
 pub async fn register(
     store: &Store,
     text: &str,
     format: Format,
+    publisher: Publisher<'_>,
 ) -> Result<RegisterResponse, ApiError> {
     let def = Definition::parse(text, format, &GuardRegistry::new()).map_err(|e| {
         let problems: Vec<Value> = e
@@ -533,16 +600,62 @@ pub async fn register(
         ))
         .with_details(json!({ "problems": problems }))
     })?;
-    let created = store.register_definition(&def).await?;
+    // What cannot be stored is refused as such before who may store it is asked.
+    let body = serde_json::to_value(def.spec())
+        .map_err(|e| ApiError::from(StoreError::Corrupt(e.to_string())))?;
+    rein_store::input::check_json("definition", &body)?;
+    builtin_unshadowed(
+        def.name(),
+        def.version(),
+        Some(def.hash()),
+        publisher.allow_builtin,
+    )?;
+    let published = store
+        .publish_definition(
+            &def,
+            Publication {
+                by: publisher.by,
+                make_current: publisher.make_current,
+            },
+        )
+        .await?;
     Ok(RegisterResponse {
         name: def.name().to_owned(),
         version: def.version(),
-        created,
+        created: published.created,
+        current_version: published.current_version,
         warnings: def
             .warnings()
             .iter()
             .map(|w| json!({ "item": w.item, "reason": w.reason }))
             .collect(),
+    })
+}
+
+/// Points definition `name` at its registered `version`, as `by`: runs enqueued without a
+/// version start with it from now on.
+pub async fn set_current(
+    store: &Store,
+    definition: &str,
+    version: u32,
+    (by, allow_builtin): (&str, bool),
+) -> Result<CurrentResponse, ApiError> {
+    let definition = name("name", Some(definition.to_owned()))?.unwrap_or_default();
+    if !(1..=rein_core::limits::VERSION_MAX).contains(&version) {
+        return Err(ApiError::validation(format!(
+            "a definition version is 1..={}",
+            rein_core::limits::VERSION_MAX
+        ))
+        .with_details(json!({ "field": "version" })));
+    }
+    builtin_unshadowed(&definition, version, None, allow_builtin)?;
+    let moved = store
+        .set_current_definition(&definition, version, by)
+        .await?;
+    Ok(CurrentResponse {
+        name: definition,
+        version: moved.version,
+        previous: moved.previous,
     })
 }
 

@@ -25,8 +25,9 @@ pub struct RevokeArgs {
 pub struct CreateArgs {
     #[command(flatten)]
     db: DbArgs,
-    /// A scope the token grants: read, enqueue, approve, operate or admin (admin implies
-    /// all). Repeat for several.
+    /// A scope the token grants: read, enqueue, approve, operate, publish (register
+    /// definitions, choose current versions) or admin (admin implies all). Repeat for
+    /// several.
     #[arg(long = "scope", value_name = "SCOPE", required = true)]
     scopes: Vec<String>,
     /// Who the token speaks for (recorded as the approver of its decisions), 1..=128 bytes

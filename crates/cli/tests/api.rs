@@ -461,6 +461,7 @@ async fn the_openapi_document_lists_every_route_served() {
         ("/v1/definitions", "get"),
         ("/v1/definitions", "post"),
         ("/v1/definitions/{name}", "get"),
+        ("/v1/definitions/{name}/current", "post"),
     ];
     let paths = doc["paths"].as_object().expect("paths");
     for (path, method) in served {
@@ -568,7 +569,7 @@ fn chain4_named(name: &str) -> String {
 async fn definitions_are_listed_shown_and_registered() {
     let api = Api::start("api_defs", &[]).await;
     let reader = api.token("reader", &["read"]);
-    let operator = api.token("ops", &["operate", "read"]);
+    let operator = api.token("release-bot", &["publish", "read"]);
 
     let (s, v) = json_of(
         api.get("/v1/definitions", Some(&reader))
@@ -633,7 +634,7 @@ async fn definitions_are_listed_shown_and_registered() {
     )
     .await;
     assert_eq!((s, code(&v)), (StatusCode::FORBIDDEN, "forbidden"), "{v}");
-    assert_eq!(v["error"]["details"]["required_scope"], "operate");
+    assert_eq!(v["error"]["details"]["required_scope"], "publish");
 
     // TOML by Content-Type, then the same body again.
     for (status, created) in [(StatusCode::CREATED, true), (StatusCode::OK, false)] {
@@ -649,7 +650,8 @@ async fn definitions_are_listed_shown_and_registered() {
         assert_eq!(s, status, "{v}");
         assert_eq!(
             v,
-            json!({"name": "chain4-toml", "version": version, "created": created})
+            json!({"name": "chain4-toml", "version": version, "created": created,
+                   "current_version": version})
         );
     }
     // TOML by `?format=toml` whatever the Content-Type says.
@@ -993,6 +995,9 @@ impl Contract {
             ("post", "/v1/runs/{id}/events") => json(json!({"type": "NOT_DECLARED"})),
             ("post", "/v1/approvals/{id}/grant" | "/v1/approvals/{id}/deny") => json(json!({})),
             ("post", "/v1/definitions") => Some((self.definition.clone(), "application/json")),
+            ("post", "/v1/definitions/{name}/current") => {
+                json(json!({"version": rein_core::builtin::research_agent().version()}))
+            }
             _ => panic!("{method} {path}: give the contract test a request body"),
         }
     }
@@ -1219,9 +1224,9 @@ async fn a_malformed_path_parameter_is_a_documented_422_on_every_operation() {
             checked += 1;
         }
     }
-    // Run, why, events (get and send), rerun, grant, deny, definition.
+    // Run, why, events (get and send), rerun, grant, deny, definition, its current version.
     assert_eq!(
-        checked, 8,
+        checked, 9,
         "every operation with a path parameter was checked"
     );
 }
@@ -1299,14 +1304,14 @@ async fn documented_body_bounds_are_the_bounds_the_server_enforces() {
         }
     }
     // Enqueue's definition, version, queue, priority; a sent event's type; a decision's
-    // comment (grant and deny).
-    assert!(tried >= 23, "only {tried} values tried");
+    // comment (grant and deny); the current version of a definition.
+    assert!(tried >= 27, "only {tried} values tried");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_definition_version_the_database_cannot_store_is_refused_not_a_server_error() {
     let api = Api::start("api_def_version", &[]).await;
-    let token = api.token("ci", &["operate", "read"]);
+    let token = api.token("ci", &["publish", "read"]);
     let (s, v) = api.get_json("/v1/definitions/chain4", &token).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     let mut spec = v["spec"].clone();

@@ -18,8 +18,8 @@ use serde_json::json;
 const KEY: &str = "api:charge";
 
 /// The next version of the lifecycle definition (the sim actions know its states), its
-/// `running` action taking `api:charge`, plus `extra` (e.g. a `[limits]` table). Enqueues of
-/// `lifecycle` take the newest version.
+/// `running` action taking `api:charge`, plus `extra` (e.g. a `[limits]` table), made the
+/// current version, which enqueues of `lifecycle` take.
 async fn register_limited(store: &Store, extra: &str) -> Definition {
     let next = rein_core::builtin::lifecycle().version() + 1;
     let base = rein_core::builtin::source_at_version("lifecycle", next).expect("a built-in");
@@ -27,7 +27,16 @@ async fn register_limited(store: &Store, extra: &str) -> Definition {
     assert!(base.contains(marker), "lifecycle.toml changed shape");
     let text = base.replace(marker, &format!("{marker}limits = [\"{KEY}\"]\n")) + extra;
     let def = Definition::parse(&text, Format::Toml, &GuardRegistry::default()).expect("parse");
-    store.register_definition(&def).await.expect("register");
+    store
+        .publish_definition(
+            &def,
+            rein_store::Publication {
+                by: rein_store::OPERATOR,
+                make_current: true,
+            },
+        )
+        .await
+        .expect("register");
     def
 }
 
@@ -81,7 +90,7 @@ fn worker_args<'a>(id_redis: &'a [&'a str], extra: &'a [&'a str]) -> Vec<&'a str
     args
 }
 
-/// Enqueues `n` runs of the newest lifecycle version whose sim actions take `work_ms`.
+/// Enqueues `n` runs of the current lifecycle version whose sim actions take `work_ms`.
 async fn lifecycle_runs<W: serde::Serialize>(
     store: &Store,
     n: usize,

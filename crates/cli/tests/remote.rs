@@ -128,7 +128,8 @@ async fn every_operator_command_prints_the_same_json_through_the_api_as_from_the
     );
     assert_eq!(
         by_api,
-        json!({"name": "lifecycle-copy", "version": spec["version"], "created": true})
+        json!({"name": "lifecycle-copy", "version": spec["version"], "created": true,
+               "current_version": spec["version"]})
     );
     let by_db = json_ok(&both.db(&["definitions", "register", file, "--json"]), "db");
     assert_eq!(

@@ -9,7 +9,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use common::{Api, code, json_of, rein_with, stderr, stdout, wait_for};
-use rein_store::{ApprovalAsk, EnqueueRequest, Store};
+use rein_store::{EnqueueRequest, Store};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -530,20 +530,13 @@ async fn text_with_a_nul_character_is_refused_by_name() {
         &["USER_REPLY", "PLAN_READY", "APPROVAL_REQUIRED"],
     )
     .await;
-    let approval = api
-        .store
-        .request_approval(ApprovalAsk {
-            run_id: run,
-            node: "ACTING",
-            tool: "refund",
-            args: &json!({ "order_id": "N1", "amount": 500 }),
-            action_hash: "h-nul",
-            risk: "high",
-            expires_after_ms: 3_600_000,
-        })
-        .await
-        .unwrap()
-        .approval_id;
+    let approval = common::ask_refund_approval(
+        &api.store,
+        run,
+        json!({ "order_id": "N1", "amount": 500 }),
+        "h-nul",
+    )
+    .await;
     let (s, v) = post(
         &api,
         &format!("/v1/approvals/{approval}/grant"),

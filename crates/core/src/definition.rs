@@ -63,6 +63,26 @@ pub struct DefinitionSpec {
     /// ([`crate::runaway`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_events: Option<u64>,
+    /// Who may do what with the definition's runs (`[policy]`); absent: no rule beyond the
+    /// scopes of the callers' tokens.
+    #[serde(default, skip_serializing_if = "PolicySpec::is_empty")]
+    pub policy: PolicySpec,
+}
+
+/// Separation-of-duties rules of a definition (`[policy]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySpec {
+    /// Whoever enqueued a run may not grant its approvals (a grant request or an approval
+    /// event they send is refused); someone else must. Denying stays allowed.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub approver_may_not_be_enqueuer: bool,
+}
+
+impl PolicySpec {
+    fn is_empty(&self) -> bool {
+        self == &PolicySpec::default()
+    }
 }
 
 /// A fleet-wide limit on one key: a rate (`rate` actions per `per_ms`, with bursts of up to
@@ -248,7 +268,8 @@ pub struct BranchSpec {
     pub name: String,
     /// The definition the branch's child run follows.
     pub definition: String,
-    /// Its version; the newest registered one when absent.
+    /// Its version; the name's current version when absent (resolved when the branch
+    /// starts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<u32>,
     /// The child's input; the parent's `data.branch_inputs.NAME` (an object) is merged in.
@@ -1274,6 +1295,11 @@ impl Definition {
         self.inner.join_guards.get(state).map(|e| e.as_ref())
     }
 
+    /// Whether the enqueuer of a run of this definition may not grant its approvals.
+    pub fn approver_may_not_be_enqueuer(&self) -> bool {
+        self.inner.spec.policy.approver_may_not_be_enqueuer
+    }
+
     pub fn budget(&self) -> Option<&BudgetSpec> {
         self.inner.spec.budget.as_ref()
     }
@@ -1394,6 +1420,17 @@ impl Definition {
     pub fn is_approval_event(&self, event: &str) -> bool {
         self.inner.senders.approval.contains(event)
     }
+
+    /// Whether `event` grants an approval: an approval event that is some approval policy's
+    /// granted event.
+    pub fn is_approval_grant(&self, event: &str) -> bool {
+        self.is_approval_event(event)
+            && self
+                .states()
+                .filter_map(|s| s.approval.as_ref())
+                .any(|a| a.granted_event() == event)
+    }
+
     /// Transitions that may fire for `(state, event)`, highest priority first.
     pub fn candidates(&self, state: &str, event: &str) -> &[Transition] {
         self.inner

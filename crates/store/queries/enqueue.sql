@@ -2,14 +2,15 @@
 -- the same caller ($14) returns the run it created first, with the hash of the body it was
 -- created with ($15, compared by the caller). A key stored before keys had callers (caller
 -- NULL) still stands for its run, for any caller. $13: the wall-time budget in ms, NULL for
--- none. $16: the API token creating the run, NULL for none.
+-- none. $16: the API token creating the run, NULL for none. $17: who enqueues each run
+-- (NULL: nobody named).
 WITH req AS (
     SELECT *
     FROM unnest($1::uuid[], $2::text[], $3::int[], $4::text[], $5::text[], $6::jsonb[], $7::jsonb[],
                 $8::int[], $9::text[], $10::uuid[], $11::text[], $12::bigint[], $13::bigint[],
-                $14::text[], $15::text[], $16::uuid[]) WITH ORDINALITY
+                $14::text[], $15::text[], $16::uuid[], $17::text[]) WITH ORDINALITY
         AS r(run_id, definition, version, state, status, projection, input, priority, queue, parent_run_id, client_key, timer_ms,
-             deadline_ms, caller, body_hash, enqueued_token, ord)
+             deadline_ms, caller, body_hash, enqueued_token, enqueued_by, ord)
 ),
 keys AS (
     INSERT INTO rein_enqueue_keys (caller, client_key, run_id, body_hash)
@@ -22,12 +23,12 @@ keys AS (
 ),
 created AS (
     INSERT INTO rein_runs (run_id, definition, version, state, status, projection, input, priority, queue, parent_run_id, wake_at,
-                           deadline_at, enqueued_token)
+                           deadline_at, enqueued_token, enqueued_by)
     SELECT q.run_id, q.definition, q.version, q.state, q.status, q.projection, q.input, q.priority, q.queue, q.parent_run_id,
            clock_timestamp() + q.timer_ms * interval '1 millisecond',
            -- created_at + the wall-time budget (both now(): the same instant)
            now() + q.deadline_ms * interval '1 millisecond',
-           q.enqueued_token
+           q.enqueued_token, q.enqueued_by
     FROM req q
     WHERE q.client_key IS NULL OR q.run_id IN (SELECT run_id FROM keys)
     RETURNING run_id

@@ -173,6 +173,9 @@ impl Store {
         if let Some(comment) = comment {
             crate::input::check_text("comment", comment)?;
         }
+        if grant {
+            self.check_grant_by(approval_id, approver).await?;
+        }
         let decided: Option<Approval> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "UPDATE rein_approvals SET status = $2, decided_by = $3, decided_at = clock_timestamp(),
                  comment = $4
@@ -263,6 +266,54 @@ impl Store {
             return Err(e);
         }
         Ok(decided)
+    }
+
+    /// Refuses `approver`'s grant of request `approval_id` when they enqueued its run and
+    /// the duties are separated there; an unknown request is left to the decision to report.
+    async fn check_grant_by(&self, approval_id: Uuid, approver: &str) -> Result<(), StoreError> {
+        let run: Option<(Uuid, Option<String>, String, i32)> = sqlx::query_as(
+            "SELECT r.run_id, r.enqueued_by, r.definition, r.version
+             FROM rein_approvals a JOIN rein_runs r ON r.run_id = a.run_id
+             WHERE a.approval_id = $1",
+        )
+        .bind(approval_id)
+        .fetch_optional(self.pool())
+        .await?;
+        let Some((run_id, Some(enqueued_by), definition, version)) = run else {
+            return Ok(());
+        };
+        let def = self
+            .load_definition(&definition, Some(version as u32))
+            .await?;
+        self.check_separation(&def, run_id, Some(&enqueued_by), approver)
+    }
+
+    /// Refuses a grant by `approver` of run `run_id`, enqueued by `enqueued_by`, when they
+    /// are the same person and the definition's policy or this store's deployment rule
+    /// separates approving from enqueuing (SPEC H1). Runs that recorded no enqueuer (created
+    /// before Rein recorded it) are not refused.
+    pub(crate) fn check_separation(
+        &self,
+        def: &rein_core::Definition,
+        run_id: Uuid,
+        enqueued_by: Option<&str>,
+        approver: &str,
+    ) -> Result<(), StoreError> {
+        let rule = if def.approver_may_not_be_enqueuer() {
+            format!("the policy of definition {} v{}", def.name(), def.version())
+        } else if self.approver_separation {
+            "this deployment's rule".to_owned()
+        } else {
+            return Ok(());
+        };
+        if enqueued_by != Some(approver) {
+            return Ok(());
+        }
+        Err(StoreError::ApproverIsEnqueuer {
+            run_id,
+            approver: approver.to_owned(),
+            rule,
+        })
     }
 
     /// Puts a decision back to pending when it could not be delivered.

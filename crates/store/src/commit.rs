@@ -483,7 +483,7 @@ impl Store {
         requests: &[CommitRequest],
     ) -> Result<Vec<CommitOutcome>, StoreError> {
         let mut conn = self.pool().acquire().await?;
-        let outcomes = commit_on(&mut conn, worker, requests).await?;
+        let outcomes = commit_on(&mut conn, &self.definitions, worker, requests).await?;
         // A run left runnable without a lease (released, or written by a scheduler that
         // fired its timer or recovered its lease) can be claimed by anyone now.
         let runnable = requests.iter().zip(&outcomes).any(|(r, o)| {
@@ -556,6 +556,7 @@ impl Store {
 /// [`Store::commit_batch`] on a given connection (possibly inside the caller's transaction).
 pub(crate) async fn commit_on(
     conn: &mut sqlx::PgConnection,
+    definitions: &crate::definitions::DefinitionCache,
     worker: &str,
     requests: &[CommitRequest],
 ) -> Result<Vec<CommitOutcome>, StoreError> {
@@ -625,9 +626,14 @@ pub(crate) async fn commit_on(
         if child_defs.contains_key(&key) {
             continue;
         }
-        let def = crate::load_definition_with(&mut *conn, &c.definition, c.version)
-            .await
-            .map_err(|e| StoreError::Invalid(format!("branch `{}` cannot start: {e}", c.branch)))?;
+        let def = crate::definitions::load_definition_with(
+            &mut *conn,
+            definitions,
+            &c.definition,
+            c.version,
+        )
+        .await
+        .map_err(|e| StoreError::Invalid(format!("branch `{}` cannot start: {e}", c.branch)))?;
         child_defs.insert(key, def);
     }
 

@@ -36,6 +36,17 @@ pub enum StoreError {
     /// An approval event sent by a caller who may not decide approvals (SPEC Z1, Z3).
     #[error("{event} delivers an approval decision: sending it needs the approve scope")]
     NeedsApprover { event: String },
+    /// A grant by the person who enqueued the run, where the definition or the deployment
+    /// separates the two duties (SPEC H1).
+    #[error(
+        "{approver} enqueued run {run_id} and may not grant its approvals ({rule}): another person with the approve scope must grant it (denying it stays allowed)"
+    )]
+    ApproverIsEnqueuer {
+        run_id: uuid::Uuid,
+        approver: String,
+        /// Which rule: the definition's policy or the deployment's flag.
+        rule: String,
+    },
     /// A client idempotency key used again with a different request (SPEC I3).
     #[error(
         "idempotency key `{key}` was already used with a different {what}; use a new key for a new request"

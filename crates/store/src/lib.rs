@@ -10,6 +10,7 @@ mod audit;
 mod bench;
 mod blobs;
 mod commit;
+mod definitions;
 mod error;
 mod gauges;
 pub mod input;
@@ -38,18 +39,22 @@ pub use commit::{
     ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, Committed, FenceReason, LedgerOp,
     NewEvent, Renewed, Writer, plan_commit,
 };
+pub use definitions::{
+    BUILTIN_PUBLISHER, CurrentMoved, DEFINITION_CACHE_BYTES_MAX, DEFINITION_CACHE_ENTRIES_MAX,
+    DefinitionRow, OPERATOR, Publication, Published,
+};
 pub use error::{StoreError, is_unreachable};
 pub use gauges::{FleetGauges, RETRYING_ATTEMPTS_MIN};
 pub use leader::{LEADER_TTL_MS_MAX, LEADER_TTL_MS_MIN, LeaderInfo, LeaderLease};
 pub use operate::Member;
-pub use reads::{DefinitionRow, EventTime, Recovered, RunFilter, RunRow, StoredEvent};
+pub use reads::{EventTime, Recovered, RunFilter, RunRow, StoredEvent};
 pub use retention::{ARCHIVE_BATCH_MAX, ArchiveCandidates, ArchivedBatch, EventsTableSize};
 pub use scans::{NextLook, SCAN_BACKOFF_MS_MAX, SCAN_BACKOFF_MS_MIN, Seen};
 pub use send::{
     CLIENT_KEY_LEN_MAX, ClientKey, EnqueueRequest, Enqueued, INBOX_READ_MAX, INBOX_TTL_MS_DEFAULT,
     InboxEntry, SendOutcome, jitter_from, plan_inbox, sent_event_id,
 };
-pub use sender::{SENDER_BYTES_MAX, Sender};
+pub use sender::{API_SENDER_PREFIX, SENDER_BYTES_MAX, Sender};
 pub use tokens::{
     IN_FLIGHT_RETRY_AFTER_S, OutOfBounds, Quota, QuotaExceeded, SCOPES, SUBJECT_BYTES_MAX, Scope,
     TOKEN_QUEUES_MAX, TOKEN_QUOTA_MAX, TokenBounds, TokenInfo, check_token_request,
@@ -93,6 +98,11 @@ pub type WakeHook = std::sync::Arc<dyn Fn(Option<&str>) + Send + Sync>;
 pub struct Store {
     pool: PgPool,
     wake: Option<WakeHook>,
+    /// Compiled definitions, shared by the clones of this store.
+    definitions: std::sync::Arc<definitions::DefinitionCache>,
+    /// Whether nobody may grant an approval of a run they enqueued, whatever the
+    /// definition's policy says ([`Store::with_approver_separation`]).
+    approver_separation: bool,
 }
 
 impl Store {
@@ -161,11 +171,24 @@ impl Store {
             .connect_with(options)
             .await
             .map_err(StoreError::from_connect)?;
-        Ok(Store { pool, wake: None })
+        Ok(Store::from_pool(pool))
     }
 
     pub fn from_pool(pool: PgPool) -> Store {
-        Store { pool, wake: None }
+        Store {
+            pool,
+            wake: None,
+            definitions: Default::default(),
+            approver_separation: false,
+        }
+    }
+
+    /// Makes every definition's runs follow `approver_may_not_be_enqueuer` (SPEC H1): whoever
+    /// enqueued a run may not grant its approvals through this store (a deployment's rule,
+    /// `rein api --approver-may-not-be-enqueuer`).
+    pub fn with_approver_separation(mut self, on: bool) -> Store {
+        self.approver_separation = on;
+        self
     }
 
     /// Calls `hook` after each commit that makes work runnable (enqueue, a sent event applied
@@ -273,7 +296,7 @@ impl Store {
             if known {
                 continue;
             }
-            match self.register_definition(&def).await {
+            match self.publish_builtin(&def).await {
                 Ok(_) => {}
                 Err(e) if e.is_permission_denied() => {
                     return Err(StoreError::SchemaMismatch(format!(
@@ -290,72 +313,19 @@ impl Store {
         Ok(())
     }
 
-    /// Registers every built-in this binary ships. A version the database already holds with
-    /// another body (registered by an older binary, before the built-in gained a field) is
-    /// kept as stored, with a warning: runs of it replay against the body they started with,
-    /// and the schema can still be upgraded.
+    /// Registers every built-in this binary ships and points each built-in name at the
+    /// version it ships, unless a person pinned another ([`Store::publish_builtin`]). A
+    /// version the database already holds with another body (registered by an older
+    /// binary, before the built-in gained a field) is kept as stored, with a warning: runs
+    /// of it replay against the body they started with, and the schema can still be
+    /// upgraded.
     async fn register_builtins(&self) -> Result<(), StoreError> {
         for (name, _) in rein_core::builtin::ALL {
             if let Some(Ok(def)) = rein_core::builtin::load(name) {
-                match self.register_definition(&def).await {
-                    Ok(_) => {}
-                    Err(StoreError::DefinitionConflict { name, version }) => {
-                        tracing::warn!(definition = %name, version,
-                            "built-in definition is stored with an older body; keeping it as stored");
-                    }
-                    Err(e) => return Err(e),
-                }
+                self.publish_builtin(&def).await?;
             }
         }
         Ok(())
-    }
-
-    /// Stores a definition version. Registering the same body again is a no-op; a different
-    /// body under an existing version is refused (V1: change means a new version).
-    pub async fn register_definition(
-        &self,
-        def: &rein_core::Definition,
-    ) -> Result<bool, StoreError> {
-        let body =
-            serde_json::to_value(def.spec()).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        input::check_json("definition", &body)?;
-        let inserted = sqlx::query(
-            "INSERT INTO rein_definitions (name, version, hash, body) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (name, version) DO NOTHING",
-        )
-        .bind(def.name())
-        .bind(def.version() as i32)
-        .bind(def.hash())
-        .bind(&body)
-        .execute(&self.pool)
-        .await?
-        .rows_affected()
-            == 1;
-        if !inserted {
-            let hash: String = sqlx::query_scalar(
-                "SELECT hash FROM rein_definitions WHERE name = $1 AND version = $2",
-            )
-            .bind(def.name())
-            .bind(def.version() as i32)
-            .fetch_one(&self.pool)
-            .await?;
-            if hash != def.hash() {
-                return Err(StoreError::DefinitionConflict {
-                    name: def.name().to_owned(),
-                    version: def.version(),
-                });
-            }
-        }
-        Ok(inserted)
-    }
-
-    /// Loads a definition by name, at `version` or the newest.
-    pub async fn load_definition(
-        &self,
-        name: &str,
-        version: Option<u32>,
-    ) -> Result<rein_core::Definition, StoreError> {
-        load_definition_with(&self.pool, name, version).await
     }
 
     /// Adds `n` to a named counter (fenced writes refused, ...). Rare path: not batched.
@@ -421,45 +391,6 @@ fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
         .options([("plan_cache_mode", "force_generic_plan")])
         .log_statements(tracing::log::LevelFilter::Trace)
         .log_slow_statements(tracing::log::LevelFilter::Debug, Duration::from_secs(1)))
-}
-
-/// [`Store::load_definition`] on any executor (a transaction's connection too).
-pub(crate) async fn load_definition_with<'e>(
-    executor: impl sqlx::PgExecutor<'e>,
-    name: &str,
-    version: Option<u32>,
-) -> Result<rein_core::Definition, StoreError> {
-    input::check_text("definition", name)?;
-    let stored_version = match version.map(i32::try_from) {
-        None => None,
-        Some(Ok(v)) if v >= 1 => Some(v),
-        Some(_) => {
-            return Err(StoreError::Invalid(format!(
-                "a definition version is 1..={}",
-                rein_core::limits::VERSION_MAX
-            )));
-        }
-    };
-    let body: Option<serde_json::Value> = sqlx::query_scalar(
-        "SELECT body FROM rein_definitions
-         WHERE name = $1 AND ($2::int IS NULL OR version = $2)
-         ORDER BY version DESC LIMIT 1",
-    )
-    .bind(name)
-    .bind(stored_version)
-    .fetch_optional(executor)
-    .await?;
-    let Some(body) = body else {
-        return Err(StoreError::UnknownDefinition {
-            name: name.to_owned(),
-            version,
-        });
-    };
-    let spec: rein_core::definition::DefinitionSpec = serde_json::from_value(body)
-        .map_err(|e| StoreError::Corrupt(format!("definition {name}: {e}")))?;
-    rein_core::Definition::from_spec(spec, &rein_core::GuardRegistry::new()).map_err(|e| {
-        StoreError::Corrupt(format!("stored definition {name} no longer validates: {e}"))
-    })
 }
 
 /// Counter names.

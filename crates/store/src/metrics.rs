@@ -23,6 +23,9 @@ pub const TIMERS_FIRED: &str = "rein_timers_fired_total";
 /// Looks at a row the scheduler could not move, so it set the row's next look ahead; label
 /// `scan` = `lease`, `deadline`, `timer` or `inbox`.
 pub const SCAN_BACKOFFS: &str = "rein_scheduler_backoffs_total";
+/// Definitions compiled from their stored rows: each process compiles a version once and
+/// keeps it while its hash stands (more means its cache is too small for the versions in use).
+pub const DEFINITIONS_COMPILED: &str = "rein_definitions_compiled_total";
 pub const TIME_IN_STATE: &str = "rein_time_in_state_seconds";
 pub const CLAIM_LATENCY: &str = "rein_claim_latency_seconds";
 pub const RECOVERY: &str = "rein_recovery_seconds";

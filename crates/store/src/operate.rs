@@ -51,10 +51,10 @@ impl Store {
     }
 
     /// Starts a new run with the definition version, input, queue and priority of finished
-    /// run `run_id`, linked to it as its parent (SPEC E6). A run that has not finished is
-    /// refused: it may still succeed.
-    pub async fn rerun(&self, run_id: Uuid) -> Result<Uuid, StoreError> {
-        self.rerun_as(None, run_id).await
+    /// run `run_id`, linked to it as its parent (SPEC E6), enqueued by `by`. A run that has
+    /// not finished is refused: it may still succeed.
+    pub async fn rerun(&self, run_id: Uuid, by: Option<&str>) -> Result<Uuid, StoreError> {
+        self.rerun_as(None, run_id, by).await
     }
 
     /// [`Store::rerun`] for `token`: the new run is created as [`Store::enqueue_as`]
@@ -64,6 +64,7 @@ impl Store {
         &self,
         token: Option<&crate::TokenInfo>,
         run_id: Uuid,
+        by: Option<&str>,
     ) -> Result<Uuid, StoreError> {
         let row: Option<(String, i32, String, Value, String, i32)> = sqlx::query_as(
             "SELECT definition, version, status, input, queue, priority
@@ -87,6 +88,7 @@ impl Store {
         request.queue = queue;
         request.priority = priority;
         request.parent_run_id = Some(run_id);
+        request.enqueued_by = by.map(str::to_owned);
         Ok(self.enqueue_as(token, request).await?.run_id)
     }
 }

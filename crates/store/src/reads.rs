@@ -28,6 +28,9 @@ pub struct RunRow {
     pub priority: i32,
     pub queue: String,
     pub parent_run_id: Option<Uuid>,
+    /// Who enqueued it: an API token's subject, the CLI's `--as` name; a fan-out branch
+    /// records its parent's. Absent for runs created before Rein recorded it.
+    pub enqueued_by: Option<String>,
     pub terminal_reason: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -64,6 +67,7 @@ impl RunRow {
             priority: row.try_get("priority")?,
             queue: row.try_get("queue")?,
             parent_run_id: row.try_get("parent_run_id")?,
+            enqueued_by: row.try_get("enqueued_by")?,
             terminal_reason: row.try_get("terminal_reason")?,
             created_at: row.try_get("created_at")?,
             updated_at: row.try_get("updated_at")?,
@@ -84,16 +88,6 @@ pub struct RunFilter {
     pub created_after: Option<DateTime<Utc>>,
     /// Only runs created strictly before this instant.
     pub created_before: Option<DateTime<Utc>>,
-}
-
-/// A registered definition version, without its body.
-#[derive(Debug, Clone, Serialize)]
-pub struct DefinitionRow {
-    pub name: String,
-    pub version: u32,
-    pub hash: String,
-    pub description: String,
-    pub created_at: DateTime<Utc>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -236,28 +230,6 @@ impl Store {
         .fetch_all(self.pool())
         .await?;
         rows.iter().map(RunRow::from_row).collect()
-    }
-
-    /// Every registered definition version, by name then version.
-    pub async fn list_definitions(&self) -> Result<Vec<DefinitionRow>, StoreError> {
-        let rows: Vec<(String, i32, String, String, DateTime<Utc>)> = sqlx::query_as(
-            "SELECT name, version, hash, coalesce(body->>'description', ''), created_at
-             FROM rein_definitions ORDER BY name, version",
-        )
-        .fetch_all(self.pool())
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(
-                |(name, version, hash, description, created_at)| DefinitionRow {
-                    name,
-                    version: version as u32,
-                    hash,
-                    description,
-                    created_at,
-                },
-            )
-            .collect())
     }
 
     pub(crate) async fn rows(&self, tail: &str, limit: i64) -> Result<Vec<RunRow>, StoreError> {

@@ -20,9 +20,9 @@ pub const INBOX_TTL_MS_DEFAULT: u64 = 24 * 3600 * 1000;
 #[derive(Debug, Clone)]
 pub struct EnqueueRequest {
     pub definition: Definition,
-    /// The definition version the caller named; `None` when it asked for the newest. Part
-    /// of the request a client key stands for, so a retry after a newer version was
-    /// registered still finds the run the key made.
+    /// The definition version the caller named; `None` when it asked for the current one.
+    /// Part of the request a client key stands for, so a retry after the current version
+    /// moved still finds the run the key made.
     pub version_asked: Option<u32>,
     pub input: Value,
     pub client_key: Option<ClientKey>,
@@ -32,6 +32,9 @@ pub struct EnqueueRequest {
     /// The API token whose call creates the run (SPEC Z4): what its quotas count. `None`
     /// on the database route and for the engine's own runs.
     pub enqueued_token: Option<Uuid>,
+    /// Who enqueues the run (an API token's subject, the CLI's `--as` name), recorded with
+    /// it: an approval policy may refuse that person's grants on it.
+    pub enqueued_by: Option<String>,
 }
 
 /// A client's idempotency key for an enqueue (SPEC I3, Z4), scoped to its caller: the same
@@ -64,6 +67,7 @@ impl EnqueueRequest {
             queue: "default".to_owned(),
             parent_run_id: None,
             enqueued_token: None,
+            enqueued_by: None,
         }
     }
 
@@ -83,6 +87,18 @@ impl EnqueueRequest {
                     field: "caller".into(),
                     reason: format!(
                         "the caller a key belongs to must be 1..={} bytes",
+                        crate::SENDER_BYTES_MAX
+                    ),
+                });
+            }
+        }
+        if let Some(by) = &self.enqueued_by {
+            crate::input::check_text("enqueued_by", by)?;
+            if by.trim().is_empty() || by.len() > crate::SENDER_BYTES_MAX {
+                return Err(StoreError::InvalidField {
+                    field: "enqueued_by".into(),
+                    reason: format!(
+                        "who enqueues a run must be named in 1..={} bytes",
                         crate::SENDER_BYTES_MAX
                     ),
                 });
@@ -281,7 +297,9 @@ impl Store {
         let Some((definition, version)) = due else {
             return Ok(false);
         };
-        let def = crate::load_definition_with(&mut *tx, &definition, Some(version as u32)).await?;
+        let def = self
+            .load_definition_on(&mut tx, &definition, version as u32)
+            .await?;
         let Some(budget) = def.budget() else {
             tx.commit().await?;
             return Ok(false);
@@ -329,7 +347,7 @@ impl Store {
             key,
         } = event;
         let row = sqlx::query(
-            "SELECT definition, version, projection, fencing_token,
+            "SELECT definition, version, projection, fencing_token, enqueued_by,
                     COALESCE(lease_until > clock_timestamp(), false) AS lease_live
              FROM rein_runs WHERE run_id = $1 FOR UPDATE",
         )
@@ -343,7 +361,10 @@ impl Store {
             .map_err(|e| StoreError::Corrupt(format!("projection: {e}")))?;
         let token: i64 = row.try_get("fencing_token")?;
         let lease_live: bool = row.try_get("lease_live")?;
-        let def = crate::load_definition_with(&mut *tx, &definition, Some(version as u32)).await?;
+        let enqueued_by: Option<String> = row.try_get("enqueued_by")?;
+        let def = self
+            .load_definition_on(&mut *tx, &definition, version as u32)
+            .await?;
         // The run's row lock orders sends with the same key: a repeat sees the first.
         if let Some(key) = key
             && let Some(first) = sent_before(tx, run_id, (event_id, key), kind, &payload).await?
@@ -365,6 +386,11 @@ impl Store {
             return Err(refuse(RejectReason::UnknownEvent));
         }
         sender.may_send(&def, &state, kind, &payload)?;
+        if def.is_approval_grant(kind)
+            && let Some(person) = sender.person()
+        {
+            self.check_separation(&def, run_id, enqueued_by.as_deref(), person)?;
+        }
         if !def.could_ever_accept(&state.state, kind) {
             let reason = if def.is_terminal(&state.state) {
                 RejectReason::Terminal
@@ -393,7 +419,13 @@ impl Store {
                 jitter_sample: jitter_from(event.event_id),
             };
             let request = plan_commit(&def, run_id, token, &state, vec![event], Vec::new(), plan)?;
-            let outcome = commit_on(tx, sender.name(), std::slice::from_ref(&request)).await?;
+            let outcome = commit_on(
+                tx,
+                &self.definitions,
+                sender.name(),
+                std::slice::from_ref(&request),
+            )
+            .await?;
             return match outcome.into_iter().next() {
                 Some(CommitOutcome::Committed(c)) => Ok(SendOutcome::Applied {
                     sequence: c.sequence,
@@ -648,6 +680,7 @@ async fn enqueue_rows(
     let mut client_keys = Vec::new();
     let mut callers = Vec::new();
     let mut body_hashes = Vec::new();
+    let mut enqueuers = Vec::new();
     let mut timers: Vec<Option<i64>> = Vec::new();
     let mut deadlines: Vec<Option<i64>> = Vec::new();
     let mut tokens = Vec::new();
@@ -678,6 +711,7 @@ async fn enqueue_rows(
         client_keys.push(r.client_key.as_ref().map(|k| k.key.clone()));
         callers.push(r.client_key.as_ref().map(|k| k.caller.clone()));
         body_hashes.push(r.client_key.as_ref().map(|_| r.body_hash()));
+        enqueuers.push(r.enqueued_by.clone());
     }
     let rows = sqlx::query(include_str!("../queries/enqueue.sql"))
         .bind(&ids)
@@ -696,6 +730,7 @@ async fn enqueue_rows(
         .bind(&callers)
         .bind(&body_hashes)
         .bind(&tokens)
+        .bind(&enqueuers)
         .fetch_all(&mut *conn)
         .await?;
     let mut out = Vec::with_capacity(rows.len());

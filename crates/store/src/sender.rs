@@ -9,6 +9,8 @@ use crate::StoreError;
 
 /// Longest sender name recorded with an event.
 pub const SENDER_BYTES_MAX: usize = 256;
+/// How an API token's requests name their sender: this prefix, then the token's subject.
+pub const API_SENDER_PREFIX: &str = "api:";
 
 /// The writer of an event that did not come from the worker holding the run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +47,19 @@ impl Sender {
             | Sender::Approver(name)
             | Sender::Operator(name)
             | Sender::Engine(name) => name,
+        }
+    }
+
+    /// The person behind an outside caller or an approver, as runs record who enqueued
+    /// them: an API token's subject, the CLI's `--as` name. None for operators and the
+    /// engine.
+    pub fn person(&self) -> Option<&str> {
+        match self {
+            Sender::Outside { name, .. } => {
+                Some(name.strip_prefix(API_SENDER_PREFIX).unwrap_or(name))
+            }
+            Sender::Approver(name) => Some(name),
+            Sender::Operator(_) | Sender::Engine(_) => None,
         }
     }
 

@@ -13,7 +13,7 @@ use uuid::Uuid;
 use crate::{EnqueueRequest, Enqueued, Store, StoreError};
 
 /// The scopes a token may carry; `admin` implies every other.
-pub const SCOPES: [&str; 5] = ["read", "enqueue", "approve", "operate", "admin"];
+pub const SCOPES: [&str; 6] = ["read", "enqueue", "approve", "operate", "publish", "admin"];
 /// The longest subject (who the token speaks for) accepted.
 pub const SUBJECT_BYTES_MAX: usize = 128;
 /// The longest secret worth hashing: anything longer is not one of ours.
@@ -39,6 +39,8 @@ pub enum Scope {
     Enqueue,
     Approve,
     Operate,
+    /// Register definition versions and choose each name's current version (SPEC Z4).
+    Publish,
     Admin,
 }
 
@@ -49,6 +51,7 @@ impl Scope {
             "enqueue" => Scope::Enqueue,
             "approve" => Scope::Approve,
             "operate" => Scope::Operate,
+            "publish" => Scope::Publish,
             "admin" => Scope::Admin,
             _ => return None,
         })
@@ -60,6 +63,7 @@ impl Scope {
             Scope::Enqueue => "enqueue",
             Scope::Approve => "approve",
             Scope::Operate => "operate",
+            Scope::Publish => "publish",
             Scope::Admin => "admin",
         }
     }

@@ -170,6 +170,13 @@ impl From<StoreError> for ApiError {
                 e.retry_after_s = Some(q.retry_after_s);
                 e
             }
+            ref e @ StoreError::ApproverIsEnqueuer {
+                run_id,
+                ref approver,
+                ref rule,
+            } => ApiError::new(StatusCode::FORBIDDEN, "forbidden", e.to_string())
+                .with_details(json!({ "run_id": run_id, "approver": approver,
+                        "policy": "approver_may_not_be_enqueuer", "rule": rule })),
             ref e @ StoreError::KeyConflict { ref key, .. } => {
                 ApiError::conflict(e.to_string()).with_details(json!({ "idempotency_key": key }))
             }

@@ -45,6 +45,11 @@ pub struct ApiArgs {
     #[arg(long, default_value_t = BODY_LIMIT_DEFAULT,
           value_parser = clap::value_parser!(u64).range(1024..=64 * 1024 * 1024))]
     body_limit_bytes: u64,
+    /// Separation of duties for every definition: whoever enqueued a run may not grant its
+    /// approvals (as a definition's `[policy] approver_may_not_be_enqueuer = true` does for
+    /// its own runs).
+    #[arg(long)]
+    approver_may_not_be_enqueuer: bool,
     #[command(flatten)]
     redis: crate::RedisArgs,
 }
@@ -126,7 +131,10 @@ pub async fn serve(args: ApiArgs) -> u8 {
     }
     tracing::info!(address = %bound, auth = !args.insecure_dev, "rein api listening");
     crate::telemetry::install("api");
-    let store = args.redis.publishing(store, &stop);
+    let store = args
+        .redis
+        .publishing(store, &stop)
+        .with_approver_separation(args.approver_may_not_be_enqueuer);
     let app = router(store, args.insecure_dev, args.body_limit_bytes as usize);
     match axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })

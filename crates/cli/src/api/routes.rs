@@ -26,8 +26,8 @@ use super::schema;
 use super::{ApiError, App, Caller};
 use crate::remote::NEXT_CURSOR;
 use crate::service::{
-    self, DefinitionView, Delivery, EnqueueBody, EnqueueResponse, RegisterResponse, RerunResponse,
-    SendResponse,
+    self, CurrentResponse, DefinitionView, Delivery, EnqueueBody, EnqueueResponse, Publisher,
+    RegisterResponse, RerunResponse, SendResponse,
 };
 
 type AppState = State<Arc<App>>;
@@ -72,7 +72,8 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(rerun_run))
         .routes(routes!(list_workers))
         .routes(routes!(list_definitions, register_definition))
-        .routes(routes!(get_definition));
+        .routes(routes!(get_definition))
+        .routes(routes!(set_current_definition));
     schema::document_bad_path_parameters(router.get_openapi_mut());
     schema::link_runs(router.get_openapi_mut());
     router
@@ -124,6 +125,9 @@ struct RunView {
     #[schema(value_type = Option<Object>)]
     pending_action: Option<Value>,
     terminal_reason: Option<String>,
+    /// Who enqueued it: the token's subject, the CLI's `--as` name; a fan-out branch's
+    /// parent's. Absent for runs created before Rein recorded it.
+    enqueued_by: Option<String>,
     lease: LeaseView,
     wake_at: Option<DateTime<Utc>>,
     created_at: DateTime<Utc>,
@@ -253,6 +257,12 @@ fn path_id(id: Result<Path<Uuid>, PathRejection>) -> Result<Uuid, ApiError> {
         .map_err(|e| ApiError::validation(format!("the id in the path is not a UUID: {e}")))
 }
 
+/// The definition name in the path (checked against the name rule where it is used).
+fn definition_name(name: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    name.map(|Path(n)| n)
+        .map_err(|e| ApiError::validation(format!("bad definition name: {e}")))
+}
+
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     q.map(|Query(q)| q)
         .map_err(|e| ApiError::validation(format!("bad query string: {e}")))
@@ -273,7 +283,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 
 /// Who a token's requests are recorded as (sender, key owner).
 fn caller_name(subject: &str) -> String {
-    format!("api:{subject}")
+    format!("{}{subject}", rein_store::API_SENDER_PREFIX)
 }
 
 // ---- handlers -----------------------------------------------------------------------------
@@ -357,8 +367,14 @@ async fn enqueue_run(
     let who = caller.require(Scope::Enqueue)?;
     let body: EnqueueBody = parse_body(&body)?;
     let key = idempotency_key(&headers)?;
-    let done =
-        service::enqueue(&app.store, body, key, &caller_name(&who.subject), Some(who)).await?;
+    let done = service::enqueue(
+        &app.store,
+        body,
+        key,
+        (&caller_name(&who.subject), &who.subject),
+        Some(who),
+    )
+    .await?;
     let status = if done.created {
         StatusCode::CREATED
     } else {
@@ -449,7 +465,7 @@ async fn rerun_run(
     id: Result<Path<Uuid>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let who = caller.require(Scope::Operate)?;
-    let done = service::rerun(&app.store, path_id(id)?, Some(who)).await?;
+    let done = service::rerun(&app.store, path_id(id)?, &who.subject, Some(who)).await?;
     Ok((StatusCode::CREATED, Json(done)).into_response())
 }
 
@@ -550,12 +566,14 @@ async fn list_approvals(
     Ok(Json(rows).into_response())
 }
 
-/// Grant an approval request; the token's subject is recorded as the approver.
+/// Grant an approval request; the token's subject is recorded as the approver. Where the
+/// run's definition sets `approver_may_not_be_enqueuer` (or the server runs with
+/// `--approver-may-not-be-enqueuer`), the subject that enqueued the run may not grant it.
 #[utoipa::path(post, path = "/v1/approvals/{id}/grant", tag = "approvals", request_body = DecideBody,
     params(("id" = Uuid, Path, description = "Approval request id")),
     responses((status = 200, description = "Granted; `delivery` says which event the run got and whether it is applied or queued", body = DecisionView),
               (status = 401, description = "No or bad token", body = ErrorBody),
-              (status = 403, description = "Needs the approve scope; a token bound to queues decides only for runs in them", body = ErrorBody),
+              (status = 403, description = "Needs the approve scope; a token bound to queues decides only for runs in them; or the token's subject enqueued the run and the duties are separated (details.rule)", body = ErrorBody),
               (status = 404, description = "No such request", body = ErrorBody),
               (status = 409, description = "Already decided, expired or void", body = ErrorBody),
               (status = 422, description = "Invalid request", body = ErrorBody)))]
@@ -619,15 +637,35 @@ struct DefinitionSummary {
     hash: String,
     description: String,
     created_at: DateTime<Utc>,
+    /// Who registered it (a token's subject, the CLI's `--as` name, `rein` for a
+    /// built-in); absent for versions registered before Rein recorded it.
+    registered_by: Option<String>,
+    /// Whether runs enqueued without a version start with this one.
+    current: bool,
 }
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct DefinitionQuery {
-    /// This version; the newest when absent.
+    /// This version; the name's current version when absent.
     #[param(value_type = Option<schema::Version>, inline)]
     version: Option<u32>,
+}
+
+/// Which version of a definition name runs enqueued without a version start with.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"version": 2}))]
+struct CurrentBody {
+    /// A registered version of the name.
+    #[serde(default, deserialize_with = "schema::integral")]
+    #[schema(value_type = schema::Version, required = true)]
+    version: Option<u32>,
+    /// For a built-in name, allow a version other than the one this binary ships (needs
+    /// the admin scope).
+    #[serde(default)]
+    allow_builtin: bool,
 }
 
 #[derive(IntoParams)]
@@ -646,6 +684,13 @@ struct RegisterQuery {
     /// Overrides the Content-Type (JSON unless `application/toml`).
     #[param(inline)]
     format: Option<DocumentFormat>,
+    /// Make this version the name's current one (the one runs enqueued without a version
+    /// start with). A new name's first version is current anyway; otherwise registering
+    /// leaves the pointer where it is.
+    make_current: Option<bool>,
+    /// For a built-in name (lifecycle, research-agent, refund-agent, chain4), allow a
+    /// version other than the one this binary ships (needs the admin scope).
+    allow_builtin: Option<bool>,
 }
 
 /// The language of a definition document.
@@ -669,7 +714,8 @@ async fn list_definitions(
     Ok(Json(service::definitions(&app.store).await?).into_response())
 }
 
-/// One definition version (the newest unless `version`) with its spec.
+/// One definition version (the current one unless `version`) with its spec, who
+/// registered it and whether it is current.
 #[utoipa::path(get, path = "/v1/definitions/{name}", tag = "definitions",
     params(DefinitionPath, DefinitionQuery),
     responses((status = 200, description = "The definition", body = DefinitionView),
@@ -684,16 +730,17 @@ async fn get_definition(
     q: Result<Query<DefinitionQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Read)?;
-    let name = name
-        .map(|Path(n)| n)
-        .map_err(|e| ApiError::validation(format!("bad definition name: {e}")))?;
+    let name = definition_name(name)?;
     let q = query(q)?;
     Ok(Json(service::definition(&app.store, &name, q.version).await?).into_response())
 }
 
-/// Register a definition version. The body is the document: TOML with
-/// `Content-Type: application/toml` or `?format=toml`, JSON otherwise. The same body again
-/// is a no-op; a different body under a registered version is refused.
+/// Register a definition version, recorded as published by the token's subject. The body
+/// is the document: TOML with `Content-Type: application/toml` or `?format=toml`, JSON
+/// otherwise. The same body again is a no-op; a different body under a registered version is
+/// refused. The version becomes current only with `make_current=true` (or as a new name's
+/// first); a built-in name takes no other version than the shipped one without
+/// `allow_builtin=true` (admin).
 #[utoipa::path(post, path = "/v1/definitions", tag = "definitions",
     request_body(description = "The definition document (JSON or TOML)",
                  content((Object = "application/json"), (String = "application/toml"))),
@@ -701,8 +748,8 @@ async fn get_definition(
     responses((status = 201, description = "Registered", body = RegisterResponse),
               (status = 200, description = "This body was already registered", body = RegisterResponse),
               (status = 401, description = "No or bad token", body = ErrorBody),
-              (status = 403, description = "Needs the operate scope", body = ErrorBody),
-              (status = 409, description = "The version is registered with another body", body = ErrorBody),
+              (status = 403, description = "Needs the publish scope (allow_builtin: admin)", body = ErrorBody),
+              (status = 409, description = "The version is registered with another body, or the name is a built-in's (details.builtin_version)", body = ErrorBody),
               (status = 413, description = "Body too large", body = ErrorBody),
               (status = 422, description = "Invalid definition; details.problems locates each problem", body = ErrorBody)))]
 async fn register_definition(
@@ -712,8 +759,12 @@ async fn register_definition(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    caller.require(Scope::Operate)?;
+    let who = caller.require(Scope::Publish)?;
     let q = query(q)?;
+    let allow_builtin = q.allow_builtin.unwrap_or(false);
+    if allow_builtin {
+        caller.require(Scope::Admin)?;
+    }
     let format = match q.format {
         Some(DocumentFormat::Toml) => Format::Toml,
         Some(DocumentFormat::Json) => Format::Json,
@@ -728,11 +779,55 @@ async fn register_definition(
     };
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::validation("the definition is not UTF-8"))?;
-    let done = service::register(&app.store, text, format).await?;
+    let publisher = Publisher {
+        by: &who.subject,
+        make_current: q.make_current.unwrap_or(false),
+        allow_builtin,
+    };
+    let done = service::register(&app.store, text, format, publisher).await?;
     let status = if done.created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
     Ok((status, Json(done)).into_response())
+}
+
+/// Make a registered version the name's current one: runs enqueued without a version (and
+/// fan-out branches that name none) start with it from now on; runs already started keep
+/// theirs. Recorded as moved by the token's subject. A built-in name takes no other version
+/// than the shipped one without `allow_builtin` (admin).
+#[utoipa::path(post, path = "/v1/definitions/{name}/current", tag = "definitions",
+    request_body = CurrentBody,
+    params(DefinitionPath),
+    responses((status = 200, description = "The current version now, and the one before", body = CurrentResponse),
+              (status = 401, description = "No or bad token", body = ErrorBody),
+              (status = 403, description = "Needs the publish scope (allow_builtin: admin)", body = ErrorBody),
+              (status = 404, description = "No such name or version", body = ErrorBody),
+              (status = 409, description = "The name is a built-in's and the version is not the shipped one (details.builtin_version)", body = ErrorBody),
+              (status = 422, description = "Invalid request", body = ErrorBody)))]
+async fn set_current_definition(
+    State(app): AppState,
+    Extension(caller): Extension<Caller>,
+    name: Result<Path<String>, PathRejection>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let who = caller.require(Scope::Publish)?;
+    let name = definition_name(name)?;
+    let body: CurrentBody = parse_body(&body)?;
+    let version = body.version.ok_or_else(|| {
+        ApiError::validation("name the version to make current: {\"version\": N}")
+            .with_details(json!({ "field": "version" }))
+    })?;
+    if body.allow_builtin {
+        caller.require(Scope::Admin)?;
+    }
+    let moved = service::set_current(
+        &app.store,
+        &name,
+        version,
+        (&who.subject, body.allow_builtin),
+    )
+    .await?;
+    Ok(Json(moved).into_response())
 }

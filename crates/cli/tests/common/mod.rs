@@ -317,7 +317,8 @@ pub async fn wait_for<F, Fut>(
     }
 }
 
-/// Enqueues `n` runs of the newest version of `definition` with `input` on `queue`; their ids.
+/// Enqueues `n` runs of the current version of `definition` with `input` on `queue`; their
+/// ids.
 pub async fn enqueue_many(
     store: &rein_store::Store,
     definition: &str,
@@ -558,6 +559,29 @@ pub async fn as_the_engine(store: &rein_store::Store, run: uuid::Uuid, events: &
             "{event} applies at once to a run without a lease: {sent:?}"
         );
     }
+}
+
+/// Opens an hour-long request to approve run `run`'s refund call with `args` (the tool
+/// `refund` of state ACTING), named by action hash `hash`; its id.
+pub async fn ask_refund_approval(
+    store: &rein_store::Store,
+    run: uuid::Uuid,
+    args: serde_json::Value,
+    hash: &str,
+) -> uuid::Uuid {
+    store
+        .request_approval(rein_store::ApprovalAsk {
+            run_id: run,
+            node: "ACTING",
+            tool: "refund",
+            args: &args,
+            action_hash: hash,
+            risk: "high",
+            expires_after_ms: 3_600_000,
+        })
+        .await
+        .expect("request an approval")
+        .approval_id
 }
 
 /// A fresh database, a running `rein api` on it (the real binary, on a free port), and a
