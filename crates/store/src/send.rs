@@ -340,6 +340,7 @@ impl Store {
         let token: i64 = row.try_get("fencing_token")?;
         let lease_live: bool = row.try_get("lease_live")?;
         let def = crate::load_definition_with(&mut *tx, &definition, Some(version as u32)).await?;
+        let payload = sender.recorded_payload(&def, kind, payload);
         // The run's row lock orders sends with the same key: a repeat sees the first.
         if let Some(key) = key
             && let Some(first) = sent_before(tx, run_id, (event_id, key), kind, &payload).await?
