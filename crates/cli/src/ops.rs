@@ -51,6 +51,17 @@ pub struct WorkerArgs {
     /// (ACTION_DEFERRED) until they allow it.
     #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     limit_wait_max_ms: u64,
+    /// Where http nodes may connect (repeat or comma-separate): `api.example.com`,
+    /// `api.example.com:8443`, `*.example.com`, `10.1.2.3`, `[fd00::1]:80`, `10.0.0.0/8`.
+    /// Absent: anywhere but link-local and cloud metadata addresses and this worker's
+    /// database and Redis, which only an entry naming them exactly opens.
+    #[arg(long, env = "REIN_HTTP_ALLOW", value_name = "HOST|HOST:PORT|CIDR",
+          value_delimiter = ',', value_parser = rein_worker::egress::Allow::parse)]
+    http_allow: Vec<rein_worker::egress::Allow>,
+    /// Quote the first 512 bytes of an http node's error reply in the error event, which
+    /// every `read` token can see (off: only its status, type, length and hash).
+    #[arg(long, env = "REIN_HTTP_QUOTE_ERROR_BODIES")]
+    http_quote_error_bodies: bool,
 }
 
 /// `KEY=SPEC` of `--limit`.
@@ -401,7 +412,25 @@ pub async fn worker(args: WorkerArgs) -> u8 {
             return code;
         }
     }
-    let registry = rein_worker::builtin_registry(store.clone());
+    let mut egress = match rein_worker::egress::Policy::allowing(args.http_allow) {
+        Ok(policy) => policy,
+        Err(e) => {
+            eprintln!("error: --http-allow: {e}");
+            return exit::INPUT;
+        }
+    };
+    if let Some(redis) = &config.redis {
+        egress = egress.protect_url(rein_worker::egress::rule::REDIS, &redis.url, 6379);
+    }
+    if !egress.allow_list().is_empty() {
+        let allowed: Vec<String> = egress.allow_list().iter().map(|a| a.to_string()).collect();
+        tracing::info!(allow = %allowed.join(","), "http nodes may call only what --http-allow names");
+    }
+    let http = rein_worker::http::HttpOptions {
+        egress,
+        quote_error_bodies: args.http_quote_error_bodies,
+    };
+    let registry = rein_worker::builtin_registry_with(store.clone(), http);
     let worker = Worker::new(store, config, registry);
     args.redis.subscribe(&worker, &queues, &stop);
     match worker.run(stop).await {

@@ -229,8 +229,9 @@ impl Backend {
 
     /// Sends `kind` to the run as an outside caller. Through the API the sender is the
     /// token's subject and its scopes say whether it may send an approval event; on the
-    /// database it is `sender`, who may (database access holds every right). With `key`, a
-    /// repeat returns what became of the first send.
+    /// database it is `sender`, who may (database access holds every right). Either way an
+    /// approval event records that sender as its approver. With `key`, a repeat returns
+    /// what became of the first send.
     pub async fn send(
         &self,
         run: Uuid,
@@ -240,10 +241,7 @@ impl Backend {
     ) -> Result<Value, ApiError> {
         match self {
             Backend::Db(store) => {
-                let sender = Sender::Outside {
-                    name: sender.to_owned(),
-                    may_approve: true,
-                };
+                let sender = Sender::outside_approver(sender, sender);
                 to_value(service::send(store, run, kind, payload, &sender, key, None).await?)
             }
             Backend::Api(c) => {

@@ -195,3 +195,24 @@ fn output_to_a_closed_pipe_ends_the_command_quietly_like_any_unix_tool() {
     );
     assert!(stderr(&out).is_empty(), "{}", stderr(&out));
 }
+
+/// A bad `--http-allow` entry stops `rein worker` before it connects anywhere, saying what
+/// to write instead.
+#[test]
+fn worker_refuses_a_bad_http_allow_entry_and_says_what_to_write() {
+    for (entry, says) in [
+        ("10.0.0.1/8", "write 10.0.0.0/8"),
+        ("api.example.com:http", "is not a port"),
+        ("", "an empty entry"),
+    ] {
+        let out = rein(&[
+            "worker",
+            "--database-url",
+            "postgres://nobody@127.0.0.1:1/none",
+            "--http-allow",
+            entry,
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{entry}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{entry}: {}", stderr(&out));
+    }
+}

@@ -68,6 +68,17 @@ async fn run_of(store: &Store, definition: &str, input: Value) -> Uuid {
         .run_id
 }
 
+/// The first event of `kind` in the run's log.
+async fn logged(store: &Store, run: Uuid, kind: &str) -> rein_store::StoredEvent {
+    store
+        .history(run)
+        .await
+        .expect("history")
+        .into_iter()
+        .find(|e| e.kind == kind)
+        .unwrap_or_else(|| panic!("no {kind} in the log of {run}"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outside_caller_cannot_send_what_only_the_engine_writes() {
     let api = Api::start("senders_forge", &[]).await;
@@ -250,6 +261,71 @@ async fn a_forged_result_cannot_end_a_run_whose_refund_was_approved() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
 
+/// An approval sent as an event (research-agent's APPROVED while it waits in
+/// WAITING_APPROVAL) needs the approve scope, through the API and through `rein send`; the
+/// approver recorded is the token's subject, whoever the payload names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_event_needs_the_approve_scope_and_records_the_token_subject() {
+    let api = Api::start("senders_approver", &[]).await;
+    let run = run_of(&api.store, "research-agent", json!({})).await;
+    common::as_the_engine(
+        &api.store,
+        run,
+        &["TASK_ACCEPTED", "PLAN_READY", "APPROVAL_REQUIRED"],
+    )
+    .await;
+    assert_eq!(api.store.run(run).await.unwrap().state, "WAITING_APPROVAL");
+    let claimed = json!({ "type": "APPROVED", "payload": {
+        "approver": "cfo@example.com", "comment": "fine by me",
+        "data": { "last_approval": { "approver": "cfo@example.com", "granted": true } } } });
+
+    let mallory = api.token("mallory", &["operate", "read"]);
+    let (s, v) = send_event(&api, run, &mallory, claimed.clone()).await;
+    assert_eq!((s, code(&v)), (StatusCode::FORBIDDEN, "forbidden"), "{v}");
+    assert_eq!(v["error"]["details"]["required_scope"], "approve");
+    assert_eq!(v["error"]["details"]["event"], "APPROVED");
+    let out = via_api(
+        &api,
+        &mallory,
+        &[
+            "send",
+            &run.to_string(),
+            "APPROVED",
+            "--as",
+            "cfo@example.com",
+            "--payload",
+            r#"{"approver":"cfo@example.com"}"#,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(stderr(&out).contains("approve scope"), "{}", stderr(&out));
+    let row = api.store.run(run).await.unwrap();
+    assert_eq!(
+        (row.state.as_str(), row.last_sequence),
+        ("WAITING_APPROVAL", 3)
+    );
+    assert!(api.store.inbox(run).await.unwrap().is_empty());
+
+    let alice = api.token("alice", &["operate", "approve"]);
+    let (s, v) = send_event(&api, run, &alice, claimed).await;
+    assert_eq!(
+        (s, v["outcome"].as_str()),
+        (StatusCode::OK, Some("applied")),
+        "{v}"
+    );
+    let approval = logged(&api.store, run, "APPROVED").await;
+    assert_eq!(approval.sender.as_deref(), Some("api:alice"));
+    assert_eq!(
+        approval.payload["approver"], "alice",
+        "{}",
+        approval.payload
+    );
+    assert_eq!(approval.payload["comment"], "fine by me");
+    let row = api.store.run(run).await.unwrap();
+    assert_eq!(row.state, "ACTING");
+    assert_eq!(row.projection.data["last_approval"]["approver"], "alice");
+}
+
 /// An approval queued while a worker holds the run is applied later by whoever holds it
 /// then; the log names the approver who sent it, not the process that applied it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -301,11 +377,7 @@ async fn an_event_applied_from_the_inbox_records_who_sent_it() {
     })
     .await;
 
-    let history = api.store.history(run).await.unwrap();
-    let approval = history
-        .iter()
-        .find(|e| e.kind == "approval_granted")
-        .expect("the approval is in the log");
+    let approval = logged(&api.store, run, "approval_granted").await;
     assert_eq!(approval.sender.as_deref(), Some("api:alice"));
     assert!(
         ["inbox-w1", "inbox-s1"].contains(&approval.worker.as_str()),

@@ -641,7 +641,9 @@ impl fmt::Debug for Definition {
 }
 
 impl Definition {
-    /// Parses and validates a definition document.
+    /// Parses and validates a definition document, with the rules that apply when one is
+    /// registered on top of [`Definition::from_spec`]'s: an http node's URLs name a host and
+    /// hold no credentials ([`crate::http_url`]).
     pub fn parse(
         text: &str,
         format: Format,
@@ -659,7 +661,16 @@ impl Definition {
                 serde_json::from_str(text).map_err(|e| DefinitionError::Parse(e.to_string()))
             }
         }?;
-        Definition::from_spec(spec, guards)
+        // Rules for documents being registered; stored definitions keep loading without them.
+        let url_problems = crate::http_url::problems(&spec);
+        match Definition::from_spec(spec, guards) {
+            Ok(_) if !url_problems.is_empty() => Err(DefinitionError::Invalid(url_problems)),
+            Err(DefinitionError::Invalid(mut problems)) => {
+                problems.extend(url_problems);
+                Err(DefinitionError::Invalid(problems))
+            }
+            other => other,
+        }
     }
 
     /// Validates a spec built in Rust or parsed from a file. Every problem is reported, not

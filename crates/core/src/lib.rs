@@ -9,7 +9,8 @@
 //! (the pure `R(X, e)`), [`guard`], [`retry`], [`hash`], [`checkpoint`], [`builtin`];
 //! [`blob`] (large payloads by reference), [`brief`] (the resume brief), [`join`] (parallel
 //! branches), [`budget`] (usage limits), [`text`] (text PostgreSQL can store) and
-//! [`runaway`] (the ceiling on a run's events).
+//! [`runaway`] (the ceiling on a run's events); [`http_url`] (what an http node's URL may
+//! name).
 
 pub mod blob;
 pub mod brief;
@@ -22,6 +23,7 @@ pub mod event;
 mod external;
 pub mod guard;
 pub mod hash;
+pub mod http_url;
 pub mod join;
 pub mod limits;
 pub mod reducer;

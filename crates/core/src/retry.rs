@@ -236,6 +236,8 @@ pub mod kind {
     pub const IN_DOUBT: &str = "in_doubt";
     /// The worker running the attempt lost its lease.
     pub const LEASE_EXPIRED: &str = "lease_expired";
+    /// The worker's egress policy refused the address a call would reach: nothing was sent.
+    pub const EGRESS_REFUSED: &str = "egress_refused";
 
     /// The fine class of an HTTP status that is not a success.
     pub fn of_http_status(status: u16) -> &'static str {

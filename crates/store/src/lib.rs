@@ -208,6 +208,14 @@ impl Store {
         &self.pool
     }
 
+    /// The database's host and port as this store connects to them; `None` for a Unix
+    /// socket. Outgoing calls of a worker must not reach it (SPEC Z4).
+    pub fn database_address(&self) -> Option<(String, u16)> {
+        let options = self.pool.connect_options();
+        let host = options.get_host();
+        (!host.starts_with('/')).then(|| (host.to_owned(), options.get_port()))
+    }
+
     pub async fn migrate(&self) -> Result<(), StoreError> {
         MIGRATOR
             .run(&self.pool)

@@ -365,6 +365,7 @@ impl Store {
         let def = self
             .load_definition_on(&mut *tx, &definition, version as u32)
             .await?;
+        let payload = sender.recorded_payload(&def, kind, payload);
         // The run's row lock orders sends with the same key: a repeat sees the first.
         if let Some(key) = key
             && let Some(first) = sent_before(tx, run_id, (event_id, key), kind, &payload).await?

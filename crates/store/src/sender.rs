@@ -17,9 +17,12 @@ pub const API_SENDER_PREFIX: &str = "api:";
 pub enum Sender {
     /// A caller outside the engine: an API token (`api:SUBJECT`), `rein send --as`,
     /// `rein cancel`. It sends CANCEL and the definition's external events; an approval
-    /// event among them only when it may decide approvals (`may_approve`, the approve
-    /// scope).
-    Outside { name: String, may_approve: bool },
+    /// event among them only when it may decide approvals (the approve scope): then
+    /// `approver` is the identity recorded as the event's approver (the token's subject).
+    Outside {
+        name: String,
+        approver: Option<String>,
+    },
     /// A person who decided an approval: the approval request's decision (`rein approve`,
     /// `rein deny`, the approvals API) or a simulated approver. It sends the definition's
     /// approval events, and what an outside caller may.
@@ -37,8 +40,48 @@ impl Sender {
     pub fn outside(name: impl Into<String>) -> Sender {
         Sender::Outside {
             name: name.into(),
-            may_approve: false,
+            approver: None,
         }
+    }
+
+    /// An outside caller that may decide approvals as `approver`.
+    pub fn outside_approver(name: impl Into<String>, approver: impl Into<String>) -> Sender {
+        Sender::Outside {
+            name: name.into(),
+            approver: Some(approver.into()),
+        }
+    }
+
+    /// The identity this sender decides approvals as, if it may.
+    fn approver(&self) -> Option<&str> {
+        match self {
+            Sender::Outside { approver, .. } => approver.as_deref(),
+            Sender::Approver(name) => Some(name),
+            Sender::Operator(_) | Sender::Engine(_) => None,
+        }
+    }
+
+    /// `payload` as it is recorded: an approval event's `approver` (and that of the
+    /// `data.last_approval` it merges into the run) is the sender's own identity, whatever
+    /// the caller wrote there (SPEC Z1, H1). Other events are recorded as sent.
+    pub(crate) fn recorded_payload(&self, def: &Definition, kind: &str, payload: Value) -> Value {
+        let Some(approver) = self.approver().filter(|_| def.is_approval_event(kind)) else {
+            return payload;
+        };
+        let mut payload = match payload {
+            Value::Null => Value::Object(Default::default()),
+            other => other,
+        };
+        if let Value::Object(fields) = &mut payload {
+            fields.insert("approver".into(), approver.into());
+            if let Some(Value::Object(last)) = fields
+                .get_mut("data")
+                .and_then(|data| data.get_mut("last_approval"))
+            {
+                last.insert("approver".into(), approver.into());
+            }
+        }
+        payload
     }
 
     pub fn name(&self) -> &str {
@@ -127,7 +170,7 @@ impl Sender {
                 };
             }
             Sender::Approver(_) if def.is_approval_event(kind) => return Ok(()),
-            Sender::Outside { may_approve, .. } => *may_approve,
+            Sender::Outside { approver, .. } => approver.is_some(),
             Sender::Approver(_) => true,
             Sender::Operator(_) => false,
         };

@@ -349,14 +349,8 @@ async fn the_enqueuer_may_not_grant_where_the_definition_separates_the_duties() 
     assert_eq!(store.approval(approval).await.unwrap().status, "pending");
     // Nor by sending the approval event herself, through the API or on the database.
     for sender in [
-        Sender::Outside {
-            name: "api:alice".into(),
-            may_approve: true,
-        },
-        Sender::Outside {
-            name: "alice".into(),
-            may_approve: true,
-        },
+        Sender::outside_approver("api:alice", "alice"),
+        Sender::outside_approver("alice", "alice"),
     ] {
         assert!(
             matches!(

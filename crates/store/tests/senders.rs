@@ -117,10 +117,7 @@ async fn a_result_without_a_call_id_cannot_complete_a_run_from_outside() {
     );
     let everyone = [
         alice(),
-        Sender::Outside {
-            name: "cli".into(),
-            may_approve: true,
-        },
+        Sender::outside_approver("cli", "cli"),
         Sender::Approver("carol".into()),
     ];
     for sender in &everyone {
@@ -188,17 +185,21 @@ async fn an_approval_event_needs_a_sender_who_may_approve() {
         matches!(&refused, Err(StoreError::NeedsApprover { event }) if event == "approval_granted"),
         "{refused:?}"
     );
-    let bob = Sender::Outside {
-        name: "api:bob".into(),
-        may_approve: true,
-    };
-    send(&store, run, "approval_granted", json!({}), &bob).await;
+    let bob = Sender::outside_approver("api:bob", "bob");
+    // Whoever the payload says approved, the approver recorded is the sender's identity.
+    let claimed = json!({ "approver": "cfo@example.com", "note": "ok",
+                          "data": { "last_approval": { "approver": "cfo@example.com" } } });
+    send(&store, run, "approval_granted", claimed, &bob).await;
     let history = store.history(run).await.unwrap();
     assert_eq!(history[2].sender.as_deref(), Some("api:bob"));
     assert_eq!(
         history[2].worker, "api:bob",
         "written without a lease, by the sender"
     );
+    assert_eq!(history[2].payload["approver"], "bob");
+    assert_eq!(history[2].payload["note"], "ok", "the rest is kept");
+    let row = store.run(run).await.unwrap();
+    assert_eq!(row.projection.data["last_approval"]["approver"], "bob");
 }
 
 /// A definition whose working state takes a nudge from outside, to queue one under a lease.

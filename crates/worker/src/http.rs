@@ -12,7 +12,16 @@
 //! the request was sent is in doubt, and `http.reconcile_url` is asked about it by
 //! idempotency key before anything is sent again (SPEC X7). Text quoted from a reply has NUL
 //! replaced with U+FFFD, so one node's bytes cannot make its result unstorable.
+//!
+//! Every call first passes the worker's egress policy ([`crate::egress`]): a URL it refuses
+//! commits `http.fatal_event` with reason `egress_refused` and the rule in `error.rule`,
+//! and nothing is sent. An error reply's body is not recorded, since the event log is read
+//! by every `read` token and a node may be tricked into answering with another service's
+//! secrets: the error says its status, content type, length and SHA-256 instead. A worker
+//! started with `--http-quote-error-bodies` quotes its first 512 bytes as well.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -21,6 +30,7 @@ use rein_core::definition::HttpSpec;
 use rein_core::retry::{ErrorClass, Failure, kind};
 use serde_json::{Map, Value, json};
 
+use crate::egress::{Policy, Refused};
 use crate::handler::{ActionContext, BoxFuture, NodeHandler, Outcome, Reconciled};
 
 /// Largest request body an http node sends.
@@ -35,16 +45,34 @@ const EVENT_TYPE_LEN_MAX: usize = 128;
 const RESUME_RESULTS: usize = 3;
 /// Results kept when the full list would make the request too large.
 const RESULTS_WHEN_TRIMMED: usize = 8;
-/// How much of an error reply's body is quoted in the error event.
+/// How much of an error reply's body is quoted in the error event, when bodies are quoted.
 const ERROR_SNIPPET_BYTES: usize = 512;
+/// Longest content type an error names.
+const CONTENT_TYPE_LEN_MAX: usize = 64;
 /// Time allowed to open a connection. A connect error means nothing was sent (transient);
 /// a call whose whole `timeout_ms` passes first is in doubt, which is never unsafe.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most ports a handler keeps a pooled client for; calls on further ports get a client of
+/// their own, which is dropped after the call.
+const PORT_CLIENTS_MAX: usize = 64;
 
-/// The `http` node action. One client per handler: connections are pooled across calls.
+/// How a worker's http nodes call out.
+#[derive(Debug, Default)]
+pub struct HttpOptions {
+    /// Where calls may connect.
+    pub egress: Policy,
+    /// Quote the first [`ERROR_SNIPPET_BYTES`] of an error reply's body in the error event
+    /// (off: only its status, content type, length and hash are recorded).
+    pub quote_error_bodies: bool,
+}
+
+/// The `http` node action. One client per port called (its resolver checks addresses for
+/// that port, [`Policy::resolver`]): connections are pooled across calls.
 #[derive(Clone)]
 pub struct Http {
-    client: Result<reqwest::Client, String>,
+    egress: Arc<Policy>,
+    clients: Arc<Mutex<HashMap<u16, reqwest::Client>>>,
+    quote_error_bodies: bool,
 }
 
 impl Default for Http {
@@ -54,17 +82,55 @@ impl Default for Http {
 }
 
 impl Http {
+    /// Calls anywhere but the ranges [`Policy::new`] refuses; error bodies are not quoted.
     pub fn new() -> Http {
-        let client = reqwest::Client::builder()
-            // A POST is never re-sent somewhere else: a 3xx is the node's answer.
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(CONNECT_TIMEOUT)
-            .pool_idle_timeout(Duration::from_secs(30))
-            .user_agent(concat!("rein/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"));
-        Http { client }
+        Http::with_options(HttpOptions::default())
     }
+
+    pub fn with_options(options: HttpOptions) -> Http {
+        Http {
+            egress: Arc::new(options.egress),
+            clients: Arc::default(),
+            quote_error_bodies: options.quote_error_bodies,
+        }
+    }
+}
+
+/// Checks `text` against the egress policy and picks the client for its port.
+async fn admit(
+    egress: &Arc<Policy>,
+    clients: &Mutex<HashMap<u16, reqwest::Client>>,
+    text: &str,
+) -> Result<(url::Url, reqwest::Client), Admission> {
+    let url = egress.check_url(text).await.map_err(Admission::Refused)?;
+    let port = url
+        .port_or_known_default()
+        .ok_or_else(|| Admission::NoClient(format!("{text} names no port")))?;
+    let mut clients = clients.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(client) = clients.get(&port) {
+        return Ok((url, client.clone()));
+    }
+    let client = reqwest::Client::builder()
+        // A POST is never re-sent somewhere else: a 3xx is the node's answer.
+        .redirect(reqwest::redirect::Policy::none())
+        // Connect only to addresses the policy checked: a proxy would choose its own.
+        .no_proxy()
+        .dns_resolver(egress.resolver(port))
+        .connect_timeout(CONNECT_TIMEOUT)
+        .pool_idle_timeout(Duration::from_secs(30))
+        .user_agent(concat!("rein/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| Admission::NoClient(format!("cannot build the HTTP client: {e}")))?;
+    if clients.len() < PORT_CLIENTS_MAX {
+        clients.insert(port, client.clone());
+    }
+    Ok((url, client))
+}
+
+/// Why a call cannot start.
+enum Admission {
+    Refused(Refused),
+    NoClient(String),
 }
 
 fn spec_of(ctx: &ActionContext) -> Option<HttpSpec> {
@@ -79,17 +145,14 @@ impl NodeHandler for Http {
     }
 
     fn run(&self, ctx: ActionContext) -> BoxFuture<Outcome> {
-        let client = self.client.clone();
+        let (egress, clients) = (self.egress.clone(), self.clients.clone());
+        let quote = self.quote_error_bodies;
         Box::pin(async move {
             let Some(spec) = spec_of(&ctx) else {
                 return Outcome::InDoubt(format!(
                     "state {} has no `http` table; nothing was sent",
                     ctx.node
                 ));
-            };
-            let client = match client {
-                Ok(client) => client,
-                Err(e) => return Outcome::InDoubt(format!("{e}; nothing was sent")),
             };
             let body = match request_body(&ctx) {
                 Ok(body) => body,
@@ -101,14 +164,18 @@ impl NodeHandler for Http {
                     );
                 }
             };
-            let request = with_headers(client.post(&spec.url), &ctx).body(body);
+            let (url, client) = match admit(&egress, &clients, &spec.url).await {
+                Ok(admitted) => admitted,
+                Err(Admission::Refused(refused)) => return egress_refused(&spec, &refused),
+                Err(Admission::NoClient(e)) => {
+                    return Outcome::InDoubt(format!("{e}; nothing was sent"));
+                }
+            };
+            let request = with_headers(client.post(url), &ctx).body(body);
             let exchange = exchange(request, spec.timeout_ms, &ctx);
             match exchange.await {
-                Exchange::Reply {
-                    status,
-                    retry_after_s,
-                    body,
-                } => outcome_of_reply(&spec, status, retry_after_s, body),
+                Exchange::Reply(reply) => outcome_of_reply(&spec, reply, quote),
+                Exchange::Egress(refused) => egress_refused(&spec, &refused),
                 Exchange::NotSent(message) => {
                     transient(&spec, &Failure::transient(kind::NETWORK, &message))
                 }
@@ -126,9 +193,16 @@ impl NodeHandler for Http {
     fn reconcile(&self, ctx: ActionContext) -> Option<BoxFuture<Result<Reconciled, String>>> {
         let spec = spec_of(&ctx)?;
         let url = spec.reconcile_url.clone()?;
-        let client = self.client.clone();
+        let (egress, clients) = (self.egress.clone(), self.clients.clone());
+        let quote = self.quote_error_bodies;
         Some(Box::pin(async move {
-            let client = client?;
+            let (url, client) = match admit(&egress, &clients, &url).await {
+                Ok(admitted) => admitted,
+                Err(Admission::Refused(refused)) => {
+                    return Err(format!("reconcile endpoint: nothing was sent: {refused}"));
+                }
+                Err(Admission::NoClient(e)) => return Err(e),
+            };
             let body = json!({
                 "idempotency_key": ctx.idempotency_key,
                 "run_id": ctx.run_id,
@@ -137,29 +211,33 @@ impl NodeHandler for Http {
                 "step": ctx.step,
             });
             let body = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
-            let request = with_headers(client.post(&url), &ctx).body(body);
+            let request = with_headers(client.post(url), &ctx).body(body);
             match exchange(request, spec.timeout_ms, &ctx).await {
-                Exchange::Reply {
+                Exchange::Reply(Answer {
                     status: 200..=299,
                     body: Ok(Ok(body)),
                     ..
-                } => parse_reconcile_reply(&body).map_err(|e| format!("reconcile reply: {e}")),
-                Exchange::Reply {
+                }) => parse_reconcile_reply(&body).map_err(|e| format!("reconcile reply: {e}")),
+                Exchange::Reply(Answer {
                     status: 200..=299,
                     body: Ok(Err(size)),
                     ..
-                } => Err(format!(
+                }) => Err(format!(
                     "reconcile reply is larger than {REPLY_BYTES_MAX} bytes ({size} read)"
                 )),
-                Exchange::Reply {
+                Exchange::Reply(Answer {
                     status: 200..=299,
                     body: Err(e),
                     ..
-                } => Err(format!("reconcile reply lost: {e}")),
-                Exchange::Reply { status, body, .. } => Err(format!(
-                    "reconcile endpoint answered {status}: {}",
-                    snippet(&body)
+                }) => Err(format!("reconcile reply lost: {e}")),
+                Exchange::Reply(reply) => Err(format!(
+                    "reconcile endpoint answered {}: {}",
+                    reply.status,
+                    reply.describe_body(quote).0
                 )),
+                Exchange::Egress(refused) => {
+                    Err(format!("reconcile endpoint: nothing was sent: {refused}"))
+                }
                 Exchange::NotSent(m)
                 | Exchange::Refused(m)
                 | Exchange::InDoubt(m)
@@ -241,15 +319,22 @@ fn request_body(ctx: &ActionContext) -> Result<Vec<u8>, String> {
     ))
 }
 
+/// An answer: a status came back.
+struct Answer {
+    status: u16,
+    retry_after_s: Option<u64>,
+    /// The media type the reply declares, if it is a short plain token (`type/subtype`).
+    content_type: Option<String>,
+    /// `Ok(Ok(bytes))`, `Ok(Err(bytes_seen))` when larger than [`REPLY_BYTES_MAX`], `Err`
+    /// when the connection broke while reading it.
+    body: Result<Result<Vec<u8>, usize>, String>,
+}
+
 /// What became of one request.
 enum Exchange {
-    /// A status came back. `body`: `Ok(Ok(bytes))`, `Ok(Err(bytes_seen))` when larger than
-    /// [`REPLY_BYTES_MAX`], `Err` when the connection broke while reading it.
-    Reply {
-        status: u16,
-        retry_after_s: Option<u64>,
-        body: Result<Result<Vec<u8>, usize>, String>,
-    },
+    Reply(Answer),
+    /// Not sent: the egress policy refused the address the host resolved to.
+    Egress(Refused),
     /// Certainly not sent (no connection could be made).
     NotSent(String),
     /// The request could not even be built (e.g. a malformed URL).
@@ -268,6 +353,12 @@ async fn exchange(
     let call = async {
         let response = match request.send().await {
             Ok(response) => response,
+            Err(e) if crate::egress::refusal_in(&e).is_some() => {
+                return match crate::egress::refusal_in(&e) {
+                    Some(refused) => Exchange::Egress(refused.clone()),
+                    None => Exchange::NotSent(error_chain(&e)),
+                };
+            }
             Err(e) if e.is_builder() => return Exchange::Refused(format!("invalid request: {e}")),
             Err(e) if e.is_connect() => {
                 return Exchange::NotSent(format!("cannot connect: {}", error_chain(&e)));
@@ -285,12 +376,17 @@ async fn exchange(
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| retry_after_s(v, Utc::now()));
+        let content_type = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| media_type(v.as_bytes()));
         let body = read_bounded(response, REPLY_BYTES_MAX).await;
-        Exchange::Reply {
+        Exchange::Reply(Answer {
             status,
             retry_after_s,
+            content_type,
             body,
-        }
+        })
     };
     tokio::select! {
         exchange = tokio::time::timeout(Duration::from_millis(timeout_ms), call) => match exchange {
@@ -352,30 +448,22 @@ pub fn retry_after_s(value: &str, now: DateTime<Utc>) -> Option<u64> {
     Some((ms as u64).div_ceil(1000))
 }
 
-fn outcome_of_reply(
-    spec: &HttpSpec,
-    status: u16,
-    retry_after_s: Option<u64>,
-    body: Result<Result<Vec<u8>, usize>, String>,
-) -> Outcome {
+fn outcome_of_reply(spec: &HttpSpec, answer: Answer, quote: bool) -> Outcome {
+    let status = answer.status;
     let bad_reply = |message: &str| {
-        let mut outcome = fatal(
+        let outcome = fatal(
             spec,
             &Failure::fatal(kind::BAD_REPLY, &format!("malformed reply: {message}"))
                 .with_status(Some(status)),
             "http_bad_reply",
         );
         // A reply is judged in steps like a decision; a malformed one fails the first.
-        if let Outcome::Events(events) = &mut outcome {
-            for (_, payload) in events {
-                payload["error"]["step"] = "parse".into();
-            }
-        }
-        outcome
+        annotated(outcome, |payload| payload["error"]["step"] = "parse".into())
     };
-    let message = format!("node answered {status}: {}", snippet(&body));
-    match Failure::from_http_status(status, retry_after_s, &message) {
-        None => match body {
+    let (described, summary) = answer.describe_body(quote);
+    let message = format!("node answered {status}: {described}");
+    match Failure::from_http_status(status, answer.retry_after_s, &message) {
+        None => match answer.body {
             Ok(Ok(bytes)) => match parse_reply(&bytes) {
                 Ok(Reply::Events(events)) => Outcome::Events(events),
                 Ok(Reply::Decision(decision)) => Outcome::Decision(decision),
@@ -387,30 +475,86 @@ fn outcome_of_reply(
             // The node answered 2xx, so it probably acted; its answer is lost.
             Err(e) => Outcome::InDoubt(format!("reply {status} lost while reading it: {e}")),
         },
-        Some(failure) => match failure.class {
-            ErrorClass::Transient { .. } => transient(spec, &failure),
-            ErrorClass::Fatal => fatal(spec, &failure, &format!("http_status_{status}")),
-            ErrorClass::InDoubt => Outcome::InDoubt(message),
-        },
+        Some(failure) => {
+            let outcome = match failure.class {
+                ErrorClass::Transient { .. } => transient(spec, &failure),
+                ErrorClass::Fatal => fatal(spec, &failure, &format!("http_status_{status}")),
+                ErrorClass::InDoubt => return Outcome::InDoubt(message),
+            };
+            annotated(outcome, |payload| {
+                payload["error"]["body"] = summary.clone()
+            })
+        }
     }
 }
 
-/// Up to [`ERROR_SNIPPET_BYTES`] of an error reply's body, as storable text: invalid UTF-8
-/// and NUL become U+FFFD.
-fn snippet(body: &Result<Result<Vec<u8>, usize>, String>) -> String {
-    match body {
-        Ok(Ok(bytes)) => {
-            let cut = &bytes[..bytes.len().min(ERROR_SNIPPET_BYTES)];
-            let text = rein_core::text::storable(String::from_utf8_lossy(cut).trim());
-            if text.is_empty() {
-                "(empty body)".into()
-            } else {
-                text
+impl Answer {
+    /// The error body in words and as `error.body`: its length, declared content type and
+    /// the first 16 hex digits of its SHA-256, never its text; with `quote`, up to
+    /// [`ERROR_SNIPPET_BYTES`] of it as storable text (invalid UTF-8 and NUL become U+FFFD).
+    fn describe_body(&self, quote: bool) -> (String, Value) {
+        let bytes = match &self.body {
+            Ok(Ok(bytes)) => bytes,
+            Ok(Err(size)) => {
+                return (
+                    format!("(body of {size}+ bytes not read)"),
+                    json!({ "bytes": size, "read": false }),
+                );
             }
+            Err(e) => {
+                return (
+                    format!("(body lost: {})", rein_core::text::storable(e)),
+                    json!({ "read": false }),
+                );
+            }
+        };
+        let hash = rein_core::hash::sha256_hex(bytes);
+        let hash = &hash[..16];
+        let summary = json!({
+            "bytes": bytes.len(),
+            "content_type": self.content_type,
+            "sha256_prefix": hash,
+        });
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return ("(empty body)".into(), summary);
         }
-        Ok(Err(size)) => format!("(body of {size}+ bytes not read)"),
-        Err(e) => format!("(body lost: {})", rein_core::text::storable(e)),
+        let text = if quote {
+            let cut = &bytes[..bytes.len().min(ERROR_SNIPPET_BYTES)];
+            rein_core::text::storable(String::from_utf8_lossy(cut).trim())
+        } else {
+            format!(
+                "{} bytes of {}, sha256 {hash}...; the body is not recorded (a worker started \
+                 with --http-quote-error-bodies records its first {ERROR_SNIPPET_BYTES} bytes)",
+                bytes.len(),
+                self.content_type.as_deref().unwrap_or("undeclared type"),
+            )
+        };
+        (text, summary)
     }
+}
+
+/// The media type of a `Content-Type` value (`type/subtype`, parameters dropped), when it is
+/// a short token of the characters RFC 9110 allows there; otherwise nothing.
+fn media_type(value: &[u8]) -> Option<String> {
+    let value = std::str::from_utf8(value).ok()?;
+    let media = value.split(';').next()?.trim().to_ascii_lowercase();
+    let token = |t: &str| {
+        !t.is_empty()
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
+    let (kind, sub) = media.split_once('/')?;
+    (media.len() <= CONTENT_TYPE_LEN_MAX && token(kind) && token(sub)).then_some(media)
+}
+
+/// `outcome` with `edit` applied to each event's payload.
+fn annotated(mut outcome: Outcome, edit: impl Fn(&mut Value)) -> Outcome {
+    if let Outcome::Events(events) = &mut outcome {
+        for (_, payload) in events {
+            edit(payload);
+        }
+    }
+    outcome
 }
 
 fn transient(spec: &HttpSpec, failure: &Failure) -> Outcome {
@@ -418,13 +562,19 @@ fn transient(spec: &HttpSpec, failure: &Failure) -> Outcome {
 }
 
 fn fatal(spec: &HttpSpec, failure: &Failure, reason: &str) -> Outcome {
-    let mut outcome = Outcome::failed(&spec.fatal_event, failure);
-    if let Outcome::Events(events) = &mut outcome {
-        for (_, payload) in events {
-            payload["reason"] = reason.into();
-        }
-    }
-    outcome
+    let outcome = Outcome::failed(&spec.fatal_event, failure);
+    annotated(outcome, |payload| payload["reason"] = reason.into())
+}
+
+/// A call the egress policy stopped: nothing was sent, and sending again cannot help.
+fn egress_refused(spec: &HttpSpec, refused: &Refused) -> Outcome {
+    let failure = Failure::fatal(
+        kind::EGRESS_REFUSED,
+        &format!("nothing was sent: {refused}"),
+    );
+    annotated(fatal(spec, &failure, kind::EGRESS_REFUSED), |payload| {
+        payload["error"]["rule"] = refused.rule.into();
+    })
 }
 
 /// A well-formed 2xx reply.
@@ -606,7 +756,7 @@ mod tests {
             parse_reply(br#"{"events":[{"type":"A","payload":{"x":"a\u0000b"}}]}"#).unwrap_err();
         assert!(err.contains("$.events[0].payload.x"), "{err}");
         let Outcome::Events(events) =
-            outcome_of_reply(&spec(), 500, None, Ok(Ok(b"a\0b".to_vec())))
+            outcome_of_reply(&spec(), answer(500, None, Ok(Ok(b"a\0b".to_vec()))), true)
         else {
             panic!("a 500 is an event");
         };
@@ -615,11 +765,14 @@ mod tests {
         assert!(!message.contains('\0'));
         let Outcome::Events(events) = outcome_of_reply(
             &spec(),
-            200,
-            None,
-            Ok(Ok(
-                br#"{"events":[{"type":"A","payload":{"x":"\u0000"}}]}"#.to_vec()
-            )),
+            answer(
+                200,
+                None,
+                Ok(Ok(
+                    br#"{"events":[{"type":"A","payload":{"x":"\u0000"}}]}"#.to_vec()
+                )),
+            ),
+            false,
         ) else {
             panic!("a rejected reply is the fatal event");
         };
@@ -642,6 +795,69 @@ mod tests {
         assert!(parse_reconcile_reply(br#"{"applied":"yes"}"#).is_err());
     }
 
+    fn answer(
+        status: u16,
+        retry_after_s: Option<u64>,
+        body: Result<Result<Vec<u8>, usize>, String>,
+    ) -> Answer {
+        Answer {
+            status,
+            retry_after_s,
+            content_type: Some("text/plain".into()),
+            body,
+        }
+    }
+
+    #[test]
+    fn an_error_body_is_recorded_by_its_length_type_and_hash_unless_quoting_is_on() {
+        let secret = b"db_password=hunter2".to_vec();
+        let Outcome::Events(events) =
+            outcome_of_reply(&spec(), answer(500, None, Ok(Ok(secret.clone()))), false)
+        else {
+            panic!("a 500 is an event");
+        };
+        let error = &events[0].1["error"];
+        assert!(!events[0].1.to_string().contains("hunter2"), "{error}");
+        let message = error["message"].as_str().unwrap();
+        assert!(
+            message.contains("node answered 500: 19 bytes of text/plain"),
+            "{message}"
+        );
+        assert!(message.contains("--http-quote-error-bodies"), "{message}");
+        let hash = rein_core::hash::sha256_hex(&secret);
+        assert_eq!(error["body"]["sha256_prefix"], &hash[..16]);
+        assert_eq!(error["body"]["bytes"], 19);
+        assert_eq!(error["body"]["content_type"], "text/plain");
+
+        let Outcome::Events(events) =
+            outcome_of_reply(&spec(), answer(500, None, Ok(Ok(secret))), true)
+        else {
+            panic!("a 500 is an event");
+        };
+        let message = events[0].1["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("db_password=hunter2"),
+            "quoted on request: {message}"
+        );
+    }
+
+    #[test]
+    fn only_a_plain_media_type_is_kept_from_content_type() {
+        for (value, kept) in [
+            (&b"text/plain; charset=utf-8"[..], Some("text/plain")),
+            (b"Application/JSON", Some("application/json")),
+            (b"text/plain; secret=hunter2", Some("text/plain")),
+            (b"db password=hunter2", None),
+            (b"hunter2", None),
+            (b"text/\xff", None),
+            (b"", None),
+        ] {
+            assert_eq!(media_type(value).as_deref(), kept, "{value:?}");
+        }
+        let long = format!("text/{}", "x".repeat(CONTENT_TYPE_LEN_MAX));
+        assert_eq!(media_type(long.as_bytes()), None);
+    }
+
     fn spec() -> HttpSpec {
         HttpSpec {
             url: "http://127.0.0.1:1/".into(),
@@ -655,7 +871,9 @@ mod tests {
     #[test]
     fn statuses_are_classified_by_rein_core() {
         let body = |s: &str| Ok(Ok(s.as_bytes().to_vec()));
-        let Outcome::Events(events) = outcome_of_reply(&spec(), 503, Some(2), body("busy")) else {
+        let Outcome::Events(events) =
+            outcome_of_reply(&spec(), answer(503, Some(2), body("busy")), true)
+        else {
             panic!("503 must be an event");
         };
         assert_eq!(events[0].0, "SOFT");
@@ -669,14 +887,17 @@ mod tests {
                 .contains("busy")
         );
         for status in [429, 500, 408] {
-            let Outcome::Events(events) = outcome_of_reply(&spec(), status, None, body("")) else {
+            let Outcome::Events(events) =
+                outcome_of_reply(&spec(), answer(status, None, body("")), false)
+            else {
                 panic!("{status} must be an event");
             };
             assert_eq!(events[0].0, "SOFT", "{status}");
             assert!(events[0].1.get("retry_after_ms").is_none());
         }
         for status in [400, 403, 404, 422, 409, 301] {
-            let Outcome::Events(events) = outcome_of_reply(&spec(), status, None, body("no"))
+            let Outcome::Events(events) =
+                outcome_of_reply(&spec(), answer(status, None, body("no")), false)
             else {
                 panic!("{status} must be an event");
             };
@@ -684,17 +905,19 @@ mod tests {
             assert_eq!(events[0].1["error"]["class"], "fatal");
             assert_eq!(events[0].1["reason"], format!("http_status_{status}"));
         }
-        let Outcome::Events(events) = outcome_of_reply(&spec(), 200, None, body("nope")) else {
+        let Outcome::Events(events) =
+            outcome_of_reply(&spec(), answer(200, None, body("nope")), false)
+        else {
             panic!("a malformed 2xx must be the fatal event");
         };
         assert_eq!(events[0].0, "HARD");
         assert_eq!(events[0].1["reason"], "http_bad_reply");
         assert!(matches!(
-            outcome_of_reply(&spec(), 200, None, Err("reset".into())),
+            outcome_of_reply(&spec(), answer(200, None, Err("reset".into())), false),
             Outcome::InDoubt(_)
         ));
         assert!(matches!(
-            outcome_of_reply(&spec(), 200, None, Ok(Err(REPLY_BYTES_MAX + 1))),
+            outcome_of_reply(&spec(), answer(200, None, Ok(Err(REPLY_BYTES_MAX + 1))), false),
             Outcome::Events(e) if e[0].0 == "HARD"
         ));
     }

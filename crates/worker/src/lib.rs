@@ -1,6 +1,7 @@
 //! The worker role: drives runs claimed under fenced leases (SPEC X1–X8, I1).
 
 pub mod agent;
+pub mod egress;
 pub mod handler;
 pub mod http;
 pub mod runtime;
@@ -17,7 +18,22 @@ pub fn builtin_registry_actions() -> &'static [&'static str] {
 
 /// The handlers every `rein worker` has: `sim`, `noop` and `http` (SPEC I2), and the
 /// scripted model `agent` with its sim-ledger tools (`tool:refund`, `tool:lookup_order`).
+/// Http nodes may call anything but the ranges [`egress::Policy`] refuses and the store's
+/// own database.
 pub fn builtin_registry(store: rein_store::Store) -> Registry {
+    let http = http::HttpOptions {
+        egress: egress::Policy::new(),
+        quote_error_bodies: false,
+    };
+    builtin_registry_with(store, http)
+}
+
+/// [`builtin_registry`] with http nodes configured by `options`; the store's database is added
+/// to the services its egress policy protects.
+pub fn builtin_registry_with(store: rein_store::Store, mut options: http::HttpOptions) -> Registry {
+    if let Some((host, port)) = store.database_address() {
+        options.egress = options.egress.protect(egress::rule::DATABASE, &host, port);
+    }
     let mut registry = Registry::new();
     registry.register("agent", agent::ScriptedModel);
     registry.register(
@@ -38,6 +54,6 @@ pub fn builtin_registry(store: rein_store::Store) -> Registry {
     );
     registry.register("sim", sim::Sim { store });
     registry.register("noop", sim::Noop);
-    registry.register("http", http::Http::new());
+    registry.register("http", http::Http::with_options(options));
     registry
 }

@@ -15,7 +15,9 @@ use common::{assert_replays, event_types, events_of, store, wait_until};
 use rein_core::{Definition, Format, GuardRegistry};
 use rein_scheduler::{Scheduler, SchedulerConfig};
 use rein_store::{EnqueueRequest, Store};
-use rein_worker::{Worker, WorkerConfig, builtin_registry};
+use rein_worker::egress::{Allow, Policy};
+use rein_worker::http::HttpOptions;
+use rein_worker::{Registry, Worker, WorkerConfig, builtin_registry, builtin_registry_with};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -198,12 +200,21 @@ struct Fleet {
 
 impl Fleet {
     fn start(store: &Store) -> Fleet {
+        Fleet::start_with(store, builtin_registry(store.clone()))
+    }
+
+    /// A fleet whose worker's http nodes are configured by `http`.
+    fn start_with_http(store: &Store, http: HttpOptions) -> Fleet {
+        Fleet::start_with(store, builtin_registry_with(store.clone(), http))
+    }
+
+    fn start_with(store: &Store, registry: Registry) -> Fleet {
         let stop = CancellationToken::new();
         let mut config = WorkerConfig::new("http-worker");
         config.lease_ttl_ms = 5_000;
         config.poll_interval_ms = 20;
         config.shutdown_grace_ms = 1_000;
-        let worker = Worker::new(store.clone(), config, builtin_registry(store.clone()));
+        let worker = Worker::new(store.clone(), config, registry);
         let mut sched_config = SchedulerConfig::new("http-scheduler");
         sched_config.tick_ms = 50;
         let mut scheduler = Scheduler::new(store.clone(), sched_config);
@@ -250,6 +261,20 @@ async fn settle(store: &Store, run: Uuid) -> rein_store::RunRow {
     )
     .await;
     store.run(run).await.expect("run")
+}
+
+/// Enqueues one run of `def`, lets the fleet `start` makes drive it until it settles, and
+/// returns the run with its final row.
+async fn drive_one(
+    store: &Store,
+    def: &Definition,
+    start: impl FnOnce(&Store) -> Fleet,
+) -> (Uuid, rein_store::RunRow) {
+    let run = enqueue(store, def).await;
+    let fleet = start(store);
+    let row = settle(store, run).await;
+    fleet.stop().await;
+    (run, row)
 }
 
 fn node_calls<'a>(requests: &'a [Value], node: &str) -> Vec<&'a Value> {
@@ -476,10 +501,7 @@ async fn http_connect_refused_commits_the_transient_event() {
     });
     let store = store("http_node_refused").await;
     let def = register(&store, &text).await;
-    let run = enqueue(&store, &def).await;
-    let fleet = Fleet::start(&store);
-    let row = settle(&store, run).await;
-    fleet.stop().await;
+    let (run, row) = drive_one(&store, &def, Fleet::start).await;
 
     // INTAKE's transient event is UNRECOVERABLE in the example definition.
     assert_eq!(row.state, "FAILED", "{:?}", event_types(&store, run).await);
@@ -890,8 +912,9 @@ fn without_reconcile(text: &str) -> String {
 }
 
 /// One node answering 500 with a NUL byte in its body costs no run its result: the failure
-/// quotes the body with U+FFFD in place of NUL, and every other run of the batch, whose nodes
-/// answered 200, gets its own result; nobody's lease lapses, nobody needs an operator.
+/// quotes the body (the worker quotes error bodies) with U+FFFD in place of NUL, and every
+/// other run of the batch, whose nodes answered 200, gets its own result; nobody's lease
+/// lapses, nobody needs an operator.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nul_byte_in_one_error_reply_costs_no_run_its_result() {
     let server = NodeServer::start("nul_reply");
@@ -901,7 +924,11 @@ async fn a_nul_byte_in_one_error_reply_costs_no_run_its_result() {
     let store = store("http_node_nul_reply").await;
     let def = register(&store, &without_reconcile(&definition_text(&server))).await;
     let runs = enqueue_many(&store, &def, 7).await;
-    let fleet = Fleet::start(&store);
+    let quoting = HttpOptions {
+        egress: Policy::new(),
+        quote_error_bodies: true,
+    };
+    let fleet = Fleet::start_with_http(&store, quoting);
     let mut rows = Vec::new();
     for run in &runs {
         rows.push(settle_or_report(&store, *run).await);
@@ -956,4 +983,272 @@ async fn a_reply_holding_a_nul_character_is_rejected_at_step_parse() {
         "{message}"
     );
     assert_replays(&store, run).await;
+}
+
+/// The example definition as version `version`, with INTAKE calling `url` (its fatal event
+/// INVALID_INPUT ends the run in FAILED).
+fn intake_calling(server: &NodeServer, version: u32, url: &str) -> String {
+    let text =
+        definition_text(server).replacen("version = 1\n", &format!("version = {version}\n"), 1);
+    edit_state(&text, "INTAKE", |block| {
+        block.replace(
+            &format!("url = \"http://127.0.0.1:{}/nodes/INTAKE\"", server.port),
+            &format!("url = \"{url}\""),
+        )
+    })
+}
+
+/// Asserts that `run` ended on INTAKE's fatal event because the egress policy refused the
+/// call by `rule`, naming `says`.
+async fn assert_refused(store: &Store, run: Uuid, rule: &str, says: &str) {
+    let row = settle(store, run).await;
+    let types = event_types(store, run).await;
+    assert_eq!(row.state, "FAILED", "{types:?}");
+    assert_eq!(
+        row.terminal_reason.as_deref(),
+        Some("egress_refused"),
+        "{types:?}"
+    );
+    let fatal = events_of(store, run, "INVALID_INPUT").await;
+    assert_eq!(fatal.len(), 1, "{types:?}");
+    let error = &fatal[0].payload["error"];
+    assert_eq!(error["kind"], "egress_refused", "{error}");
+    assert_eq!(error["class"], "fatal", "never retried: {error}");
+    assert_eq!(error["rule"], rule, "{error}");
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(message.contains(says), "{message} should say {says}");
+    assert!(message.contains("nothing was sent"), "{message}");
+}
+
+/// Metadata and link-local addresses and the worker's own database are refused in any
+/// spelling (hex, mapped IPv6, a name that resolves to it); nothing is sent, the run takes
+/// the state's fatal path with the rule named, and loopback stays callable, by address and
+/// by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_nodes_may_not_call_metadata_link_local_or_the_database() {
+    let server = NodeServer::start("egress_refused");
+    let store = store("http_node_egress").await;
+    let (db_host, db_port) = store
+        .database_address()
+        .expect("the test database is on TCP");
+    assert!(
+        db_host == "127.0.0.1" || db_host == "localhost",
+        "the private test database is on loopback: {db_host}"
+    );
+    let cases = [
+        (
+            "http://169.254.169.254/latest/meta-data/iam/".to_owned(),
+            "metadata",
+            "169.254.169.254:80",
+        ),
+        (
+            "http://0xa9fea9fe/latest/meta-data/".to_owned(),
+            "metadata",
+            "169.254.169.254:80",
+        ),
+        (
+            "http://[::ffff:169.254.169.254]/".to_owned(),
+            "metadata",
+            "a cloud metadata endpoint",
+        ),
+        (
+            "http://169.254.10.10:8080/".to_owned(),
+            "link_local",
+            "a link-local address",
+        ),
+        (
+            format!("http://127.0.0.1:{db_port}/"),
+            "database",
+            "the worker's own database",
+        ),
+        (
+            format!("http://0x7f000001:{db_port}/"),
+            "database",
+            &format!("127.0.0.1:{db_port}"),
+        ),
+        (
+            format!("http://[::1]:{db_port}/"),
+            "database",
+            "the worker's own database",
+        ),
+        (
+            format!("http://localhost:{db_port}/"),
+            "database",
+            &format!("localhost:{db_port}"),
+        ),
+    ]
+    .map(|(url, rule, says)| (url, rule, says.to_owned()));
+    let mut runs = Vec::new();
+    for (i, (url, rule, says)) in cases.iter().enumerate() {
+        let def = register(&store, &intake_calling(&server, 10 + i as u32, url)).await;
+        runs.push((enqueue(&store, &def).await, *rule, says.clone()));
+    }
+    // Loopback by name, resolved and checked like any name.
+    let by_name = format!("http://localhost:{}/nodes/INTAKE", server.port);
+    let def = register(&store, &intake_calling(&server, 30, &by_name)).await;
+    let allowed = enqueue(&store, &def).await;
+    let fleet = Fleet::start(&store);
+    for (run, rule, says) in &runs {
+        assert_refused(&store, *run, rule, says).await;
+    }
+    let row = settle(&store, allowed).await;
+    fleet.stop().await;
+    assert_eq!(
+        row.state,
+        "SUCCEEDED",
+        "{:?}",
+        event_types(&store, allowed).await
+    );
+    let paths: Vec<String> = server
+        .requests()
+        .await
+        .iter()
+        .map(|r| r["path"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(paths.first().map(String::as_str), Some("/nodes/INTAKE"));
+    assert_eq!(
+        paths.iter().filter(|p| *p == "/nodes/INTAKE").count(),
+        1,
+        "only the loopback run reached a node: {paths:?}"
+    );
+}
+
+/// A URL with credentials or without a host is refused when its definition is registered;
+/// one stored before that rule (loaded as stored) is refused by the worker, and the
+/// password never reaches the event log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_node_urls_with_credentials_or_no_host_are_refused() {
+    let server = NodeServer::start("egress_userinfo");
+    let with_credentials = format!("http://rein:hunter2@127.0.0.1:{}/nodes/INTAKE", server.port);
+    for (url, says) in [
+        (with_credentials.as_str(), "credentials"),
+        ("http://", "no host"),
+    ] {
+        let err = Definition::parse(
+            &intake_calling(&server, 2, url),
+            Format::Toml,
+            &GuardRegistry::new(),
+        )
+        .expect_err(url);
+        let problems = err.problems();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.item == "states[0] (INTAKE).http.url" && p.reason.contains(says)),
+            "{url}: {problems:?}"
+        );
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+
+    // A definition stored before the rule existed still loads, and its call is refused.
+    let store = store("http_node_userinfo").await;
+    let valid = Definition::parse(
+        &definition_text(&server),
+        Format::Toml,
+        &GuardRegistry::new(),
+    )
+    .expect("valid");
+    let mut spec = valid.spec().clone();
+    spec.version = 3;
+    let intake = spec
+        .states
+        .iter_mut()
+        .find(|s| s.name == "INTAKE")
+        .expect("INTAKE");
+    intake.http.as_mut().expect("an http node").url = with_credentials.clone();
+    let stored = Definition::from_spec(spec, &GuardRegistry::new()).expect("loads as stored");
+    store.register_definition(&stored).await.expect("stored");
+    let run = enqueue(&store, &stored).await;
+    let fleet = Fleet::start(&store);
+    assert_refused(&store, run, "userinfo", "credentials").await;
+    fleet.stop().await;
+    let log = serde_json::to_string(
+        &store
+            .history(run)
+            .await
+            .expect("history")
+            .iter()
+            .map(|e| e.payload.clone())
+            .collect::<Vec<_>>(),
+    )
+    .expect("JSON");
+    assert!(!log.contains("hunter2"), "{log}");
+    assert!(server.requests().await.is_empty(), "nothing was sent");
+}
+
+/// `--http-allow` narrows what http nodes reach: a worker allowing only other hosts refuses
+/// the loopback node (`not_allowed`, naming the list); one allowing that host and port calls it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allow_list_narrows_what_http_nodes_reach() {
+    let server = NodeServer::start("egress_allow");
+    let store = store("http_node_allow").await;
+    let def = register(&store, &definition_text(&server)).await;
+    let narrowed = |entries: &[String]| HttpOptions {
+        egress: Policy::allowing(
+            entries
+                .iter()
+                .map(|e| Allow::parse(e).expect("entry"))
+                .collect(),
+        )
+        .expect("policy"),
+        quote_error_bodies: false,
+    };
+
+    let elsewhere = narrowed(&["api.example.com".into(), "10.0.0.0/8".into()]);
+    let (run, row) = drive_one(&store, &def, |s| Fleet::start_with_http(s, elsewhere)).await;
+    assert_eq!(row.state, "FAILED", "{:?}", event_types(&store, run).await);
+    assert_eq!(row.terminal_reason.as_deref(), Some("egress_refused"));
+    let fatal = events_of(&store, run, "INVALID_INPUT").await;
+    assert_eq!(fatal[0].payload["error"]["rule"], "not_allowed");
+    let message = fatal[0].payload["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.contains("api.example.com, 10.0.0.0/8"), "{message}");
+    assert!(server.requests().await.is_empty());
+
+    let here = narrowed(&[format!("127.0.0.1:{}", server.port)]);
+    let (run, row) = drive_one(&store, &def, |s| Fleet::start_with_http(s, here)).await;
+    assert_eq!(
+        row.state,
+        "SUCCEEDED",
+        "{:?}",
+        event_types(&store, run).await
+    );
+}
+
+/// An error reply's body stays out of the event log, which every `read` token can read:
+/// the failure records its status, type, length and hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_in_an_error_body_does_not_reach_the_event_log() {
+    let server = NodeServer::start("egress_secret");
+    let secret = "db_password=hunter2";
+    server
+        .script("INTAKE", json!([{ "status": 500, "raw": secret }]))
+        .await;
+    let store = store("http_node_secret").await;
+    let def = register(&store, &without_reconcile(&definition_text(&server))).await;
+    let (run, row) = drive_one(&store, &def, Fleet::start).await;
+
+    // INTAKE's transient event is UNRECOVERABLE in the example definition.
+    assert_eq!(row.state, "FAILED", "{:?}", event_types(&store, run).await);
+    let failed = events_of(&store, run, "UNRECOVERABLE").await;
+    let error = &failed[0].payload["error"];
+    assert_eq!(error["status"], 500);
+    assert_eq!(error["body"]["bytes"], secret.len());
+    assert_eq!(error["body"]["content_type"], "text/plain");
+    assert_eq!(
+        error["body"]["sha256_prefix"],
+        &rein_core::hash::sha256_hex(secret.as_bytes())[..16]
+    );
+    let history = store.history(run).await.expect("history");
+    let log = serde_json::to_string(
+        &history
+            .iter()
+            .map(|e| e.payload.clone())
+            .collect::<Vec<_>>(),
+    )
+    .expect("JSON");
+    assert!(!log.contains("hunter2"), "the secret is in the log: {log}");
+    let projection = serde_json::to_string(&row.projection).expect("JSON");
+    assert!(!projection.contains("hunter2"), "{projection}");
 }

@@ -502,7 +502,8 @@ async fn run_events(
 /// Send an event to a run (reply, cancel, ...): applied at once when no worker holds the
 /// run and its state takes the event, otherwise queued in its inbox. Only CANCEL and the
 /// definition's `external_events` are accepted; engine events and call results are the
-/// engine's own (event_not_allowed). An approval event also needs the approve scope. The
+/// engine's own (event_not_allowed). An approval event also needs the approve scope, and
+/// its payload's `approver` is the token's subject, whatever the request wrote there. The
 /// event records the token's subject as its sender. A token bound to queues sends only to
 /// runs in them.
 #[utoipa::path(post, path = "/v1/runs/{id}/events", tag = "runs", request_body = SendBody,
@@ -529,7 +530,7 @@ async fn send_event(
     let body: SendBody = parse_body(&body)?;
     let sender = Sender::Outside {
         name: caller_name(&who.subject),
-        may_approve: who.allows(Scope::Approve),
+        approver: who.allows(Scope::Approve).then(|| who.subject.clone()),
     };
     let sent = service::send(
         &app.store,
