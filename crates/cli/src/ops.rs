@@ -293,16 +293,22 @@ pub fn events_of(events: &[(String, i64)], names: &[&str]) -> i64 {
         .sum()
 }
 
-/// Prints an error and picks the exit code for it.
+/// Prints an error and picks its exit code from the README's table: a database that cannot
+/// be reached or used 3, a refusal (invalid transition, conflict, an event the sender may
+/// not send) 2, a missing right 4, bad input (a malformed URL, an unknown run) 1.
 pub fn report(e: &StoreError) -> u8 {
     eprintln!("error: {e}");
     match e {
         StoreError::Unreachable(_)
         | StoreError::SchemaMismatch(_)
         | StoreError::Migrate(_)
-        | StoreError::BadUrl(_) => exit::DATABASE,
-        StoreError::InvalidTransition(_) => exit::REFUSED,
-        StoreError::Db(_) | StoreError::Corrupt(_) => exit::DATABASE,
+        | StoreError::Db(_)
+        | StoreError::Corrupt(_) => exit::DATABASE,
+        StoreError::InvalidTransition(_)
+        | StoreError::DefinitionConflict { .. }
+        | StoreError::KeyConflict { .. }
+        | StoreError::NotAllowed { .. } => exit::REFUSED,
+        StoreError::NeedsApprover { .. } => exit::AUTH,
         _ => exit::INPUT,
     }
 }
@@ -923,6 +929,46 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
                 }
                 Err(e) => report(&e),
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_errors_exit_with_the_readme_codes() {
+        let conflict = StoreError::KeyConflict {
+            key: "k".into(),
+            what: "body".into(),
+        };
+        let not_allowed = StoreError::NotAllowed {
+            event: "next".into(),
+            sender: "cli".into(),
+            reason: "engine event".into(),
+        };
+        let definition = StoreError::DefinitionConflict {
+            name: "d".into(),
+            version: 1,
+        };
+        for (e, code) in [
+            (StoreError::BadUrl("x".into()), exit::INPUT),
+            (StoreError::RunNotFound(Uuid::nil()), exit::INPUT),
+            (StoreError::Invalid("x".into()), exit::INPUT),
+            (StoreError::Unreachable("x".into()), exit::DATABASE),
+            (StoreError::SchemaMismatch("x".into()), exit::DATABASE),
+            (conflict, exit::REFUSED),
+            (not_allowed, exit::REFUSED),
+            (definition, exit::REFUSED),
+            (
+                StoreError::NeedsApprover {
+                    event: "APPROVED".into(),
+                },
+                exit::AUTH,
+            ),
+        ] {
+            assert_eq!(report(&e), code, "{e}");
         }
     }
 }

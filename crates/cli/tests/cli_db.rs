@@ -158,6 +158,35 @@ fn no_database_url_exits_1() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
 }
 
+/// README: 1 for usage or input errors (an unknown thing named, a malformed URL), 2 for
+/// refusals, 3 for a database that cannot be reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_codes_follow_the_readme_table() {
+    let (url, _store) = common::fresh_store("cli_exit_codes").await;
+    for bad in ["not a url", "postgres://[::1"] {
+        let out = rein(&["runs", "list", "--database-url", bad]);
+        assert_eq!(out.status.code(), Some(1), "{bad}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("not a valid PostgreSQL URL"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    let unknown = Uuid::now_v7().to_string();
+    let out = rein(&["tokens", "revoke", &unknown, "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no live token"), "{}", stderr(&out));
+    // An engine event from outside is refused: 2.
+    let out = rein(&["enqueue", "--definition", "chain4", "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let run = stdout(&out).trim().to_owned();
+    let out = rein(&["send", &run, "next", "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    // An unknown run: 1.
+    let out = rein(&["runs", "show", &unknown, "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+}
+
 #[test]
 fn definitions_register_stores_a_file_and_refuses_a_changed_body_under_the_same_version() {
     let url = common::fresh_database("cli_register");
