@@ -455,7 +455,7 @@ pub fn fail(e: &ApiError) -> u8 {
 pub fn exit_code(code: &str) -> u8 {
     match code {
         "invalid_transition" | "fenced" | "conflict" | "event_not_allowed" => exit::REFUSED,
-        "unavailable" | "internal" => exit::DATABASE,
+        "unavailable" | "internal" | "request_timeout" | "too_many_requests" => exit::DATABASE,
         "unauthorized" | "forbidden" => exit::AUTH,
         _ => exit::INPUT,
     }

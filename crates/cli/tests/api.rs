@@ -1366,3 +1366,51 @@ async fn a_definition_version_the_database_cannot_store_is_refused_not_a_server_
     let (s, v) = api.post_json("/v1/definitions", &token, &spec).await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_json_object_is_a_request_body() {
+    let api = Api::start("api_object_bodies", &[]).await;
+    let token = api.token("ci", &["admin"]);
+    let (run, approval) = waiting_approval(&api.store).await;
+    let (_, definition) = api.get_json("/v1/definitions/chain4", &token).await;
+    let fields: Vec<Value> = definition["spec"]
+        .as_object()
+        .unwrap()
+        .values()
+        .cloned()
+        .collect();
+    for (path, body) in [
+        ("/v1/runs".to_owned(), json!(["lifecycle", null, {}])),
+        ("/v1/runs".to_owned(), json!("lifecycle")),
+        (format!("/v1/runs/{run}/events"), json!(["CANCEL", {}])),
+        (format!("/v1/approvals/{approval}/deny"), json!([null])),
+        (format!("/v1/approvals/{approval}/grant"), json!(null)),
+        ("/v1/definitions".to_owned(), Value::Array(fields)),
+    ] {
+        let (s, v) = api.post_json(&path, &token, &body).await;
+        assert_eq!(
+            (s, code(&v)),
+            (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed"),
+            "POST {path} {body}: {v}"
+        );
+    }
+    assert_eq!(
+        api.store.run_totals().await.unwrap().0,
+        1,
+        "no run was made"
+    );
+    assert_eq!(
+        api.store.approval(approval).await.unwrap().status,
+        "pending"
+    );
+    assert_eq!(api.store.run(run).await.unwrap().state, "WAITING_APPROVAL");
+    // An object is still a body, and so is nothing at all.
+    let (s, v) = api
+        .post_json(
+            &format!("/v1/approvals/{approval}/grant"),
+            &token,
+            &json!({}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+}

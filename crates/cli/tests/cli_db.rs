@@ -188,6 +188,27 @@ async fn exit_codes_follow_the_readme_table() {
 }
 
 #[test]
+fn insecure_dev_refuses_an_address_other_hosts_can_reach() {
+    for listen in ["0.0.0.0:0", "[::]:0", "192.0.2.1:7878"] {
+        let out = rein(&[
+            "api",
+            "--insecure-dev",
+            "--listen",
+            listen,
+            "--database-url",
+            "postgres://rein@127.0.0.1:1/rein",
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{listen}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("loopback"),
+            "{listen}: {}",
+            stderr(&out)
+        );
+        assert!(stdout(&out).is_empty(), "{listen}: nothing served");
+    }
+}
+
+#[test]
 fn definitions_register_stores_a_file_and_refuses_a_changed_body_under_the_same_version() {
     let url = common::fresh_database("cli_register");
     let out = rein(&["migrate", "--database-url", &url]);

@@ -237,13 +237,20 @@ fn empty_object() -> Value {
 
 // ---- helpers ------------------------------------------------------------------------------
 
-/// Parses a JSON body (any content type); an empty body reads as `{}`.
+/// Parses a JSON body (any content type); an empty body reads as `{}`. Only an object is a
+/// body: serde reads a struct from an array of its fields in order too, which would make
+/// `["lifecycle", null, {}]` an enqueue.
 fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     let text: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
         b"{}"
     } else {
         body
     };
+    if !rein_core::json_text_is_object(text) {
+        return Err(ApiError::validation(
+            "the request body must be a JSON object (`{...}`), with the fields this route documents",
+        ));
+    }
     serde_json::from_slice(text)
         .map_err(|e| ApiError::validation(format!("the request body is not valid: {e}")))
 }
