@@ -244,6 +244,9 @@ pub enum RunsCommand {
         cursor: Option<String>,
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=1000))]
         limit: i64,
+        /// With `--json`, each run with its `data` (a list leaves the business data out).
+        #[arg(long)]
+        data: bool,
         #[arg(long)]
         json: bool,
     },
@@ -872,6 +875,7 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
             created_before,
             cursor,
             limit,
+            data,
             json,
         } => {
             let backend = match Backend::open(&conn).await {
@@ -884,10 +888,11 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
                 created_after,
                 created_before,
             };
-            let (rows, next) = match backend.runs(filter, cursor, limit).await {
+            let page = match backend.runs(filter, cursor, limit, data).await {
                 Ok(page) => page,
                 Err(e) => return remote::fail(&e),
             };
+            let rows = page.rows;
             if json {
                 print_json(&rows);
             } else {
@@ -906,7 +911,12 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
                     );
                 }
             }
-            if let Some(next) = next {
+            if page.truncated {
+                eprintln!(
+                    "this page stopped short of --limit: more runs would pass its byte bound"
+                );
+            }
+            if let Some(next) = page.next {
                 eprintln!("more runs follow: add --cursor {next}");
             }
             exit::OK

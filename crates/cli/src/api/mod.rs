@@ -76,6 +76,12 @@ pub struct ApiArgs {
     #[arg(long, value_name = "N", default_value_t = server::CONNECTIONS_PER_CLIENT_MAX_DEFAULT as u64,
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
     max_connections_per_client: u64,
+    /// About the largest page `GET /v1/runs` and `GET /v1/runs/{id}/events` answer, in bytes:
+    /// a page ends before the row that would pass it (always holding one row) and says so in
+    /// `Rein-Page-Truncated`, with the cursor of the rest.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::service::PAGE_BYTES_MAX_DEFAULT as u64,
+          value_parser = clap::value_parser!(u64).range(64 * 1024..=64 * 1024 * 1024))]
+    page_bytes_max: u64,
     #[command(flatten)]
     redis: crate::RedisArgs,
 }
@@ -85,6 +91,8 @@ pub struct ApiArgs {
 pub struct Limits {
     pub body_bytes_max: usize,
     pub body_read_timeout: Duration,
+    /// About the most bytes of rows one page of a list carries.
+    pub page_bytes_max: usize,
 }
 
 impl Default for Limits {
@@ -92,6 +100,7 @@ impl Default for Limits {
         Limits {
             body_bytes_max: BODY_LIMIT_DEFAULT as usize,
             body_read_timeout: Duration::from_millis(server::BODY_READ_TIMEOUT_MS_DEFAULT),
+            page_bytes_max: crate::service::PAGE_BYTES_MAX_DEFAULT,
         }
     }
 }
@@ -215,6 +224,7 @@ pub async fn serve(args: ApiArgs) -> u8 {
     let limits = Limits {
         body_bytes_max: args.body_limit_bytes as usize,
         body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
+        page_bytes_max: args.page_bytes_max as usize,
     };
     tracing::info!(address = %bound, auth = !args.insecure_dev,
         max_connections = conn_limits.connections_max,
