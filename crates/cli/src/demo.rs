@@ -449,10 +449,13 @@ async fn start_api(store: &Store) -> Result<DemoApi, u8> {
             return Err(exit::INPUT);
         }
     };
-    let app = crate::api::router(store.clone(), false, 1024 * 1024);
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let app = crate::api::router(store.clone(), false, crate::api::Limits::default());
+    // Serves until the demo's process exits.
+    tokio::spawn(crate::api::serve_in_process(
+        listener,
+        app,
+        tokio_util::sync::CancellationToken::new(),
+    ));
     Ok(DemoApi { url, token })
 }
 

@@ -264,6 +264,9 @@ pub enum RunsCommand {
         cursor: Option<String>,
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=1000))]
         limit: i64,
+        /// With `--json`, each run with its `data` (a list leaves the business data out).
+        #[arg(long)]
+        data: bool,
         #[arg(long)]
         json: bool,
     },
@@ -313,16 +316,22 @@ pub fn events_of(events: &[(String, i64)], names: &[&str]) -> i64 {
         .sum()
 }
 
-/// Prints an error and picks the exit code for it.
+/// Prints an error and picks its exit code from the README's table: a database that cannot
+/// be reached or used 3, a refusal (invalid transition, conflict, an event the sender may
+/// not send) 2, a missing right 4, bad input (a malformed URL, an unknown run) 1.
 pub fn report(e: &StoreError) -> u8 {
     eprintln!("error: {e}");
     match e {
         StoreError::Unreachable(_)
         | StoreError::SchemaMismatch(_)
         | StoreError::Migrate(_)
-        | StoreError::BadUrl(_) => exit::DATABASE,
-        StoreError::InvalidTransition(_) => exit::REFUSED,
-        StoreError::Db(_) | StoreError::Corrupt(_) => exit::DATABASE,
+        | StoreError::Db(_)
+        | StoreError::Corrupt(_) => exit::DATABASE,
+        StoreError::InvalidTransition(_)
+        | StoreError::DefinitionConflict { .. }
+        | StoreError::KeyConflict { .. }
+        | StoreError::NotAllowed { .. } => exit::REFUSED,
+        StoreError::NeedsApprover { .. } => exit::AUTH,
         _ => exit::INPUT,
     }
 }
@@ -929,6 +938,7 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
             created_before,
             cursor,
             limit,
+            data,
             json,
         } => {
             let backend = match Backend::open(&conn).await {
@@ -941,10 +951,11 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
                 created_after,
                 created_before,
             };
-            let (rows, next) = match backend.runs(filter, cursor, limit).await {
+            let page = match backend.runs(filter, cursor, limit, data).await {
                 Ok(page) => page,
                 Err(e) => return remote::fail(&e),
             };
+            let rows = page.rows;
             if json {
                 print_json(&rows);
             } else {
@@ -963,7 +974,12 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
                     );
                 }
             }
-            if let Some(next) = next {
+            if page.truncated {
+                eprintln!(
+                    "this page stopped short of --limit: more runs would pass its byte bound"
+                );
+            }
+            if let Some(next) = page.next {
                 eprintln!("more runs follow: add --cursor {next}");
             }
             exit::OK
@@ -986,6 +1002,46 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
                 }
                 Err(e) => report(&e),
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_errors_exit_with_the_readme_codes() {
+        let conflict = StoreError::KeyConflict {
+            key: "k".into(),
+            what: "body".into(),
+        };
+        let not_allowed = StoreError::NotAllowed {
+            event: "next".into(),
+            sender: "cli".into(),
+            reason: "engine event".into(),
+        };
+        let definition = StoreError::DefinitionConflict {
+            name: "d".into(),
+            version: 1,
+        };
+        for (e, code) in [
+            (StoreError::BadUrl("x".into()), exit::INPUT),
+            (StoreError::RunNotFound(Uuid::nil()), exit::INPUT),
+            (StoreError::Invalid("x".into()), exit::INPUT),
+            (StoreError::Unreachable("x".into()), exit::DATABASE),
+            (StoreError::SchemaMismatch("x".into()), exit::DATABASE),
+            (conflict, exit::REFUSED),
+            (not_allowed, exit::REFUSED),
+            (definition, exit::REFUSED),
+            (
+                StoreError::NeedsApprover {
+                    event: "APPROVED".into(),
+                },
+                exit::AUTH,
+            ),
+        ] {
+            assert_eq!(report(&e), code, "{e}");
         }
     }
 }

@@ -31,6 +31,18 @@ pub const NEXT_CURSOR: &str = "rein-next-cursor";
 pub const TOKEN_FILE_BYTES_MAX: u64 = 4096;
 /// The environment variable holding the API token.
 const TOKEN_ENV: &str = "REIN_TOKEN";
+/// The response header naming the next page of `GET /v1/runs/{id}/events`.
+pub const NEXT_AFTER: &str = "rein-next-after";
+/// The response header of a page cut short by its byte bound.
+pub const PAGE_TRUNCATED: &str = "rein-page-truncated";
+
+/// One page of a list: its rows, the cursor of the next page, and whether the page's byte
+/// bound cut it short.
+pub struct Page {
+    pub rows: Value,
+    pub next: Option<String>,
+    pub truncated: bool,
+}
 
 /// How an operator command reaches Rein.
 #[derive(clap::Args, Clone)]
@@ -177,20 +189,30 @@ impl Backend {
         }
     }
 
-    /// A page of runs and the cursor of the next one.
+    /// A page of runs (with their data when `data`) and the cursor of the next one.
     pub async fn runs(
         &self,
         filter: RunFilter,
         cursor: Option<String>,
         limit: i64,
-    ) -> Result<(Value, Option<String>), ApiError> {
+        data: bool,
+    ) -> Result<Page, ApiError> {
         match self {
             Backend::Db(store) => {
-                let page = service::runs(store, filter, cursor.as_deref(), Some(limit)).await?;
-                Ok((Value::Array(page.runs), page.next))
+                let shape = (data, service::PAGE_BYTES_MAX_DEFAULT);
+                let page =
+                    service::runs(store, filter, cursor.as_deref(), Some(limit), shape).await?;
+                Ok(Page {
+                    rows: Value::Array(page.runs),
+                    next: page.next,
+                    truncated: page.truncated,
+                })
             }
             Backend::Api(c) => {
                 let mut query = vec![("limit", limit.to_string())];
+                if data {
+                    query.push(("data", "true".to_owned()));
+                }
                 query.extend(filter.status.map(|s| ("status", s)));
                 query.extend(filter.definition.map(|d| ("definition", d)));
                 query.extend(
@@ -207,22 +229,63 @@ impl Backend {
                 let request = c
                     .request(reqwest::Method::GET, &["v1", "runs"])
                     .query(&query);
-                let (body, headers) = c.send(request).await?;
-                let next = headers
-                    .get(NEXT_CURSOR)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned);
-                Ok((body, next))
+                let (rows, headers) = c.send(request).await?;
+                Ok(Page::of(rows, &headers, NEXT_CURSOR))
             }
         }
     }
 
-    pub async fn history(&self, run: Uuid) -> Result<Value, ApiError> {
+    /// One page of the run's events after sequence `after`.
+    async fn events(&self, run: Uuid, after: i64, limit: i64) -> Result<Page, ApiError> {
         match self {
-            Backend::Db(store) => to_value(service::history(store, run).await?),
+            Backend::Db(store) => {
+                let bytes_max = service::PAGE_BYTES_MAX_DEFAULT;
+                let page = service::events(store, run, Some(after), Some(limit), bytes_max).await?;
+                Ok(Page {
+                    rows: to_value(page.events)?,
+                    next: page.next.map(|n| n.to_string()),
+                    truncated: page.truncated,
+                })
+            }
             Backend::Api(c) => {
-                c.get(&["v1", "runs", &run.to_string(), "events"], &[])
-                    .await
+                let query = [("after", after.to_string()), ("limit", limit.to_string())];
+                let request = c
+                    .request(
+                        reqwest::Method::GET,
+                        &["v1", "runs", &run.to_string(), "events"],
+                    )
+                    .query(&query);
+                let (rows, headers) = c.send(request).await?;
+                Ok(Page::of(rows, &headers, NEXT_AFTER))
+            }
+        }
+    }
+
+    /// The run's whole log in sequence order, read a page at a time.
+    pub async fn history(&self, run: Uuid) -> Result<Value, ApiError> {
+        let mut events = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = self.events(run, after, service::PAGE_MAX).await?;
+            if let Value::Array(rows) = page.rows {
+                events.extend(rows);
+            }
+            let Some(next) = page.next else {
+                return Ok(Value::Array(events));
+            };
+            // Each page starts past the one before; a server that says otherwise would
+            // have this loop forever.
+            match next.parse::<i64>() {
+                Ok(next) if next > after => after = next,
+                _ => {
+                    return Err(ApiError::new(
+                        StatusCode::BAD_GATEWAY,
+                        "internal",
+                        format!(
+                            "the API named page `{next}` after page {after} of run {run}'s events"
+                        ),
+                    ));
+                }
             }
         }
     }
@@ -405,6 +468,23 @@ impl Backend {
     }
 }
 
+impl Page {
+    /// A page as the API answered it: `next_header` names the next page.
+    fn of(rows: Value, headers: &reqwest::header::HeaderMap, next_header: &str) -> Page {
+        let text = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        Page {
+            rows,
+            next: text(next_header),
+            truncated: text(PAGE_TRUNCATED).is_some(),
+        }
+    }
+}
+
 fn to_value(value: impl Serialize) -> Result<Value, ApiError> {
     serde_json::to_value(value).map_err(|e| {
         ApiError::new(
@@ -570,7 +650,7 @@ pub fn exit_code(code: &str) -> u8 {
         "invalid_transition" | "fenced" | "conflict" | "event_not_allowed" | "quota_exceeded" => {
             exit::REFUSED
         }
-        "unavailable" | "internal" => exit::DATABASE,
+        "unavailable" | "internal" | "request_timeout" | "too_many_requests" => exit::DATABASE,
         "unauthorized" | "forbidden" => exit::AUTH,
         _ => exit::INPUT,
     }

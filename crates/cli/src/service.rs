@@ -6,8 +6,8 @@
 use chrono::{DateTime, Utc};
 use rein_core::{Definition, Format, GuardRegistry, RunStatus};
 use rein_store::{
-    Approval, ClientKey, DefinitionRow, EnqueueRequest, INBOX_TTL_MS_DEFAULT, Member, Publication,
-    RunFilter, SendOutcome, Sender, Store, StoreError, StoredEvent, TokenInfo,
+    Approval, ClientKey, DefinitionRow, EnqueueRequest, INBOX_TTL_MS_DEFAULT, Member, PageView,
+    Publication, RunFilter, SendOutcome, Sender, Store, StoreError, StoredEvent, TokenInfo,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -21,6 +21,11 @@ use crate::ops::run_json;
 pub const PAGE_MIN: i64 = 1;
 pub const PAGE_MAX: i64 = 1000;
 pub const PAGE_DEFAULT: i64 = 50;
+/// Events in a page of a run's log when the request does not say.
+pub const EVENTS_PAGE_DEFAULT: i64 = 100;
+/// About the most bytes of rows in one page of runs or events, unless `rein api
+/// --page-bytes-max` says otherwise: a few pages at once stay far below the API's memory.
+pub const PAGE_BYTES_MAX_DEFAULT: usize = 2 * 1024 * 1024;
 /// Most digits of a cursor's instant (microseconds since 1970): 18 reach the year 33658,
 /// inside what both chrono and PostgreSQL represent, so every such cursor can be compared.
 pub const CURSOR_MICROS_DIGITS_MAX: usize = 18;
@@ -178,6 +183,26 @@ pub struct Decision {
 pub struct RunsPage {
     pub runs: Vec<Value>,
     pub next: Option<String>,
+    /// The page holds fewer runs than asked because they would not fit its byte bound.
+    pub truncated: bool,
+}
+
+/// One page of a run's events in order; `next` is the `after` of the page that follows.
+pub struct EventsPage {
+    pub events: Vec<StoredEvent>,
+    pub next: Option<i64>,
+    /// The page holds fewer events than asked because they would not fit its byte bound.
+    pub truncated: bool,
+}
+
+/// Rows of a page asked for one past `limit` and kept within the page's byte bound: the
+/// page's rows, whether more follow, and whether the bound cut it short.
+fn paged<T>(page: rein_store::Budgeted<T>, limit: i64) -> (Vec<T>, bool, bool) {
+    let mut rows = page.rows;
+    let more = page.cut || rows.len() as i64 > limit;
+    rows.truncate(limit as usize);
+    let truncated = page.cut && (rows.len() as i64) < limit;
+    (rows, more, truncated)
 }
 
 fn empty_object() -> Value {
@@ -188,7 +213,11 @@ fn empty_object() -> Value {
 
 /// `limit` when given, checked against [`PAGE_MIN`]..=[`PAGE_MAX`].
 pub fn page(limit: Option<i64>) -> Result<i64, ApiError> {
-    let limit = limit.unwrap_or(PAGE_DEFAULT);
+    page_or(limit, PAGE_DEFAULT)
+}
+
+fn page_or(limit: Option<i64>, default: i64) -> Result<i64, ApiError> {
+    let limit = limit.unwrap_or(default);
     if !(PAGE_MIN..=PAGE_MAX).contains(&limit) {
         return Err(ApiError::validation(format!(
             "limit must be {PAGE_MIN}..={PAGE_MAX}"
@@ -311,12 +340,15 @@ pub async fn run(store: &Store, run_id: Uuid) -> Result<Value, ApiError> {
     Ok(run_json(&store.run(run_id).await?))
 }
 
-/// One page of runs matching `filter`, after the run `cursor` names.
+/// One page of runs matching `filter`, after the run `cursor` names: each run as `GET
+/// /v1/runs/{id}` shows it, without its `data` unless `data`, and at most about `bytes_max`
+/// bytes of them.
 pub async fn runs(
     store: &Store,
     filter: RunFilter,
     cursor: Option<&str>,
     limit: Option<i64>,
+    (data, bytes_max): (bool, usize),
 ) -> Result<RunsPage, ApiError> {
     let limit = page(limit)?;
     let filter = RunFilter {
@@ -325,24 +357,71 @@ pub async fn runs(
         ..filter
     };
     let after = cursor.map(decode_cursor).transpose()?;
+    let view = PageView {
+        with_data: data,
+        bytes_max: bytes_max as i64,
+    };
     // One row more than asked tells whether another page follows.
-    let mut rows = store.list_runs_page(&filter, after, limit + 1).await?;
-    let more = rows.len() as i64 > limit;
-    rows.truncate(limit as usize);
+    let (rows, more, truncated) = paged(
+        store.runs_page(&filter, after, limit + 1, view).await?,
+        limit,
+    );
     let next = match rows.last() {
         Some(last) if more => Some(encode_cursor(last.created_at, last.run_id)),
         _ => None,
     };
+    let runs = rows
+        .iter()
+        .map(|row| {
+            let mut run = run_json(row);
+            if !data && let Some(run) = run.as_object_mut() {
+                run.remove("data");
+            }
+            run
+        })
+        .collect();
     Ok(RunsPage {
-        runs: rows.iter().map(run_json).collect(),
+        runs,
         next,
+        truncated,
     })
 }
 
-/// The run's events in sequence order; not found when there is no such run.
-pub async fn history(store: &Store, run_id: Uuid) -> Result<Vec<StoredEvent>, ApiError> {
+/// One page of the run's events after sequence `after` (from the first when absent), at most
+/// about `bytes_max` bytes of them; not found when there is no such run.
+pub async fn events(
+    store: &Store,
+    run_id: Uuid,
+    after: Option<i64>,
+    limit: Option<i64>,
+    bytes_max: usize,
+) -> Result<EventsPage, ApiError> {
+    let limit = page_or(limit, EVENTS_PAGE_DEFAULT)?;
+    let after = after.unwrap_or(0);
+    if after < 0 {
+        return Err(ApiError::validation(
+            "after must be a sequence number (0 or more): the `Rein-Next-After` of the page before",
+        )
+        .with_details(json!({ "field": "after" })));
+    }
     store.run(run_id).await?;
-    Ok(store.history(run_id).await?)
+    let view = PageView {
+        with_data: true,
+        bytes_max: bytes_max as i64,
+    };
+    let (events, more, truncated) = paged(
+        store.history_page(run_id, after, limit + 1, view).await?,
+        limit,
+    );
+    let next = match events.last() {
+        Some(last) if more => Some(last.sequence),
+        _ => None,
+    };
+    Ok(EventsPage {
+        events,
+        next,
+        truncated,
+    })
 }
 
 /// Refuses `token` acting on run `run_id` when the token is bound to queues the run is not

@@ -109,7 +109,7 @@ async fn revoke(args: RevokeArgs) -> u8 {
                 "error: no live token {} (unknown, or already revoked)",
                 args.token_id
             );
-            exit::REFUSED
+            exit::INPUT
         }
         Err(e) => ops::report(&e),
     }

@@ -894,9 +894,9 @@ async fn a_revoked_token_is_refused_from_then_on() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let (s, v) = json_of(api.get("/v1/runs", Some(&token)).send().await.unwrap()).await;
     assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
-    // Revoking it again is refused: nothing live to revoke.
+    // Revoking it again names no live token: an input error, like any unknown id.
     let out = rein(&["tokens", "revoke", &id, "--database-url", &api.url]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
 }
 
 // ---- the served document is the contract ---------------------------------------------------
@@ -1269,11 +1269,11 @@ async fn documented_query_and_header_bounds_are_the_bounds_the_server_enforces()
             .await;
         }
     }
-    // limit of runs and approvals, version of a definition.
-    assert_eq!(integers, 3, "the integer parameters were found");
+    // limit of runs, approvals and events, after of events, version of a definition.
+    assert_eq!(integers, 5, "the integer parameters were found");
     // The six filters of runs, two of approvals, a definition's version, a document's
-    // format, enqueue's Idempotency-Key.
-    assert!(tried >= 22, "only {tried} values tried");
+    // format, enqueue's Idempotency-Key, the two of events.
+    assert!(tried >= 30, "only {tried} values tried");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1331,4 +1331,290 @@ async fn a_definition_version_the_database_cannot_store_is_refused_not_a_server_
     spec["version"] = json!(rein_core::limits::VERSION_MAX);
     let (s, v) = api.post_json("/v1/definitions", &token, &spec).await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
+}
+
+/// A definition whose one waiting state takes `nudge` from outside and stays: every nudge is
+/// one more event in the run's log.
+const NUDGED: &str = r#"
+name = "nudged"
+version = 1
+description = "Waits; every nudge is one more event in its log."
+cancel_state = "cancelled"
+events = ["nudge"]
+call_results = []
+external_events = ["nudge"]
+
+[[states]]
+name = "waiting"
+kind = "waiting"
+initial = true
+
+[[states]]
+name = "cancelled"
+kind = "terminal"
+outcome = "failed"
+
+[[transitions]]
+from = "waiting"
+event = "nudge"
+to = "waiting"
+"#;
+
+/// The response of `GET path`: status, the named headers, and the body.
+async fn page_of(
+    api: &Api,
+    path: &str,
+    token: &str,
+    headers: [&str; 2],
+) -> (StatusCode, [Option<String>; 2], Value, usize) {
+    let r = api.get(path, Some(token)).send().await.unwrap();
+    let found = headers.map(|h| r.headers().get(h).map(|v| v.to_str().unwrap().to_owned()));
+    let status = r.status();
+    let text = r.text().await.unwrap();
+    let body = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    (status, found, body, text.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_of_runs_leaves_their_data_out_and_stops_at_its_byte_bound() {
+    let bound = 64 * 1024;
+    let api = Api::start("api_list_bytes", &["--page-bytes-max", &bound.to_string()]).await;
+    let token = api.token("reader", &["read"]);
+    let def = api.store.load_definition("chain4", None).await.unwrap();
+    let blob = "x".repeat(20 * 1024);
+    let mut enqueued = Vec::new();
+    for i in 0..12 {
+        let input = json!({ "i": i, "blob": blob });
+        let done = api
+            .store
+            .enqueue(EnqueueRequest::new(def.clone(), input))
+            .await
+            .unwrap();
+        enqueued.push(done.run_id.to_string());
+    }
+    let headers = ["rein-next-cursor", "rein-page-truncated"];
+
+    // Without `data`, every run fits: the list is its state, not its business data.
+    let (s, [next, truncated], v, bytes) =
+        page_of(&api, "/v1/runs?limit=12", &token, headers).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let rows = v.as_array().unwrap();
+    assert_eq!(rows.len(), 12);
+    assert!(rows.iter().all(|r| r.get("data").is_none()), "{v}");
+    assert!(rows.iter().all(|r| r["state"] == "step1"), "{v}");
+    assert_eq!((next, truncated), (None, None));
+    assert!(bytes < bound, "{bytes} bytes");
+    // One run keeps its data.
+    let (_, run) = api
+        .get_json(&format!("/v1/runs/{}", enqueued[0]), &token)
+        .await;
+    assert_eq!(run["data"]["blob"], blob.as_str());
+
+    // With `data`, a page stops at the bound and says so; the cursor goes on from there.
+    let mut path = "/v1/runs?limit=12&data=true".to_owned();
+    let mut seen = Vec::new();
+    let mut pages = 0;
+    loop {
+        let (s, [next, truncated], v, bytes) = page_of(&api, &path, &token, headers).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        let rows = v.as_array().unwrap();
+        pages += 1;
+        assert!(!rows.is_empty());
+        assert!(
+            bytes <= bound + 25 * 1024,
+            "page {pages}: {bytes} bytes for a bound of {bound}"
+        );
+        for row in rows {
+            assert_eq!(row["data"]["blob"], blob.as_str());
+            seen.push(row["run_id"].as_str().unwrap().to_owned());
+        }
+        let Some(next) = next else {
+            assert_eq!(truncated, None, "the last page holds the rest");
+            break;
+        };
+        if seen.len() < 12 {
+            assert_eq!(truncated.as_deref(), Some("bytes"), "page {pages}");
+        }
+        path = format!("/v1/runs?limit=12&data=true&cursor={next}");
+    }
+    assert!(
+        pages >= 4,
+        "12 runs of 20 KiB in pages of 64 KiB: {pages} pages"
+    );
+    seen.sort();
+    enqueued.sort();
+    assert_eq!(seen, enqueued, "each run exactly once");
+
+    // A run larger than the bound still comes, alone on its page.
+    let huge = json!({ "blob": "y".repeat(100 * 1024) });
+    api.store
+        .enqueue(EnqueueRequest::new(def.clone(), huge))
+        .await
+        .unwrap();
+    let (s, [next, truncated], v, _) =
+        page_of(&api, "/v1/runs?limit=5&data=true", &token, headers).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v.as_array().unwrap().len(), 1, "the newest run alone");
+    assert!(next.is_some());
+    assert_eq!(truncated.as_deref(), Some("bytes"));
+    let (s, v) = api.get_json("/v1/runs?data=maybe", &token).await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_events_come_in_pages_and_the_cli_reads_them_all() {
+    let bound = 64 * 1024;
+    let api = Api::start("api_event_pages", &["--page-bytes-max", &bound.to_string()]).await;
+    let token = api.token("ops", &["read", "operate"]);
+    let (s, v) = json_of(
+        api.post(
+            "/v1/definitions?format=toml",
+            &api.token("admin", &["admin"]),
+        )
+        .body(NUDGED)
+        .send()
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let def = api.store.load_definition("nudged", None).await.unwrap();
+    let run = api
+        .store
+        .enqueue(EnqueueRequest::new(def, json!({})))
+        .await
+        .unwrap()
+        .run_id;
+    let nudge = |payload: Value| {
+        let (api, token) = (&api, &token);
+        async move {
+            let body = json!({"type": "nudge", "payload": payload});
+            let (s, v) = api
+                .post_json(&format!("/v1/runs/{run}/events"), token, &body)
+                .await;
+            assert_eq!(s, StatusCode::OK, "{v}");
+        }
+    };
+    for i in 0..25 {
+        nudge(json!({ "i": i })).await;
+    }
+    let headers = ["rein-next-after", "rein-page-truncated"];
+    let events = format!("/v1/runs/{run}/events");
+
+    // Pages of 10 in order; the header names where the next one starts.
+    let mut after = None;
+    let mut sequences: Vec<i64> = Vec::new();
+    for want in [10, 10, 5] {
+        let path = match after {
+            Some(a) => format!("{events}?limit=10&after={a}"),
+            None => format!("{events}?limit=10"),
+        };
+        let (s, [next, truncated], v, _) = page_of(&api, &path, &token, headers).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        assert_eq!(truncated, None);
+        let page: Vec<i64> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["sequence"].as_i64().unwrap())
+            .collect();
+        assert_eq!(page.len(), want, "{v}");
+        sequences.extend(&page);
+        after = next.map(|n| n.parse::<i64>().unwrap());
+        if want == 5 {
+            assert_eq!(after, None, "no next page after the last");
+        } else {
+            assert_eq!(after, page.last().copied());
+        }
+    }
+    assert_eq!(sequences, (1..=25).collect::<Vec<i64>>());
+    // The default page (100) holds them all.
+    let (_, [next, _], v, _) = page_of(&api, &events, &token, headers).await;
+    assert_eq!((v.as_array().unwrap().len(), next), (25, None));
+    for bad in ["after=-1", "limit=0", "limit=1001", "after=x"] {
+        let (s, v) = api.get_json(&format!("{events}?{bad}"), &token).await;
+        assert_eq!(
+            (s, code(&v)),
+            (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed"),
+            "{bad}: {v}"
+        );
+    }
+
+    // Large payloads: pages stop at the byte bound, and `rein runs history` still shows the
+    // whole log, through the API as through the database.
+    let blob = "z".repeat(20 * 1024);
+    for _ in 0..6 {
+        nudge(json!({ "blob": blob })).await;
+    }
+    let (_, [next, truncated], v, bytes) =
+        page_of(&api, &format!("{events}?after=25"), &token, headers).await;
+    assert!(v.as_array().unwrap().len() < 6, "{v}");
+    assert_eq!(truncated.as_deref(), Some("bytes"));
+    assert!(next.is_some());
+    assert!(bytes <= bound + 25 * 1024, "{bytes}");
+    let history = |env: &[(&str, &str)]| {
+        let out = common::rein_with(&["runs", "history", &run.to_string(), "--json"], env);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        serde_json::from_str::<Value>(&stdout(&out)).unwrap()
+    };
+    let through_api = history(&[("REIN_URL", &api.base), ("REIN_TOKEN", &token)]);
+    let sequences: Vec<i64> = through_api
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["sequence"].as_i64().unwrap())
+        .collect();
+    assert_eq!(sequences, (1..=31).collect::<Vec<i64>>());
+    assert_eq!(through_api, history(&[("DATABASE_URL", &api.url)]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_json_object_is_a_request_body() {
+    let api = Api::start("api_object_bodies", &[]).await;
+    let token = api.token("ci", &["admin"]);
+    let (run, approval) = common::waiting_approval(&api.store).await;
+    let (_, definition) = api.get_json("/v1/definitions/chain4", &token).await;
+    let fields: Vec<Value> = definition["spec"]
+        .as_object()
+        .unwrap()
+        .values()
+        .cloned()
+        .collect();
+    for (path, body) in [
+        ("/v1/runs".to_owned(), json!(["lifecycle", null, {}])),
+        ("/v1/runs".to_owned(), json!("lifecycle")),
+        (format!("/v1/runs/{run}/events"), json!(["CANCEL", {}])),
+        (format!("/v1/approvals/{approval}/deny"), json!([null])),
+        (format!("/v1/approvals/{approval}/grant"), json!(null)),
+        ("/v1/definitions".to_owned(), Value::Array(fields)),
+    ] {
+        let (s, v) = api.post_json(&path, &token, &body).await;
+        assert_eq!(
+            (s, code(&v)),
+            (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed"),
+            "POST {path} {body}: {v}"
+        );
+    }
+    assert_eq!(
+        api.store.run_totals().await.unwrap().0,
+        1,
+        "no run was made"
+    );
+    assert_eq!(
+        api.store.approval(approval).await.unwrap().status,
+        "pending"
+    );
+    assert_eq!(api.store.run(run).await.unwrap().state, "WAITING_APPROVAL");
+    // An object is still a body, and so is nothing at all.
+    let (s, v) = api
+        .post_json(
+            &format!("/v1/approvals/{approval}/grant"),
+            &token,
+            &json!({}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
 }

@@ -158,6 +158,56 @@ fn no_database_url_exits_1() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
 }
 
+/// README: 1 for usage or input errors (an unknown thing named, a malformed URL), 2 for
+/// refusals, 3 for a database that cannot be reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_codes_follow_the_readme_table() {
+    let (url, _store) = common::fresh_store("cli_exit_codes").await;
+    for bad in ["not a url", "postgres://[::1"] {
+        let out = rein(&["runs", "list", "--database-url", bad]);
+        assert_eq!(out.status.code(), Some(1), "{bad}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("not a valid PostgreSQL URL"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    let unknown = Uuid::now_v7().to_string();
+    let out = rein(&["tokens", "revoke", &unknown, "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no live token"), "{}", stderr(&out));
+    // An engine event from outside is refused: 2.
+    let out = rein(&["enqueue", "--definition", "chain4", "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let run = stdout(&out).trim().to_owned();
+    let out = rein(&["send", &run, "next", "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    // An unknown run: 1.
+    let out = rein(&["runs", "show", &unknown, "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+}
+
+#[test]
+fn insecure_dev_refuses_an_address_other_hosts_can_reach() {
+    for listen in ["0.0.0.0:0", "[::]:0", "192.0.2.1:7878"] {
+        let out = rein(&[
+            "api",
+            "--insecure-dev",
+            "--listen",
+            listen,
+            "--database-url",
+            "postgres://rein@127.0.0.1:1/rein",
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{listen}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("loopback"),
+            "{listen}: {}",
+            stderr(&out)
+        );
+        assert!(stdout(&out).is_empty(), "{listen}: nothing served");
+    }
+}
+
 #[test]
 fn definitions_register_stores_a_file_and_refuses_a_changed_body_under_the_same_version() {
     let url = common::fresh_database("cli_register");

@@ -657,6 +657,9 @@ impl Definition {
         }
         let spec: DefinitionSpec = match format {
             Format::Toml => toml::from_str(text).map_err(|e| DefinitionError::Parse(e.to_string())),
+            Format::Json if !crate::text::json_text_is_object(text.as_bytes()) => Err(
+                DefinitionError::Parse("a JSON definition is an object (`{...}`)".to_owned()),
+            ),
             Format::Json => {
                 serde_json::from_str(text).map_err(|e| DefinitionError::Parse(e.to_string()))
             }

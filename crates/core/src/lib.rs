@@ -41,3 +41,4 @@ pub use event::{EngineEvent, Event};
 pub use guard::{GuardInput, GuardKind, GuardRegistry};
 pub use reducer::{InvalidTransition, RejectReason, apply, decide, follow_up, replay};
 pub use state::{ActionSlot, ActionStatus, JoinState, RunState, RunStatus, Usage};
+pub use text::json_text_is_object;

@@ -18,6 +18,15 @@ pub fn storable(text: &str) -> String {
     }
 }
 
+/// Whether JSON `text` is an object: its first character past white space is `{`. A document
+/// that stands for a record (a request body, a definition) is an object; serde would also
+/// read a struct from an array of its fields in order, which no reader would recognise.
+pub fn json_text_is_object(text: &[u8]) -> bool {
+    text.iter()
+        .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+        .is_some_and(|b| *b == b'{')
+}
+
 /// Where `value` holds a NUL character, in a string or an object key, as a JSON path
 /// (`$.events[0].payload.note`); `None` when it holds none.
 pub fn nul_at(value: &Value) -> Option<String> {

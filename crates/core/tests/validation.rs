@@ -598,3 +598,19 @@ fn guard_that_does_not_evaluate_to_a_boolean_fails_closed() {
         "{err}"
     );
 }
+
+#[test]
+fn a_json_definition_is_an_object_not_an_array_of_its_fields() {
+    let object = serde_json::to_string(parse(BASE).expect("the base fixture").spec()).unwrap();
+    assert!(Definition::parse(&object, Format::Json, &GuardRegistry::new()).is_ok());
+    for text in [r#"["mini", 1]"#, "  \n[]", "null", r#""mini""#] {
+        match Definition::parse(text, Format::Json, &GuardRegistry::new()) {
+            Err(DefinitionError::Parse(reason)) => {
+                assert!(reason.contains("is an object"), "{text}: {reason}")
+            }
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+    assert!(rein_core::json_text_is_object(b" \t\r\n{}"));
+    assert!(!rein_core::json_text_is_object(b""));
+}

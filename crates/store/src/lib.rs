@@ -47,7 +47,10 @@ pub use error::{StoreError, is_unreachable};
 pub use gauges::{FleetGauges, RETRYING_ATTEMPTS_MIN};
 pub use leader::{LEADER_TTL_MS_MAX, LEADER_TTL_MS_MIN, LeaderInfo, LeaderLease};
 pub use operate::Member;
-pub use reads::{EventTime, Recovered, RunFilter, RunRow, StoredEvent};
+pub use reads::{
+    Budgeted, EventTime, PageView, ROW_BYTES_BESIDES_JSON, Recovered, RunFilter, RunRow,
+    StoredEvent,
+};
 pub use retention::{ARCHIVE_BATCH_MAX, ArchiveCandidates, ArchivedBatch, EventsTableSize};
 pub use scans::{NextLook, SCAN_BACKOFF_MS_MAX, SCAN_BACKOFF_MS_MIN, Seen};
 pub use send::{

@@ -129,7 +129,73 @@ impl StoredEvent {
     }
 }
 
+/// How much of each row a page carries, and about how many bytes at most.
+#[derive(Debug, Clone, Copy)]
+pub struct PageView {
+    /// Runs keep their business data (`projection.data`); without it, it reads as null.
+    pub with_data: bool,
+    /// The page ends before the row that would take its size past this (it always holds
+    /// its first row). A row's size is its JSON (a run's projection, an event's payload)
+    /// plus [`ROW_BYTES_BESIDES_JSON`].
+    pub bytes_max: i64,
+}
+
+/// A page kept within its byte bound ([`PageView::bytes_max`]): its first rows, and whether
+/// rows were left out for the bound.
+#[derive(Debug, Clone)]
+pub struct Budgeted<T> {
+    pub rows: Vec<T>,
+    pub cut: bool,
+}
+
+/// Bytes a listed row is reckoned to take besides its JSON: ids, names, times.
+pub const ROW_BYTES_BESIDES_JSON: i64 = 256;
+
 pub(crate) const RUN_ROW: &str = include_str!("../queries/run_row.sql");
+
+/// [`RUN_ROW`] with the run's business data read as null unless parameter `with_data` is
+/// true: what a list view reads, so that data nobody asked for never leaves the database.
+fn listed_run_row(with_data: usize) -> String {
+    RUN_ROW.replacen(
+        " projection,",
+        &format!(
+            " CASE WHEN ${with_data} THEN projection ELSE jsonb_set(projection, '{{data}}', 'null') END AS projection,"
+        ),
+        1,
+    )
+}
+
+/// `page` (a query of one page of rows in `order`) kept to the first rows whose running size
+/// (`json` of each row, plus [`ROW_BYTES_BESIDES_JSON`]) stays within parameter `bytes_max`,
+/// the first row always. Each row carries `page_rows`, how many rows the page had.
+fn within_bytes(page: &str, order: &str, json: &str, bytes_max: usize) -> String {
+    format!(
+        "SELECT * FROM (
+           SELECT page.*, count(*) OVER () AS page_rows, row_number() OVER running AS page_row,
+                  sum(octet_length(({json})::text) + {ROW_BYTES_BESIDES_JSON}) OVER running
+                      AS bytes_through
+           FROM ({page}) page
+           WINDOW running AS (ORDER BY {order} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+         ) sized
+         WHERE page_row = 1 OR bytes_through <= ${bytes_max}
+         ORDER BY {order}"
+    )
+}
+
+/// The rows of a [`within_bytes`] query, and whether the bound left some out.
+fn budgeted<T>(
+    rows: &[PgRow],
+    read: impl Fn(&PgRow) -> Result<T, StoreError>,
+) -> Result<Budgeted<T>, StoreError> {
+    let page_rows: i64 = match rows.first() {
+        Some(first) => first.try_get("page_rows")?,
+        None => 0,
+    };
+    Ok(Budgeted {
+        cut: (rows.len() as i64) < page_rows,
+        rows: rows.iter().map(read).collect::<Result<_, _>>()?,
+    })
+}
 const EVENT_COLUMNS: &str = "run_id, sequence, event_id, type, payload, node, schema_version, fencing_token, worker, occurred_at, sender";
 
 fn event_from_row(row: &PgRow) -> Result<StoredEvent, StoreError> {
@@ -178,6 +244,34 @@ impl Store {
         rows.iter().map(event_from_row).collect()
     }
 
+    /// At most `limit` of the run's events after sequence `after`, in order, kept within
+    /// `view`'s byte bound.
+    pub async fn history_page(
+        &self,
+        run_id: Uuid,
+        after: i64,
+        limit: i64,
+        view: PageView,
+    ) -> Result<Budgeted<StoredEvent>, StoreError> {
+        let page = format!(
+            "SELECT {EVENT_COLUMNS} FROM rein_events_all WHERE run_id = $1 AND sequence > $2
+             ORDER BY sequence LIMIT $3"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(within_bytes(
+            &page,
+            "sequence",
+            "page.payload",
+            4,
+        )))
+        .bind(run_id)
+        .bind(after)
+        .bind(limit)
+        .bind(view.bytes_max)
+        .fetch_all(self.pool())
+        .await?;
+        budgeted(&rows, event_from_row)
+    }
+
     pub async fn list_runs(
         &self,
         status: Option<&str>,
@@ -197,13 +291,29 @@ impl Store {
     }
 
     /// One page of runs, newest first by (created_at, run_id), strictly after the row
-    /// `after` names (keyset pagination: stable while runs are added).
+    /// `after` names (keyset pagination: stable while runs are added), with their data.
     pub async fn list_runs_page(
         &self,
         filter: &RunFilter,
         after: Option<(DateTime<Utc>, Uuid)>,
         limit: i64,
     ) -> Result<Vec<RunRow>, StoreError> {
+        let view = PageView {
+            with_data: true,
+            bytes_max: i64::MAX,
+        };
+        Ok(self.runs_page(filter, after, limit, view).await?.rows)
+    }
+
+    /// [`Store::list_runs_page`] carrying what `view` says: the runs' data or not (a run
+    /// without reads `projection.data` as null), and within its byte bound.
+    pub async fn runs_page(
+        &self,
+        filter: &RunFilter,
+        after: Option<(DateTime<Utc>, Uuid)>,
+        limit: i64,
+        view: PageView,
+    ) -> Result<Budgeted<RunRow>, StoreError> {
         for (field, value) in [
             ("status", &filter.status),
             ("definition", &filter.definition),
@@ -213,12 +323,20 @@ impl Store {
             }
         }
         let (after_at, after_id) = after.unzip();
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "{RUN_ROW} WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR definition = $2)
+        let order = "created_at DESC, run_id DESC";
+        let page = format!(
+            "{} WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR definition = $2)
                AND ($3::timestamptz IS NULL OR created_at > $3)
                AND ($4::timestamptz IS NULL OR created_at < $4)
                AND ($5::timestamptz IS NULL OR (created_at, run_id) < ($5, $6::uuid))
-             ORDER BY created_at DESC, run_id DESC LIMIT $7"
+             ORDER BY {order} LIMIT $7",
+            listed_run_row(8)
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(within_bytes(
+            &page,
+            order,
+            "page.projection",
+            9,
         )))
         .bind(filter.status.as_deref())
         .bind(filter.definition.as_deref())
@@ -227,9 +345,11 @@ impl Store {
         .bind(after_at)
         .bind(after_id)
         .bind(limit)
+        .bind(view.with_data)
+        .bind(view.bytes_max)
         .fetch_all(self.pool())
         .await?;
-        rows.iter().map(RunRow::from_row).collect()
+        budgeted(&rows, RunRow::from_row)
     }
 
     pub(crate) async fn rows(&self, tail: &str, limit: i64) -> Result<Vec<RunRow>, StoreError> {
@@ -554,4 +674,16 @@ pub struct EventTime {
     pub worker: String,
     /// Microseconds since the epoch, by the database clock.
     pub at_us: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listed_run_row_decides_on_its_data() {
+        let listed = listed_run_row(8);
+        assert_ne!(listed, RUN_ROW, "run_row.sql selects ` projection,`");
+        assert!(listed.contains("CASE WHEN $8 THEN projection"), "{listed}");
+    }
 }

@@ -22,7 +22,7 @@ pub struct ApiError {
 }
 
 /// Every error code the API answers with.
-pub const CODES: [&str; 13] = [
+pub const CODES: [&str; 19] = [
     "validation_failed",
     "invalid_transition",
     "fenced",
@@ -34,6 +34,12 @@ pub const CODES: [&str; 13] = [
     "payload_too_large",
     "method_not_allowed",
     "quota_exceeded",
+    "bad_request",
+    "uri_too_long",
+    "headers_too_large",
+    "unsupported_media_type",
+    "request_timeout",
+    "too_many_requests",
     "unavailable",
     "internal",
 ];
@@ -47,8 +53,9 @@ pub struct ErrorBody {
 #[derive(Serialize, ToSchema)]
 pub struct ErrorDetail {
     /// Stable: validation_failed, invalid_transition, conflict, not_found, unauthorized,
-    /// forbidden, event_not_allowed, payload_too_large, method_not_allowed,
-    /// quota_exceeded, unavailable, internal.
+    /// forbidden, event_not_allowed, payload_too_large, method_not_allowed, bad_request,
+    /// uri_too_long, headers_too_large, unsupported_media_type, request_timeout,
+    /// too_many_requests, quota_exceeded, unavailable, internal.
     pub code: String,
     pub message: String,
     #[schema(value_type = Option<Object>)]
@@ -112,6 +119,89 @@ impl ApiError {
             "payload_too_large",
             "the request body is larger than this server accepts (--body-limit-bytes)".to_owned(),
         )
+    }
+
+    /// A refusal made below the handlers (by HTTP parsing, routing, a body or connection
+    /// limit), in the API's shape: the code and a message that says what to change, from the
+    /// status; `said` is what the layer that refused said, when it said something.
+    pub fn transport(status: StatusCode, said: Option<String>) -> ApiError {
+        let (code, message) = match status.as_u16() {
+            400 => (
+                "bad_request",
+                "the request is not well-formed HTTP: its request line or a header (such as Content-Length) cannot be read",
+            ),
+            404 => ("not_found", "no such route"),
+            405 => ("method_not_allowed", "this route does not take that method"),
+            408 => (
+                "request_timeout",
+                "the request did not arrive in time (--body-read-timeout-ms); send the body without pausing",
+            ),
+            413 => (
+                "payload_too_large",
+                "the request body is larger than this server accepts (--body-limit-bytes)",
+            ),
+            414 => (
+                "uri_too_long",
+                "the request URI is too long; send large values in the request body",
+            ),
+            415 => (
+                "unsupported_media_type",
+                "this route does not take a body of that Content-Type",
+            ),
+            429 => (
+                "too_many_requests",
+                "too many connections from this client (--max-connections-per-client); reuse or close some and retry",
+            ),
+            431 => (
+                "headers_too_large",
+                "the request line and headers are larger than this server accepts",
+            ),
+            503 => (
+                "unavailable",
+                "the server is at its connection limit (--max-connections); retry shortly",
+            ),
+            s if s >= 500 => ("internal", "internal error; see the server log"),
+            _ => ("bad_request", "the request cannot be served as sent"),
+        };
+        let message = match said.map(|s| s.trim().to_owned()) {
+            Some(said) if !said.is_empty() && !said.chars().any(char::is_control) => {
+                format!("{message}: {said}")
+            }
+            _ => message.to_owned(),
+        };
+        ApiError::new(status, code, message)
+    }
+
+    fn body(self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_owned(),
+                message: self.message,
+                details: self.details,
+            },
+        }
+    }
+
+    /// This error as a whole HTTP/1.1 response that closes the connection, for the server to
+    /// write on a socket no handler serves (a refused connection, a request hyper could not
+    /// parse); `version` is the response's protocol, e.g. `HTTP/1.1`.
+    pub fn http_bytes(self, version: &str) -> Vec<u8> {
+        let status = self.status;
+        let retry = if matches!(status.as_u16(), 429 | 503) {
+            "retry-after: 1\r\n"
+        } else {
+            ""
+        };
+        let body = serde_json::to_vec(&self.body()).unwrap_or_default();
+        let mut bytes = format!(
+            "{version} {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{retry}connection: close\r\n\r\n",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or(""),
+            body.len()
+        )
+        .into_bytes();
+        bytes.extend_from_slice(&body);
+        bytes
     }
 }
 
@@ -214,21 +304,16 @@ impl From<StoreError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorBody {
-            error: ErrorDetail {
-                code: self.code.to_owned(),
-                message: self.message,
-                details: self.details,
-            },
-        };
-        let mut response = (self.status, Json(body)).into_response();
-        if let Some(seconds) = self.retry_after_s {
+        let status = self.status;
+        let retry_after_s = self.retry_after_s;
+        let mut response = (status, Json(self.body())).into_response();
+        if let Some(seconds) = retry_after_s {
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
                 axum::http::HeaderValue::from(seconds),
             );
         }
-        if self.status == StatusCode::UNAUTHORIZED {
+        if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,
                 axum::http::HeaderValue::from_static("Bearer"),

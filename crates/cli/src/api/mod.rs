@@ -1,16 +1,18 @@
 //! `rein api`: the HTTP API (SPEC I3) with bearer tokens and scopes (SPEC Z1) and input limits
-//! (SPEC Z2). Handlers live in `routes.rs`; this module holds the server, authentication, the
-//! error shape and the body limit.
+//! (SPEC Z2). Handlers live in `routes.rs`, the connection handling in `server.rs`; this module
+//! holds the command, authentication, the error shape and the body's limits.
 
 pub mod error;
 mod routes;
 pub mod schema;
+mod server;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::header::{ALLOW, AUTHORIZATION, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -28,6 +30,8 @@ pub const BODY_LIMIT_DEFAULT: u64 = 1024 * 1024;
 const PUBLIC_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 /// The subject recorded for calls made with `--insecure-dev`.
 const INSECURE_SUBJECT: &str = "insecure-dev";
+/// Most bytes of a lower layer's plain-text refusal quoted in the JSON error that replaces it.
+const REFUSAL_TEXT_BYTES_MAX: usize = 1024;
 
 #[derive(clap::Args)]
 pub struct ApiArgs {
@@ -38,7 +42,7 @@ pub struct ApiArgs {
     #[arg(long, default_value = "127.0.0.1:7878")]
     listen: SocketAddr,
     /// Serve without authentication: every caller gets every scope. For local development
-    /// only.
+    /// only, so only on a loopback address (127.0.0.1, [::1]).
     #[arg(long)]
     insecure_dev: bool,
     /// Largest request body accepted, in bytes.
@@ -50,14 +54,67 @@ pub struct ApiArgs {
     /// its own runs).
     #[arg(long)]
     approver_may_not_be_enqueuer: bool,
+    /// A request's line and headers must arrive within this long of their first byte; a
+    /// connection that sends half a request head is closed then.
+    #[arg(long, value_name = "MS", default_value_t = server::HEADER_READ_TIMEOUT_MS_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    header_read_timeout_ms: u64,
+    /// A request's body must arrive whole within this long of its head (408 and the
+    /// connection closed otherwise).
+    #[arg(long, value_name = "MS", default_value_t = server::BODY_READ_TIMEOUT_MS_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    body_read_timeout_ms: u64,
+    /// A connection on which nothing moves for this long while no request is being answered
+    /// is closed: one that never sends a request, an idle kept-alive one, or one whose client
+    /// stopped reading its answer.
+    #[arg(long, value_name = "MS", default_value_t = server::IDLE_TIMEOUT_MS_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    idle_timeout_ms: u64,
+    /// Connections open at once; one more is answered 503 (`Retry-After: 1`) and closed.
+    /// Default: what the file-descriptor limit (`ulimit -n`) leaves after the database pool
+    /// and a reserve of 32, at most 1024.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    max_connections: Option<u64>,
+    /// Connections open at once from one client (an IPv4 address or an IPv6 /64); one more
+    /// is answered 429 (`Retry-After: 1`) and closed. As each connection carries one request
+    /// at a time, this is also how many requests a client has in flight.
+    #[arg(long, value_name = "N", default_value_t = server::CONNECTIONS_PER_CLIENT_MAX_DEFAULT as u64,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    max_connections_per_client: u64,
+    /// About the largest page `GET /v1/runs` and `GET /v1/runs/{id}/events` answer, in bytes:
+    /// a page ends before the row that would pass it (always holding one row) and says so in
+    /// `Rein-Page-Truncated`, with the cursor of the rest.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::service::PAGE_BYTES_MAX_DEFAULT as u64,
+          value_parser = clap::value_parser!(u64).range(64 * 1024..=64 * 1024 * 1024))]
+    page_bytes_max: u64,
     #[command(flatten)]
     redis: crate::RedisArgs,
+}
+
+/// What one request may take.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub body_bytes_max: usize,
+    pub body_read_timeout: Duration,
+    /// About the most bytes of rows one page of a list carries.
+    pub page_bytes_max: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            body_bytes_max: BODY_LIMIT_DEFAULT as usize,
+            body_read_timeout: Duration::from_millis(server::BODY_READ_TIMEOUT_MS_DEFAULT),
+            page_bytes_max: crate::service::PAGE_BYTES_MAX_DEFAULT,
+        }
+    }
 }
 
 /// What every handler shares.
 pub struct App {
     pub store: Store,
     insecure_dev: bool,
+    pub limits: Limits,
     /// The OpenAPI document, set once the router is built.
     pub openapi: OnceLock<utoipa::openapi::OpenApi>,
 }
@@ -78,26 +135,56 @@ impl Caller {
 }
 
 /// The API's router and its OpenAPI document, around a store.
-pub fn router(store: Store, insecure_dev: bool, body_limit: usize) -> axum::Router {
+pub fn router(store: Store, insecure_dev: bool, limits: Limits) -> axum::Router {
     let app = Arc::new(App {
         store,
         insecure_dev,
+        limits,
         openapi: OnceLock::new(),
     });
     let (router, doc) = routes::router().split_for_parts();
     let _ = app.openapi.set(doc);
     router
         .fallback(|| async { ApiError::not_found("no such route".to_owned()) })
+        .layer(middleware::from_fn_with_state(app.clone(), read_body))
         .layer(middleware::from_fn(refuse_nul))
         .layer(middleware::from_fn_with_state(app.clone(), authenticate))
         // The limit layer governs; axum's own 2 MB default for buffered bodies is off.
         .layer(DefaultBodyLimit::disable())
-        .layer(RequestBodyLimitLayer::new(body_limit))
+        .layer(RequestBodyLimitLayer::new(limits.body_bytes_max))
         .layer(middleware::map_response(json_errors))
         .with_state(app)
 }
 
+/// Serves `app` on `listener` in this process (`rein demo`) with the default connection
+/// limits, until `stop`.
+pub async fn serve_in_process(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let limits = server::ConnLimits {
+        header_read_timeout: Duration::from_millis(server::HEADER_READ_TIMEOUT_MS_DEFAULT),
+        idle_timeout: Duration::from_millis(server::IDLE_TIMEOUT_MS_DEFAULT),
+        connections_max: server::connections_max_default(rein_store::POOL_MAX_DEFAULT),
+        connections_per_client_max: server::CONNECTIONS_PER_CLIENT_MAX_DEFAULT,
+    };
+    server::serve(listener, app, limits, stop).await;
+}
+
+/// Whether `ip` reaches only this host.
+fn is_loopback(ip: IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
+}
+
 pub async fn serve(args: ApiArgs) -> u8 {
+    if args.insecure_dev && !is_loopback(args.listen.ip()) {
+        eprintln!(
+            "error: --insecure-dev serves every caller as admin, so it listens only on a loopback address (127.0.0.1 or [::1]), not {}; to serve other hosts, leave out --insecure-dev and give callers tokens (`rein tokens create`)",
+            args.listen
+        );
+        return exit::INPUT;
+    }
     init_logging(true);
     let store = match ops::connect(&args.db, false).await {
         Ok(s) => s,
@@ -129,23 +216,33 @@ pub async fn serve(args: ApiArgs) -> u8 {
         use std::io::Write;
         let _ = std::io::stdout().flush();
     }
-    tracing::info!(address = %bound, auth = !args.insecure_dev, "rein api listening");
+    let connections_max = args.max_connections.map_or_else(
+        || server::connections_max_default(args.db.db_pool_max),
+        |n| n as usize,
+    );
+    let conn_limits = server::ConnLimits {
+        header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
+        idle_timeout: Duration::from_millis(args.idle_timeout_ms),
+        connections_max,
+        connections_per_client_max: (args.max_connections_per_client as usize).min(connections_max),
+    };
+    let limits = Limits {
+        body_bytes_max: args.body_limit_bytes as usize,
+        body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
+        page_bytes_max: args.page_bytes_max as usize,
+    };
+    tracing::info!(address = %bound, auth = !args.insecure_dev,
+        max_connections = conn_limits.connections_max,
+        max_connections_per_client = conn_limits.connections_per_client_max,
+        "rein api listening");
     crate::telemetry::install("api");
     let store = args
         .redis
         .publishing(store, &stop)
         .with_approver_separation(args.approver_may_not_be_enqueuer);
-    let app = router(store, args.insecure_dev, args.body_limit_bytes as usize);
-    match axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await
-    {
-        Ok(()) => exit::OK,
-        Err(e) => {
-            eprintln!("error: the server stopped: {e}");
-            exit::DATABASE
-        }
-    }
+    let app = router(store, args.insecure_dev, limits);
+    server::serve(listener, app, conn_limits, stop).await;
+    exit::OK
 }
 
 /// Checks the bearer token of every request but the probes and records the caller.
@@ -176,6 +273,54 @@ async fn authenticate(State(app): State<Arc<App>>, mut req: Request, next: Next)
     };
     req.extensions_mut().insert(Caller(caller));
     next.run(req).await
+}
+
+/// Reads the request body whole before any handler runs, within `--body-read-timeout-ms`: a
+/// client that stops sending halfway gets 408 and its connection is closed, instead of
+/// holding a handler and a connection for as long as it likes.
+async fn read_body(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let read = axum::body::to_bytes(body, app.limits.body_bytes_max);
+    let closing = |e: ApiError| {
+        let mut response = e.into_response();
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+        response
+    };
+    let bytes = match tokio::time::timeout(app.limits.body_read_timeout, read).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(e)) if exceeds_limit(&e) => return ApiError::payload_too_large().into_response(),
+        Ok(Err(e)) => {
+            return closing(ApiError::transport(
+                StatusCode::BAD_REQUEST,
+                Some(format!("the body could not be read ({e})")),
+            ));
+        }
+        Err(_) => {
+            return closing(ApiError::transport(
+                StatusCode::REQUEST_TIMEOUT,
+                Some(format!(
+                    "the body was not whole after {} ms",
+                    app.limits.body_read_timeout.as_millis()
+                )),
+            ));
+        }
+    };
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await
+}
+
+/// Whether reading a body failed because it passed the body limit.
+fn exceeds_limit(e: &axum::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// Refuses a path or query parameter with a NUL character (`%00`), which PostgreSQL cannot
@@ -230,32 +375,101 @@ fn bearer(header: Option<&HeaderValue>) -> Result<String, ApiError> {
     }
 }
 
-/// Turns the plain-text refusals of the layers below (body too large, method not allowed)
-/// into the API's JSON error shape.
+/// Turns every refusal of the layers below that is not in the API's JSON error shape (a body
+/// too large, a method a route does not take, an extractor's rejection) into that shape,
+/// quoting the layer's own text where it says more than the status.
 async fn json_errors(response: Response) -> Response {
     let is_json = response
         .headers()
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
-    if is_json {
+    let status = response.status();
+    if is_json || !(status.is_client_error() || status.is_server_error()) {
         return response;
     }
-    match response.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::payload_too_large().into_response(),
-        StatusCode::METHOD_NOT_ALLOWED => {
-            let allow = response.headers().get(axum::http::header::ALLOW).cloned();
-            let mut json = ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "this route does not take that method".to_owned(),
-            )
-            .into_response();
-            if let Some(allow) = allow {
-                json.headers_mut().insert(axum::http::header::ALLOW, allow);
-            }
-            json
+    let (parts, body) = response.into_parts();
+    let said = match status {
+        StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED | StatusCode::PAYLOAD_TOO_LARGE => {
+            None
         }
-        _ => response,
+        _ => axum::body::to_bytes(body, REFUSAL_TEXT_BYTES_MAX)
+            .await
+            .ok()
+            .and_then(|text| String::from_utf8(text.to_vec()).ok()),
+    };
+    let mut json = ApiError::transport(status, said).into_response();
+    for name in [ALLOW, RETRY_AFTER, CONNECTION] {
+        if let Some(value) = parts.headers.get(&name) {
+            json.headers_mut().insert(name, value.clone());
+        }
+    }
+    json
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn refused_as(status: StatusCode, text: &str) -> (StatusCode, serde_json::Value) {
+        let plain = Response::builder()
+            .status(status)
+            .header(CONTENT_TYPE, "text/plain; charset=utf-8")
+            .body(axum::body::Body::from(text.to_owned()))
+            .unwrap();
+        let json = json_errors(plain).await;
+        assert_eq!(json.headers()[CONTENT_TYPE], "application/json", "{status}");
+        let status = json.status();
+        let body = axum::body::to_bytes(json.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    #[tokio::test]
+    async fn every_plain_refusal_of_a_lower_layer_becomes_the_json_error_shape() {
+        for (status, code) in [
+            (StatusCode::BAD_REQUEST, "bad_request"),
+            (StatusCode::NOT_FOUND, "not_found"),
+            (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            (StatusCode::URI_TOO_LONG, "uri_too_long"),
+            (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        ] {
+            let (s, v) = refused_as(status, "Expected `Content-Type: application/json`").await;
+            assert_eq!(s, status);
+            assert_eq!(v["error"]["code"], code, "{status}: {v}");
+            assert!(error::CODES.contains(&code), "{code} is a documented code");
+            let message = v["error"]["message"].as_str().unwrap();
+            assert!(!message.is_empty(), "{status}: {v}");
+            if status == StatusCode::UNSUPPORTED_MEDIA_TYPE {
+                assert!(message.contains("Content-Type: application/json"), "{v}");
+            }
+        }
+        // Answers that are not refusals stay as they are.
+        let ok = Response::builder()
+            .status(StatusCode::OK)
+            .header(CONTENT_TYPE, "text/plain")
+            .body(axum::body::Body::from("metrics"))
+            .unwrap();
+        assert_eq!(json_errors(ok).await.headers()[CONTENT_TYPE], "text/plain");
+    }
+
+    #[test]
+    fn insecure_dev_listens_only_on_loopback_addresses() {
+        for (address, loopback) in [
+            ("127.0.0.1", true),
+            ("127.1.2.3", true),
+            ("::1", true),
+            ("::ffff:127.0.0.1", true),
+            ("0.0.0.0", false),
+            ("::", false),
+            ("192.168.1.10", false),
+            ("::ffff:10.0.0.1", false),
+        ] {
+            let ip: IpAddr = address.parse().unwrap();
+            assert_eq!(is_loopback(ip), loopback, "{address}");
+        }
     }
 }

@@ -24,7 +24,7 @@ use uuid::Uuid;
 use super::error::ErrorBody;
 use super::schema;
 use super::{ApiError, App, Caller};
-use crate::remote::NEXT_CURSOR;
+use crate::remote::{NEXT_AFTER, NEXT_CURSOR, PAGE_TRUNCATED};
 use crate::service::{
     self, CurrentResponse, DefinitionView, Delivery, EnqueueBody, EnqueueResponse, Publisher,
     RegisterResponse, RerunResponse, SendResponse,
@@ -133,8 +133,10 @@ struct RunView {
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
     state_entered_at: DateTime<Utc>,
-    #[schema(value_type = Object)]
-    data: Value,
+    /// The run's business data: always in `GET /v1/runs/{id}`, in `GET /v1/runs` only with
+    /// `data=true`.
+    #[schema(value_type = Option<Object>)]
+    data: Option<Value>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -220,6 +222,21 @@ struct RunsQuery {
     created_after: Option<DateTime<Utc>>,
     /// Only runs created strictly before this instant (RFC 3339).
     created_before: Option<DateTime<Utc>>,
+    /// Each run with its `data` (default false: a list leaves the business data out).
+    data: Option<bool>,
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+struct EventsQuery {
+    /// Only events after this sequence number (default 0: from the first): the
+    /// `Rein-Next-After` header of the page before.
+    #[param(value_type = Option<schema::Sequence>, inline)]
+    after: Option<i64>,
+    /// At most this many, in sequence order (default 100).
+    #[param(value_type = Option<schema::PageLimit>, inline)]
+    limit: Option<i64>,
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -241,15 +258,37 @@ fn empty_object() -> Value {
 
 // ---- helpers ------------------------------------------------------------------------------
 
-/// Parses a JSON body (any content type); an empty body reads as `{}`.
+/// Parses a JSON body (any content type); an empty body reads as `{}`. Only an object is a
+/// body: serde reads a struct from an array of its fields in order too, which would make
+/// `["lifecycle", null, {}]` an enqueue.
 fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     let text: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
         b"{}"
     } else {
         body
     };
+    if !rein_core::json_text_is_object(text) {
+        return Err(ApiError::validation(
+            "the request body must be a JSON object (`{...}`), with the fields this route documents",
+        ));
+    }
     serde_json::from_slice(text)
         .map_err(|e| ApiError::validation(format!("the request body is not valid: {e}")))
+}
+
+/// Sets the paging headers of a list response: where the next page starts, and whether
+/// this one stopped short at the byte bound.
+fn paging_headers(response: &mut Response, next: (&'static str, Option<String>), truncated: bool) {
+    let (header, next) = next;
+    // Digits, `_` and hex digits are always a valid header value.
+    if let Some(value) = next.and_then(|n| HeaderValue::from_str(&n).ok()) {
+        response.headers_mut().insert(header, value);
+    }
+    if truncated {
+        response
+            .headers_mut()
+            .insert(PAGE_TRUNCATED, HeaderValue::from_static("bytes"));
+    }
 }
 
 fn path_id(id: Result<Path<Uuid>, PathRejection>) -> Result<Uuid, ApiError> {
@@ -383,11 +422,15 @@ async fn enqueue_run(
     Ok((status, Json(done)).into_response())
 }
 
-/// Recent runs, newest first by (created_at, run_id), optionally filtered. When more runs
-/// follow, the `Rein-Next-Cursor` header carries the `cursor` of the next page.
+/// Recent runs, newest first by (created_at, run_id), optionally filtered, without their
+/// `data` unless `data=true`. When more runs follow, the `Rein-Next-Cursor` header carries
+/// the `cursor` of the next page. A page holds at most about `rein api --page-bytes-max`
+/// bytes (default 2 MiB) of runs, and always one: when the bound cuts it short of `limit`,
+/// `Rein-Page-Truncated: bytes` says so and the cursor continues after its last run.
 #[utoipa::path(get, path = "/v1/runs", tag = "runs", params(RunsQuery),
     responses((status = 200, description = "Runs", body = [RunView],
-               headers(("Rein-Next-Cursor" = String, description = "Cursor of the next page; absent on the last page"))),
+               headers(("Rein-Next-Cursor" = String, description = "Cursor of the next page; absent on the last page"),
+                       ("Rein-Page-Truncated" = String, description = "`bytes` when the page holds fewer runs than `limit` because more would pass the page's byte bound; absent otherwise"))),
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the read scope", body = ErrorBody),
               (status = 422, description = "Invalid query or cursor", body = ErrorBody)))]
@@ -404,12 +447,10 @@ async fn list_runs(
         created_after: q.created_after,
         created_before: q.created_before,
     };
-    let page = service::runs(&app.store, filter, q.cursor.as_deref(), q.limit).await?;
+    let shape = (q.data.unwrap_or(false), app.limits.page_bytes_max);
+    let page = service::runs(&app.store, filter, q.cursor.as_deref(), q.limit, shape).await?;
     let mut response = Json(page.runs).into_response();
-    // Hex digits are always a valid header value.
-    if let Some(value) = page.next.and_then(|n| HeaderValue::from_str(&n).ok()) {
-        response.headers_mut().insert(NEXT_CURSOR, value);
-    }
+    paging_headers(&mut response, (NEXT_CURSOR, page.next), page.truncated);
     Ok(response)
 }
 
@@ -482,21 +523,33 @@ async fn list_workers(
     Ok(Json(json!(service::workers(&app.store).await?)))
 }
 
-/// The run's event log, in sequence order.
+/// The run's event log in sequence order, a page at a time: while more events follow, the
+/// `Rein-Next-After` header carries the `after` of the next page. A page holds at most about
+/// `rein api --page-bytes-max` bytes of events, and always one; `Rein-Page-Truncated: bytes`
+/// says when that bound cut it short of `limit`.
 #[utoipa::path(get, path = "/v1/runs/{id}/events", tag = "runs",
-    params(("id" = Uuid, Path, description = "Run id")),
-    responses((status = 200, description = "The run's events", body = [EventView]),
+    params(("id" = Uuid, Path, description = "Run id"), EventsQuery),
+    responses((status = 200, description = "The run's events", body = [EventView],
+               headers(("Rein-Next-After" = String, description = "The `after` of the next page (the last sequence number of this one); absent on the last page"),
+                       ("Rein-Page-Truncated" = String, description = "`bytes` when the page holds fewer events than `limit` because more would pass the page's byte bound; absent otherwise"))),
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the read scope", body = ErrorBody),
-              (status = 404, description = "No such run", body = ErrorBody)))]
+              (status = 404, description = "No such run", body = ErrorBody),
+              (status = 422, description = "Invalid query", body = ErrorBody)))]
 async fn run_events(
     State(app): AppState,
     Extension(caller): Extension<Caller>,
     id: Result<Path<Uuid>, PathRejection>,
+    q: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Read)?;
-    let events = service::history(&app.store, path_id(id)?).await?;
-    Ok(Json(events).into_response())
+    let id = path_id(id)?;
+    let q = query(q)?;
+    let page = service::events(&app.store, id, q.after, q.limit, app.limits.page_bytes_max).await?;
+    let mut response = Json(page.events).into_response();
+    let next = page.next.map(|after| after.to_string());
+    paging_headers(&mut response, (NEXT_AFTER, next), page.truncated);
+    Ok(response)
 }
 
 /// Send an event to a run (reply, cancel, ...): applied at once when no worker holds the

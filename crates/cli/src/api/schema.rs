@@ -79,6 +79,13 @@ schema_type! {
 }
 
 schema_type! {
+    /// A position in a run's log: a sequence number, 0 before the first event.
+    Sequence => integer(KnownFormat::Int64)
+        .minimum(Some(0))
+        .maximum(Some(i64::MAX))
+}
+
+schema_type! {
     /// A run status filter: one of [`RunStatus::ALL`].
     Status => string().enum_values(Some(RunStatus::ALL.map(RunStatus::as_str)))
 }
