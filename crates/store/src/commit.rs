@@ -405,7 +405,8 @@ pub struct Renewed {
 }
 
 impl Store {
-    /// Claims up to `n` runnable runs for `worker` with a lease of `lease_ttl_ms`.
+    /// Claims up to `n` runnable runs for `worker` with a lease of `lease_ttl_ms`, shared
+    /// fairly among `queues` (round robin over calls for what does not divide evenly).
     pub async fn claim(
         &self,
         worker: &str,
@@ -413,11 +414,23 @@ impl Store {
         lease_ttl_ms: u64,
         queues: &[String],
     ) -> Result<Vec<ClaimedRun>, StoreError> {
+        let mut distinct: Vec<&str> = Vec::with_capacity(queues.len());
+        for q in queues {
+            if !distinct.contains(&q.as_str()) {
+                distinct.push(q);
+            }
+        }
+        // Which queue a share left over goes to first: the next one at each claim.
+        let turn = self
+            .claim_turn
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            % distinct.len().max(1) as u64;
         let rows = sqlx::query(include_str!("../queries/claim.sql"))
             .bind(worker)
             .bind(i64::from(n))
-            .bind(queues)
+            .bind(&distinct)
             .bind(lease_ttl_ms as i64)
+            .bind(turn as i64)
             .fetch_all(self.pool())
             .await?;
         rows.into_iter()

@@ -90,6 +90,8 @@ pub type WakeHook = std::sync::Arc<dyn Fn(Option<&str>) + Send + Sync>;
 pub struct Store {
     pool: PgPool,
     wake: Option<WakeHook>,
+    /// Which of its queues a claim serves first this time (round robin, SPEC Z4).
+    claim_turn: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Store {
@@ -158,11 +160,15 @@ impl Store {
             .connect_with(options)
             .await
             .map_err(StoreError::from_connect)?;
-        Ok(Store { pool, wake: None })
+        Ok(Store::from_pool(pool))
     }
 
     pub fn from_pool(pool: PgPool) -> Store {
-        Store { pool, wake: None }
+        Store {
+            pool,
+            wake: None,
+            claim_turn: Default::default(),
+        }
     }
 
     /// Calls `hook` after each commit that makes work runnable (enqueue, a sent event applied
