@@ -79,6 +79,7 @@ upd AS (
           WHERE a.approval_id = q.approval_id AND a.run_id = q.run_id
             AND a.status = 'granted' AND a.consumed_at IS NULL))
     RETURNING r.run_id, r.fencing_token, r.last_sequence, q.bump, q.base_seq, r.queue, r.priority,
+        r.root_run_id, r.depth,
         r.lease_owner IS NULL AS unleased,
         -- How long the run was in the state it leaves (none when it stays).
         (SELECT extract(epoch FROM t.now - l.state_entered_at)::float8
@@ -132,13 +133,14 @@ blobs AS (
     ORDER BY b.sha256
     ON CONFLICT (sha256) DO NOTHING
 ),
--- Child runs of a fan-out the commit opens (SPEC P1): same queue and priority as the parent;
--- their ids are a function of (parent, fan-out, branch), so a retried commit adds none.
+-- Child runs of a fan-out the commit opens (SPEC P1): same queue and priority as the parent,
+-- one level deeper in the parent's tree (SPEC Z4); their ids are a function of (parent,
+-- fan-out, branch), so a retried commit adds none.
 children AS (
     INSERT INTO rein_runs (run_id, definition, version, state, status, projection, input, priority, queue,
-                           parent_run_id, branch, wake_at, deadline_at)
+                           parent_run_id, branch, root_run_id, depth, wake_at, deadline_at)
     SELECT c.run_id, c.definition, c.version, c.state, c.status, c.projection, c.input, upd.priority, upd.queue,
-           c.parent_run_id, c.branch,
+           c.parent_run_id, c.branch, COALESCE(upd.root_run_id, upd.run_id), upd.depth + 1,
            clock_timestamp() + c.timer_ms * interval '1 millisecond',
            now() + c.deadline_ms * interval '1 millisecond'
     FROM unnest($39::uuid[], $40::uuid[], $41::text[], $42::int[], $43::text[], $44::text[], $45::jsonb[],

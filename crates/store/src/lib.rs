@@ -90,6 +90,8 @@ pub type WakeHook = std::sync::Arc<dyn Fn(Option<&str>) + Send + Sync>;
 pub struct Store {
     pool: PgPool,
     wake: Option<WakeHook>,
+    /// The bounds on a tree of fan-outs every commit of this store enforces (SPEC Z4).
+    tree_bounds: rein_core::join::TreeBounds,
     /// Which of its queues a claim serves first this time (round robin, SPEC Z4).
     claim_turn: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
@@ -167,8 +169,20 @@ impl Store {
         Store {
             pool,
             wake: None,
+            tree_bounds: rein_core::join::TreeBounds::default(),
             claim_turn: Default::default(),
         }
+    }
+
+    /// Holds every fan-out this store commits to `bounds` (by default 4 deep and 1,000
+    /// runs per root): a fan-out past them takes its failure path instead.
+    pub fn with_tree_bounds(mut self, bounds: rein_core::join::TreeBounds) -> Store {
+        self.tree_bounds = bounds;
+        self
+    }
+
+    pub fn tree_bounds(&self) -> rein_core::join::TreeBounds {
+        self.tree_bounds
     }
 
     /// Calls `hook` after each commit that makes work runnable (enqueue, a sent event applied

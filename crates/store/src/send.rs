@@ -389,7 +389,13 @@ impl Store {
                 jitter_sample: jitter_from(event.event_id),
             };
             let request = plan_commit(&def, run_id, token, &state, vec![event], Vec::new(), plan)?;
-            let outcome = commit_on(tx, sender.name(), std::slice::from_ref(&request)).await?;
+            let outcome = commit_on(
+                tx,
+                sender.name(),
+                std::slice::from_ref(&request),
+                self.tree_bounds(),
+            )
+            .await?;
             return match outcome.into_iter().next() {
                 Some(CommitOutcome::Committed(c)) => Ok(SendOutcome::Applied {
                     sequence: c.sequence,
