@@ -5,13 +5,13 @@
 --   * no live lease is held and the writer takes the token itself (bump = true, SPEC X3a).
 -- Events, the grant, the ledger, consumed inbox entries, blobs and checkpoints are written only for
 -- runs whose update matched, so one fenced run never aborts the others in its batch.
-WITH req AS (
+WITH RECURSIVE req AS (
     SELECT *
     FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::jsonb[], $5::text[], $6::text[],
                 $7::bool[], $8::bool[], $9::bigint[], $10::text[], $35::uuid[], $51::bigint[],
-                $52::bool[])
+                $52::bool[], $56::bool[])
         AS r(run_id, token, base_seq, projection, state, status, bump, release, timer_ms, terminal_reason,
-             approval_id, defer_ms, first_try)
+             approval_id, defer_ms, first_try, cancelled)
 ),
 ev AS (
     SELECT *
@@ -191,6 +191,37 @@ cancel_losers AS (
     FROM unnest($54::uuid[], $55::uuid[]) AS x(run_id, parent_run_id)
     JOIN upd ON upd.run_id = x.parent_run_id
     JOIN losers l ON l.run_id = x.run_id
+    ON CONFLICT (run_id, event_id) DO NOTHING
+),
+-- A run this commit cancels cancels its live descendants (SPEC Z4): CANCEL with reason
+-- parent_cancelled goes into the inbox of every run below it that has not ended, in this
+-- same statement, and whoever holds each applies it. Once per run. A child started under it
+-- after this statement looked is reached when its own parent applies its CANCEL: that
+-- commit comes after the one that started the child.
+descendants AS (
+    SELECT c.run_id, c.parent_run_id, q.run_id AS cancelled_run_id
+    FROM req q JOIN rein_runs c ON c.parent_run_id = q.run_id AND c.branch IS NOT NULL
+    WHERE q.cancelled
+    UNION
+    SELECT c.run_id, c.parent_run_id, d.cancelled_run_id
+    FROM descendants d JOIN rein_runs c ON c.parent_run_id = d.run_id AND c.branch IS NOT NULL
+),
+doomed AS (
+    SELECT c.run_id FROM rein_runs c
+    WHERE c.run_id IN (SELECT run_id FROM descendants) AND c.status <> 'terminal'
+    ORDER BY c.run_id
+    FOR UPDATE
+),
+cancel_descendants AS (
+    INSERT INTO rein_inbox (run_id, event_id, type, payload, sender, expires_at)
+    SELECT DISTINCT ON (d.run_id) d.run_id, md5('rein/parent-cancelled/' || d.run_id::text)::uuid, 'CANCEL',
+           jsonb_build_object('reason', 'parent_cancelled', 'parent_run_id', d.parent_run_id,
+                              'cancelled_run_id', d.cancelled_run_id),
+           $17, clock_timestamp() + interval '30 days'
+    FROM descendants d
+    JOIN upd ON upd.run_id = d.cancelled_run_id
+    JOIN doomed x ON x.run_id = d.run_id
+    ORDER BY d.run_id
     ON CONFLICT (run_id, event_id) DO NOTHING
 ),
 checkpoints AS (

@@ -849,6 +849,8 @@ async fn commit_statement(
         q.defers
             .push(r.defer_ms.map(|t| t.min(i64::MAX as u64) as i64));
         q.first_tries.push(r.first_try);
+        q.cancels
+            .push(matches!(r.finish, Some(crate::metrics::Finish::Cancelled)));
         q.reasons.push(if r.status == RunStatus::Terminal {
             r.state.terminal_reason.clone()
         } else {
@@ -947,6 +949,7 @@ async fn commit_statement(
         .bind(&q.ev_sender)
         .bind(&q.x_run)
         .bind(&q.x_parent)
+        .bind(&q.cancels)
         .fetch_all(&mut *conn)
         .await
         .inspect_err(|e| {
@@ -1090,6 +1093,7 @@ struct Columns {
     c_deadline: Vec<Option<i64>>,
     defers: Vec<Option<i64>>,
     first_tries: Vec<bool>,
+    cancels: Vec<bool>,
     x_run: Vec<Uuid>,
     x_parent: Vec<Uuid>,
 }

@@ -268,6 +268,87 @@ async fn two_workers_fanning_out_under_one_root_at_once_never_pass_its_bound() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_root_cancels_every_live_run_below_it_leased_or_not() {
+    let store = store("fork_cancel").await;
+    let def = fork(&store).await;
+    // Depth 0 to 2: the four leaves either park (unleased) or keep their action running
+    // (leased by a worker) until they are stopped.
+    let root = enqueue(&store, &def, json!({ "levels": 2 })).await;
+    let fleet = fleet(&store, "fork-cancel", 2);
+    let leased_leaves = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM rein_runs WHERE root_run_id = $1 AND depth = 2
+               AND lease_owner IS NOT NULL AND state = 'START'",
+        )
+        .bind(root)
+        .fetch_one(store.pool())
+        .await
+        .expect("leased leaves")
+    };
+    wait_until("the tree stands: 7 runs, two leaves held", LONG, || async {
+        let parked: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM rein_runs WHERE (run_id = $1 OR root_run_id = $1)
+               AND state IN ('FORK', 'HOLD') AND lease_owner IS NULL",
+        )
+        .bind(root)
+        .fetch_one(store.pool())
+        .await
+        .expect("parked");
+        parked == 5 && leased_leaves().await == 2
+    })
+    .await;
+
+    store
+        .send(
+            root,
+            "CANCEL",
+            json!({ "reason": "not needed" }),
+            &Sender::outside("ops"),
+            INBOX_TTL_MS_DEFAULT,
+        )
+        .await
+        .expect("cancel");
+    wait_until("every run in the tree ended", LONG, || async {
+        tree(&store, root).await.1 == 0
+    })
+    .await;
+    fleet.stop().await;
+
+    assert_eq!(
+        terminal_reason(&store, root).await.as_deref(),
+        Some("cancelled: not needed")
+    );
+    let below: Vec<(Uuid, Uuid, String, Option<String>)> = sqlx::query_as(
+        "SELECT run_id, parent_run_id, state, terminal_reason FROM rein_runs
+         WHERE root_run_id = $1 ORDER BY depth, run_id",
+    )
+    .bind(root)
+    .fetch_all(store.pool())
+    .await
+    .expect("below");
+    assert_eq!(below.len(), 6);
+    for (run, parent, state, reason) in &below {
+        assert_eq!(state, "CANCELLED", "run {run}");
+        assert_eq!(reason.as_deref(), Some("cancelled: parent_cancelled"));
+        let cancels = events_of(&store, *run, "CANCEL").await;
+        assert_eq!(cancels.len(), 1, "run {run} is cancelled once");
+        assert_eq!(cancels[0].payload["reason"], "parent_cancelled");
+        assert_eq!(cancels[0].payload["parent_run_id"], json!(parent));
+        assert_replays(&store, *run).await;
+    }
+    let inbox: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM rein_inbox i JOIN rein_runs r USING (run_id)
+         WHERE r.root_run_id = $1 AND i.type = 'CANCEL'",
+    )
+    .bind(root)
+    .fetch_one(store.pool())
+    .await
+    .expect("inbox");
+    assert_eq!(inbox, 0, "every CANCEL was applied");
+    assert_replays(&store, root).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_sent_from_outside_that_opens_a_fan_out_is_held_to_the_bound_too() {
     // The same tree, moved by an event sent from outside instead of by an action: the send
     // commits the fan-out itself, in its own transaction.
