@@ -62,6 +62,30 @@ pub struct DbArgs {
           default_value_t = rein_store::CONNECT_FIRST_TIMEOUT_MS_DEFAULT,
           value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub db_connect_timeout_ms: u64,
+    /// How deep a tree of fan-outs may grow (SPEC Z4): a run enqueued is at depth 0 and a
+    /// run at this depth may not fan out; such a fan-out takes its failure path (reason
+    /// `fan_out_depth_exceeded`). Every process that commits (worker, scheduler, api, send)
+    /// enforces the value it is given: give them all the same.
+    #[arg(long, env = "REIN_FAN_OUT_DEPTH_MAX", value_name = "N",
+          default_value_t = rein_core::join::DEPTH_MAX_DEFAULT,
+          value_parser = clap::value_parser!(u32).range(0..=rein_core::join::DEPTH_MAX_LIMIT as i64))]
+    pub fan_out_depth_max: u32,
+    /// Most runs one root's tree of fan-outs may start over its life (SPEC Z4); a fan-out
+    /// that would pass it takes its failure path (reason `fan_out_descendants_exceeded`).
+    #[arg(long, env = "REIN_FAN_OUT_DESCENDANTS_MAX", value_name = "N",
+          default_value_t = rein_core::join::DESCENDANTS_MAX_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(0..=rein_core::join::DESCENDANTS_MAX_LIMIT))]
+    pub fan_out_descendants_max: u64,
+}
+
+impl DbArgs {
+    /// The bounds on fan-out trees these arguments set (clap keeps them in range).
+    pub fn tree_bounds(&self) -> rein_core::join::TreeBounds {
+        rein_core::join::TreeBounds {
+            depth_max: self.fan_out_depth_max,
+            descendants_max: self.fan_out_descendants_max,
+        }
+    }
 }
 
 /// Optional Redis (SPEC K1): wake-ups for idle workers. Never a source of truth.

@@ -304,6 +304,7 @@ async fn open(db: &DbArgs) -> Result<Store, u8> {
     };
     Store::connect_within(url, db.db_pool_max, db.db_connect_timeout_ms)
         .await
+        .map(|store| store.with_tree_bounds(db.tree_bounds()))
         .map_err(|e| report(&e))
 }
 

@@ -9,6 +9,12 @@
 //! fan-out that is no longer open, or for a branch already finished, is refused; storage
 //! records it as BRANCH_REJECTED instead of applying it. The commit that decides a join also
 //! cancels the branches still running ([`losers`]), unless the fan-out keeps them.
+//!
+//! Trees of fan-outs are bounded (SPEC Z4, [`TreeBounds`]): a definition may fan out into
+//! itself, and branch versions resolve when each child starts, so no check at registration
+//! sees every recursion. Storage judges each fan-out when a commit would start its children;
+//! a refused one takes the fan-out's failure path in the same commit ([`refused_events`]),
+//! and a join that fails because of it carries the refusal's reason up to the root.
 
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
@@ -203,9 +209,20 @@ pub fn decided_event(def: &Definition, run: &RunState) -> Option<(String, Value)
             .map(|b| b.name.as_str())
             .collect()
     };
+    // A branch refused by the tree's bounds fails its join for that reason, so the root of
+    // a tree that hit a bound ends saying which.
+    let refused = spec.branches.iter().find_map(|b| {
+        let branch = run.data.get("branches")?.get(&b.name)?;
+        let reason = branch.get("reason")?.as_str()?;
+        (branch.get("status")?.as_str() == Some(FAILED) && is_refusal_reason(reason))
+            .then_some(reason)
+    });
     let (event, reason) = match outcome {
         JoinOutcome::Joined => (&spec.joined_event, "join_policy_met"),
-        JoinOutcome::Failed => (&spec.failed_event, "join_policy_cannot_be_met"),
+        JoinOutcome::Failed => (
+            &spec.failed_event,
+            refused.unwrap_or("join_policy_cannot_be_met"),
+        ),
     };
     Some((
         event.clone(),
@@ -286,4 +303,165 @@ pub fn children(
             }
         })
         .collect()
+}
+
+/// The reason a fan-out is refused when its children would sit deeper than the tree allows.
+pub const DEPTH_EXCEEDED: &str = "fan_out_depth_exceeded";
+/// The reason a fan-out is refused when its root's tree would hold more runs than it allows.
+pub const DESCENDANTS_EXCEEDED: &str = "fan_out_descendants_exceeded";
+/// How deep a tree of fan-outs may grow by default: a run enqueued is at depth 0, its
+/// branches at 1, and a run at this depth may not fan out.
+pub const DEPTH_MAX_DEFAULT: u32 = 4;
+/// How many runs a root's tree may start by default, over its whole life.
+pub const DESCENDANTS_MAX_DEFAULT: u64 = 1_000;
+/// The deepest bound a deployment may configure (`rein worker --fan-out-depth-max`).
+pub const DEPTH_MAX_LIMIT: u32 = 32;
+/// The largest descendants bound a deployment may configure.
+pub const DESCENDANTS_MAX_LIMIT: u64 = 1_000_000;
+
+/// The bounds on a tree of fan-outs (SPEC Z4). A definition may fan out into itself, and
+/// branch versions resolve when a run starts, so validation cannot see every recursion: the
+/// bound is checked when a commit would start the children.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeBounds {
+    /// A run at this depth may not fan out (its children would sit deeper).
+    pub depth_max: u32,
+    /// Most runs started under one root, over its whole life.
+    pub descendants_max: u64,
+}
+
+impl Default for TreeBounds {
+    fn default() -> TreeBounds {
+        TreeBounds {
+            depth_max: DEPTH_MAX_DEFAULT,
+            descendants_max: DESCENDANTS_MAX_DEFAULT,
+        }
+    }
+}
+
+/// Why a fan-out may not start its children.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The fanning run sits at `depth`; its children would pass `depth_max`.
+    Depth { depth: u32, depth_max: u32 },
+    /// The root's tree holds `descendants` runs; `branches` more would pass `descendants_max`.
+    Descendants {
+        descendants: u64,
+        branches: u64,
+        descendants_max: u64,
+    },
+}
+
+impl TreeBounds {
+    /// Whether a run at `depth`, under a root whose tree already started `descendants`
+    /// runs, may start `branches` children.
+    pub fn check(&self, depth: u32, descendants: u64, branches: u64) -> Result<(), Refusal> {
+        if depth >= self.depth_max {
+            return Err(Refusal::Depth {
+                depth,
+                depth_max: self.depth_max,
+            });
+        }
+        if descendants.saturating_add(branches) > self.descendants_max {
+            return Err(Refusal::Descendants {
+                descendants,
+                branches,
+                descendants_max: self.descendants_max,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Refusal {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::Depth { .. } => DEPTH_EXCEEDED,
+            Refusal::Descendants { .. } => DESCENDANTS_EXCEEDED,
+        }
+    }
+
+    /// The bound and where the tree stands, for the event that records the refusal.
+    fn facts(&self) -> Value {
+        match *self {
+            Refusal::Depth { depth, depth_max } => {
+                json!({ "depth": depth, "depth_max": depth_max })
+            }
+            Refusal::Descendants {
+                descendants,
+                branches,
+                descendants_max,
+            } => json!({
+                "descendants": descendants,
+                "branches": branches,
+                "descendants_max": descendants_max,
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Depth { depth, depth_max } => write!(
+                f,
+                "the run sits at depth {depth} of its tree and a tree may be {depth_max} deep"
+            ),
+            Refusal::Descendants {
+                descendants,
+                branches,
+                descendants_max,
+            } => write!(
+                f,
+                "its root's tree started {descendants} runs; {branches} more would pass the bound of {descendants_max}"
+            ),
+        }
+    }
+}
+
+/// Whether `reason` is one a refused fan-out records: a join that fails because a branch
+/// was refused so carries the same reason, up to the root.
+pub fn is_refusal_reason(reason: &str) -> bool {
+    reason == DEPTH_EXCEEDED || reason == DESCENDANTS_EXCEEDED
+}
+
+/// The events, in order of preference, that take `run` out of the fan-out it just opened
+/// when its children may not start: the fan-out's failed event (every branch recorded as
+/// failed with the refusal's reason), or CANCEL with that reason when the definition's
+/// guards refuse the failed event. Empty when no fan-out is open.
+pub fn refused_events(def: &Definition, run: &RunState, refusal: &Refusal) -> Vec<(String, Value)> {
+    let Some(join) = run.join.as_ref().filter(|j| j.state == run.state) else {
+        return Vec::new();
+    };
+    let Some(spec) = fan_out_of(def, join) else {
+        return Vec::new();
+    };
+    let reason = refusal.reason();
+    let mut data = run.data.clone();
+    let branches = branches_mut(&mut data);
+    for b in &spec.branches {
+        branches.insert(
+            b.name.clone(),
+            json!({ "status": FAILED, "reason": reason, "state": Value::Null, "result": Value::Null }),
+        );
+    }
+    let names: Vec<&str> = spec.branches.iter().map(|b| b.name.as_str()).collect();
+    vec![
+        (
+            spec.failed_event.clone(),
+            json!({
+                "reason": reason,
+                "fan_out": join.fan_out,
+                "succeeded": [],
+                "failed": names,
+                "running": [],
+                "refused": refusal.facts(),
+                "data": { "branches": data.get("branches") },
+            }),
+        ),
+        (
+            crate::event::EngineEvent::Cancel.as_str().to_owned(),
+            json!({ "reason": reason, "refused": refusal.facts() }),
+        ),
+    ]
 }

@@ -4,7 +4,9 @@
 //! applied with the reducer, as storage does.
 
 use proptest::prelude::*;
-use rein_core::join::{JoinOutcome, child_run_id, children, outcome};
+use rein_core::join::{
+    JoinOutcome, Refusal, TreeBounds, child_run_id, children, outcome, refused_events,
+};
 use rein_core::{
     Definition, Event, Format, GuardRegistry, RejectReason, RunState, apply, follow_up,
 };
@@ -551,6 +553,112 @@ fn the_resume_brief_is_the_same_when_built_twice_and_follows_the_run() {
     assert_ne!(
         resume_brief(&def, &look).to_canonical_json(),
         brief.to_canonical_json()
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Bounds on trees of fan-outs (SPEC Z4)
+
+#[test]
+fn a_tree_may_grow_to_its_depth_bound_and_start_up_to_its_descendants_bound() {
+    let bounds = TreeBounds::default();
+    assert_eq!((bounds.depth_max, bounds.descendants_max), (4, 1000));
+    assert_eq!(bounds.check(0, 0, 2), Ok(()));
+    assert_eq!(
+        bounds.check(3, 0, 2),
+        Ok(()),
+        "children at depth 4 are allowed"
+    );
+    assert_eq!(
+        bounds.check(4, 0, 2),
+        Err(Refusal::Depth {
+            depth: 4,
+            depth_max: 4
+        })
+    );
+    assert_eq!(bounds.check(1, 998, 2), Ok(()), "exactly at the bound");
+    let past = bounds.check(1, 999, 2).expect_err("past the bound");
+    assert_eq!(past.reason(), "fan_out_descendants_exceeded");
+    assert_eq!(
+        past.to_string(),
+        "its root's tree started 999 runs; 2 more would pass the bound of 1000"
+    );
+    let none = TreeBounds {
+        depth_max: 0,
+        descendants_max: 1000,
+    };
+    assert!(
+        none.check(0, 0, 1).is_err(),
+        "a depth bound of 0 forbids fan-outs"
+    );
+}
+
+#[test]
+fn a_refused_fan_out_takes_its_failure_path_with_every_branch_failed_for_the_reason() {
+    let def = load(&parent(r#"{ policy = "all" }"#, &["a", "b"]));
+    let run = fanned_out(&def);
+    let refusal = Refusal::Depth {
+        depth: 4,
+        depth_max: 4,
+    };
+    let candidates = refused_events(&def, &run, &refusal);
+    assert_eq!(
+        candidates
+            .iter()
+            .map(|(k, _)| k.as_str())
+            .collect::<Vec<_>>(),
+        ["JOIN_FAILED", "CANCEL"],
+        "the failed event first, CANCEL when the definition refuses it"
+    );
+    let (kind, payload) = &candidates[0];
+    assert_eq!(payload["refused"], json!({ "depth": 4, "depth_max": 4 }));
+    assert_eq!(payload["failed"], json!(["a", "b"]));
+    let failed = step(&def, &run, kind, payload.clone());
+    assert_eq!(failed.state, "FAILED");
+    assert_eq!(
+        failed.terminal_reason.as_deref(),
+        Some("fan_out_depth_exceeded")
+    );
+    for b in ["a", "b"] {
+        assert_eq!(failed.data["branches"][b]["status"], "failed", "branch {b}");
+        assert_eq!(
+            failed.data["branches"][b]["reason"],
+            "fan_out_depth_exceeded"
+        );
+    }
+    let (kind, payload) = &candidates[1];
+    let cancelled = step(&def, &run, kind, payload.clone());
+    assert_eq!(cancelled.state, "CANCELLED");
+    assert_eq!(
+        cancelled.terminal_reason.as_deref(),
+        Some("cancelled: fan_out_depth_exceeded")
+    );
+    assert!(
+        refused_events(&def, &failed, &refusal).is_empty(),
+        "no fan-out is open any more"
+    );
+}
+
+#[test]
+fn a_join_failed_by_a_refused_branch_carries_the_refusal_up_to_its_own_parent() {
+    let def = load(&parent(r#"{ policy = "all" }"#, &["a", "b"]));
+    let run = fanned_out(&def);
+    let (kind, mut payload) = result(&run, "a", false);
+    payload["reason"] = json!("fan_out_descendants_exceeded");
+    let run = settle(&def, step(&def, &run, &kind, payload));
+    assert_eq!(run.state, "FAILED");
+    assert_eq!(
+        run.terminal_reason.as_deref(),
+        Some("fan_out_descendants_exceeded")
+    );
+    // Any other failure keeps the join's own reason.
+    let run = fanned_out(&def);
+    let (kind, mut payload) = result(&run, "a", false);
+    payload["reason"] = json!("source unavailable");
+    let run = settle(&def, step(&def, &run, &kind, payload));
+    assert_eq!(
+        run.terminal_reason.as_deref(),
+        Some("join_policy_cannot_be_met")
     );
 }
 

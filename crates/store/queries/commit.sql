@@ -5,13 +5,13 @@
 --   * no live lease is held and the writer takes the token itself (bump = true, SPEC X3a).
 -- Events, the grant, the ledger, consumed inbox entries, blobs and checkpoints are written only for
 -- runs whose update matched, so one fenced run never aborts the others in its batch.
-WITH req AS (
+WITH RECURSIVE req AS (
     SELECT *
     FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::jsonb[], $5::text[], $6::text[],
                 $7::bool[], $8::bool[], $9::bigint[], $10::text[], $35::uuid[], $51::bigint[],
-                $52::bool[])
+                $52::bool[], $56::bool[])
         AS r(run_id, token, base_seq, projection, state, status, bump, release, timer_ms, terminal_reason,
-             approval_id, defer_ms, first_try)
+             approval_id, defer_ms, first_try, cancelled)
 ),
 ev AS (
     SELECT *
@@ -79,7 +79,8 @@ upd AS (
           WHERE a.approval_id = q.approval_id AND a.run_id = q.run_id
             AND a.status = 'granted' AND a.consumed_at IS NULL))
     RETURNING r.run_id, r.fencing_token, r.last_sequence, q.bump, q.base_seq, r.queue, r.priority,
-        r.enqueued_by, r.lease_owner IS NULL AS unleased,
+        r.enqueued_by, r.root_run_id, r.depth,
+        r.lease_owner IS NULL AS unleased,
         -- How long the run was in the state it leaves (none when it stays).
         (SELECT extract(epoch FROM t.now - l.state_entered_at)::float8
          FROM locked l WHERE l.run_id = r.run_id AND l.state <> q.state) AS left_after_s
@@ -133,13 +134,13 @@ blobs AS (
     ON CONFLICT (sha256) DO NOTHING
 ),
 -- Child runs of a fan-out the commit opens (SPEC P1): same queue, priority and enqueuer as
--- the parent; their ids are a function of (parent, fan-out, branch), so a retried commit adds
--- none.
+-- the parent, one level deeper in the parent's tree (SPEC Z4); their ids are a function of
+-- (parent, fan-out, branch), so a retried commit adds none.
 children AS (
     INSERT INTO rein_runs (run_id, definition, version, state, status, projection, input, priority, queue,
-                           enqueued_by, parent_run_id, branch, wake_at, deadline_at)
+                           enqueued_by, parent_run_id, branch, root_run_id, depth, wake_at, deadline_at)
     SELECT c.run_id, c.definition, c.version, c.state, c.status, c.projection, c.input, upd.priority, upd.queue,
-           upd.enqueued_by, c.parent_run_id, c.branch,
+           upd.enqueued_by, c.parent_run_id, c.branch, COALESCE(upd.root_run_id, upd.run_id), upd.depth + 1,
            clock_timestamp() + c.timer_ms * interval '1 millisecond',
            now() + c.deadline_ms * interval '1 millisecond'
     FROM unnest($39::uuid[], $40::uuid[], $41::text[], $42::int[], $43::text[], $44::text[], $45::jsonb[],
@@ -190,6 +191,37 @@ cancel_losers AS (
     FROM unnest($54::uuid[], $55::uuid[]) AS x(run_id, parent_run_id)
     JOIN upd ON upd.run_id = x.parent_run_id
     JOIN losers l ON l.run_id = x.run_id
+    ON CONFLICT (run_id, event_id) DO NOTHING
+),
+-- A run this commit cancels cancels its live descendants (SPEC Z4): CANCEL with reason
+-- parent_cancelled goes into the inbox of every run below it that has not ended, in this
+-- same statement, and whoever holds each applies it. Once per run. A child started under it
+-- after this statement looked is reached when its own parent applies its CANCEL: that
+-- commit comes after the one that started the child.
+descendants AS (
+    SELECT c.run_id, c.parent_run_id, q.run_id AS cancelled_run_id
+    FROM req q JOIN rein_runs c ON c.parent_run_id = q.run_id AND c.branch IS NOT NULL
+    WHERE q.cancelled
+    UNION
+    SELECT c.run_id, c.parent_run_id, d.cancelled_run_id
+    FROM descendants d JOIN rein_runs c ON c.parent_run_id = d.run_id AND c.branch IS NOT NULL
+),
+doomed AS (
+    SELECT c.run_id FROM rein_runs c
+    WHERE c.run_id IN (SELECT run_id FROM descendants) AND c.status <> 'terminal'
+    ORDER BY c.run_id
+    FOR UPDATE
+),
+cancel_descendants AS (
+    INSERT INTO rein_inbox (run_id, event_id, type, payload, sender, expires_at)
+    SELECT DISTINCT ON (d.run_id) d.run_id, md5('rein/parent-cancelled/' || d.run_id::text)::uuid, 'CANCEL',
+           jsonb_build_object('reason', 'parent_cancelled', 'parent_run_id', d.parent_run_id,
+                              'cancelled_run_id', d.cancelled_run_id),
+           $17, clock_timestamp() + interval '30 days'
+    FROM descendants d
+    JOIN upd ON upd.run_id = d.cancelled_run_id
+    JOIN doomed x ON x.run_id = d.run_id
+    ORDER BY d.run_id
     ON CONFLICT (run_id, event_id) DO NOTHING
 ),
 checkpoints AS (

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 
+use rein_core::join::TreeBounds;
 use rein_core::{Definition, Event, InvalidTransition, RunState, RunStatus, apply};
 use serde_json::Value;
 use sqlx::Row;
@@ -154,57 +155,117 @@ pub fn plan_commit(
         }
         state = next;
     }
-    // What the engine commits on its own after these events (a decided join, a used-up
-    // budget, the ceiling on the run's events) goes in the same commit, so a join fires
-    // atomically with the result that decides it. One of each at most.
-    let mut events = events;
-    let mut cancel_children = Vec::new();
-    for _ in 0..3 {
-        let Some((kind, payload)) = rein_core::follow_up(def, &state) else {
-            break;
-        };
-        let event = Event::new(state.sequence + 1, kind.clone(), payload.clone());
-        let Ok(next) = apply(def, &state, &event) else {
-            break;
-        };
-        cancel_children.extend(rein_core::join::losers(def, run_id, &state));
-        events.push(NewEvent::new(kind, payload));
-        state = next;
-    }
-    let children = rein_core::join::children(def, run_id, base.sequence, &state);
-    let status = state.status(def);
-    let timer_ms =
-        rein_core::timer::next_timer(def, &state, plan.jitter_sample).map(|t| t.after_ms);
-    let crossed = state.sequence / CHECKPOINT_EVERY > base.sequence / CHECKPOINT_EVERY;
-    // A short log replays in no time: its final state needs no snapshot of its own.
-    let long_log_ends = status == RunStatus::Terminal && state.sequence >= CHECKPOINT_EVERY;
-    let checkpoint = long_log_ends || (!events.is_empty() && crossed);
-    let finish = crate::metrics::Finish::of(def, &base.state, &state.state, &events);
-    let left_state = (state.state != base.state).then(|| base.state.clone());
-    let first_try = rein_core::retry::starts_first_try(def, base, &state);
-    Ok(CommitRequest {
+    let mut request = CommitRequest {
         run_id,
         token,
         writer: plan.writer,
         base_sequence: base.sequence,
         events,
-        release: plan.release || status != RunStatus::Runnable,
-        status,
-        timer_ms,
+        status: state.status(def),
+        state,
+        release: plan.release,
+        timer_ms: None,
         inbox_consumed,
         ledger,
-        checkpoint,
-        state,
+        checkpoint: false,
         approval: None,
-        left_state,
+        left_state: None,
         retries,
-        finish,
+        finish: None,
         blobs: Vec::new(),
-        children,
+        children: Vec::new(),
         defer_ms: None,
-        first_try,
-        cancel_children,
-    })
+        first_try: false,
+        cancel_children: Vec::new(),
+    };
+    settle(def, &mut request, base, &base.state, plan, None);
+    Ok(request)
+}
+
+/// Appends to `request` what the engine commits on its own after its events (a decided
+/// join, a used-up budget, the ceiling on the run's events; with `refused`, the failure
+/// path of the fan-out the commit opened), and derives what depends on where the run ends
+/// up. `from` is the state the events since the last settling started from; `base_state`
+/// the control state the commit starts from.
+fn settle(
+    def: &Definition,
+    request: &mut CommitRequest,
+    from: &RunState,
+    base_state: &str,
+    plan: CommitPlan,
+    refused: Option<&rein_core::join::Refusal>,
+) {
+    // These go in the same commit, so a join fires atomically with the result that decides
+    // it. One of each at most.
+    for _ in 0..3 {
+        let state = &request.state;
+        let opened_here = state
+            .join
+            .as_ref()
+            .is_some_and(|j| j.fan_out > request.base_sequence);
+        let candidates = match refused {
+            Some(refusal) if opened_here => rein_core::join::refused_events(def, state, refusal),
+            _ => rein_core::follow_up(def, state).into_iter().collect(),
+        };
+        let Some((kind, payload, next)) = candidates.into_iter().find_map(|(kind, payload)| {
+            let event = Event::new(state.sequence + 1, kind.clone(), payload.clone());
+            apply(def, state, &event)
+                .ok()
+                .map(|next| (kind, payload, next))
+        }) else {
+            break;
+        };
+        request
+            .cancel_children
+            .extend(rein_core::join::losers(def, request.run_id, state));
+        request.events.push(NewEvent::new(kind, payload));
+        request.state = next;
+    }
+    let state = &request.state;
+    request.children = match refused {
+        Some(_) => Vec::new(),
+        None => rein_core::join::children(def, request.run_id, request.base_sequence, state),
+    };
+    request.status = state.status(def);
+    request.timer_ms =
+        rein_core::timer::next_timer(def, state, plan.jitter_sample).map(|t| t.after_ms);
+    let crossed = state.sequence / CHECKPOINT_EVERY > request.base_sequence / CHECKPOINT_EVERY;
+    // A short log replays in no time: its final state needs no snapshot of its own.
+    let long_log_ends = request.status == RunStatus::Terminal && state.sequence >= CHECKPOINT_EVERY;
+    request.checkpoint = long_log_ends || (!request.events.is_empty() && crossed);
+    request.finish = crate::metrics::Finish::of(def, base_state, &state.state, &request.events);
+    request.left_state = (state.state != base_state).then(|| base_state.to_owned());
+    request.first_try |= rein_core::retry::starts_first_try(def, from, state);
+    request.release = plan.release || request.status != RunStatus::Runnable;
+}
+
+/// `request`, whose fan-out may not start its children, with the fan-out's failure path
+/// taken in the same commit instead (SPEC Z4). The commit then releases the run: its writer
+/// planned a wait for the branches, and whoever claims the run next reads where it went.
+pub(crate) fn refuse_fan_out(
+    def: &Definition,
+    request: &CommitRequest,
+    refusal: &rein_core::join::Refusal,
+) -> CommitRequest {
+    let base_state = request
+        .left_state
+        .clone()
+        .unwrap_or_else(|| request.state.state.clone());
+    let mut refused = request.clone();
+    let plan = CommitPlan {
+        writer: request.writer,
+        release: true,
+        jitter_sample: crate::send::jitter_from(request.run_id),
+    };
+    settle(
+        def,
+        &mut refused,
+        &request.state,
+        &base_state,
+        plan,
+        Some(refusal),
+    );
+    refused
 }
 
 fn ledger_op(before: &RunState, after: &RunState, event: &Event) -> Option<LedgerOp> {
@@ -405,7 +466,8 @@ pub struct Renewed {
 }
 
 impl Store {
-    /// Claims up to `n` runnable runs for `worker` with a lease of `lease_ttl_ms`.
+    /// Claims up to `n` runnable runs for `worker` with a lease of `lease_ttl_ms`, shared
+    /// fairly among `queues` (round robin over calls for what does not divide evenly).
     pub async fn claim(
         &self,
         worker: &str,
@@ -413,11 +475,23 @@ impl Store {
         lease_ttl_ms: u64,
         queues: &[String],
     ) -> Result<Vec<ClaimedRun>, StoreError> {
+        let mut distinct: Vec<&str> = Vec::with_capacity(queues.len());
+        for q in queues {
+            if !distinct.contains(&q.as_str()) {
+                distinct.push(q);
+            }
+        }
+        // Which queue a share left over goes to first: the next one at each claim.
+        let turn = self
+            .claim_turn
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            % distinct.len().max(1) as u64;
         let rows = sqlx::query(include_str!("../queries/claim.sql"))
             .bind(worker)
             .bind(i64::from(n))
-            .bind(queues)
+            .bind(&distinct)
             .bind(lease_ttl_ms as i64)
+            .bind(turn as i64)
             .fetch_all(self.pool())
             .await?;
         rows.into_iter()
@@ -483,7 +557,14 @@ impl Store {
         requests: &[CommitRequest],
     ) -> Result<Vec<CommitOutcome>, StoreError> {
         let mut conn = self.pool().acquire().await?;
-        let outcomes = commit_on(&mut conn, &self.definitions, worker, requests).await?;
+        let outcomes = commit_on(
+            &mut conn,
+            &self.definitions,
+            worker,
+            requests,
+            self.tree_bounds(),
+        )
+        .await?;
         // A run left runnable without a lease (released, or written by a scheduler that
         // fired its timer or recovered its lease) can be claimed by anyone now.
         let runnable = requests.iter().zip(&outcomes).any(|(r, o)| {
@@ -554,7 +635,106 @@ impl Store {
 }
 
 /// [`Store::commit_batch`] on a given connection (possibly inside the caller's transaction).
+/// A commit that starts children is held to the tree's bounds (SPEC Z4): in one
+/// transaction, the committing runs and the roots of the fanning ones are locked, each
+/// fan-out is judged against its root's count, a refused one takes its failure path instead,
+/// and the roots count the children that started. Two writers fanning out under one root
+/// queue on the root's row, so together they never pass the bound.
 pub(crate) async fn commit_on(
+    conn: &mut sqlx::PgConnection,
+    definitions: &crate::definitions::DefinitionCache,
+    worker: &str,
+    requests: &[CommitRequest],
+    bounds: TreeBounds,
+) -> Result<Vec<CommitOutcome>, StoreError> {
+    if requests.iter().all(|r| r.children.is_empty()) {
+        return commit_statement(conn, definitions, worker, requests).await;
+    }
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let bounded = bound_fan_outs(&mut tx, definitions, requests, bounds).await?;
+    let outcomes = commit_statement(&mut tx, definitions, worker, &bounded).await?;
+    let started: Vec<(Uuid, i64)> = bounded
+        .iter()
+        .zip(&outcomes)
+        .filter(|(r, o)| !r.children.is_empty() && matches!(o, CommitOutcome::Committed(_)))
+        .map(|(r, _)| (r.run_id, r.children.len() as i64))
+        .collect();
+    if !started.is_empty() {
+        let (parents, counts): (Vec<Uuid>, Vec<i64>) = started.into_iter().unzip();
+        sqlx::query(include_str!("../queries/count_descendants.sql"))
+            .bind(&parents)
+            .bind(&counts)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(outcomes)
+}
+
+/// `requests` with every fan-out the tree's bounds refuse replanned onto its failure path.
+/// Locks the committing runs and the roots of the fanning ones, in run_id order (the order
+/// the commit statement locks runs in), until the caller's transaction ends.
+async fn bound_fan_outs<'r>(
+    conn: &mut sqlx::PgConnection,
+    definitions: &crate::definitions::DefinitionCache,
+    requests: &'r [CommitRequest],
+    bounds: TreeBounds,
+) -> Result<std::borrow::Cow<'r, [CommitRequest]>, StoreError> {
+    let all: Vec<Uuid> = requests.iter().map(|r| r.run_id).collect();
+    let fanning: Vec<Uuid> = requests
+        .iter()
+        .filter(|r| !r.children.is_empty())
+        .map(|r| r.run_id)
+        .collect();
+    let rows: Vec<(Uuid, Option<Uuid>, i32, i64)> =
+        sqlx::query_as(include_str!("../queries/lock_trees.sql"))
+            .bind(&all)
+            .bind(&fanning)
+            .fetch_all(&mut *conn)
+            .await?;
+    let tree: HashMap<Uuid, (Uuid, i32, i64)> = rows
+        .into_iter()
+        .map(|(run, root, depth, descendants)| (run, (root.unwrap_or(run), depth, descendants)))
+        .collect();
+    // Fan-outs earlier in this batch count against the same root.
+    let mut started: HashMap<Uuid, u64> = HashMap::new();
+    let mut replanned: Option<Vec<CommitRequest>> = None;
+    for (i, r) in requests.iter().enumerate() {
+        // A run that is not there is reported by the commit statement.
+        let Some(&(root, depth, _)) = tree.get(&r.run_id).filter(|_| !r.children.is_empty()) else {
+            continue;
+        };
+        let descendants = tree.get(&root).map_or(0, |t| t.2.max(0) as u64);
+        let before = started.get(&root).copied().unwrap_or(0);
+        let branches = r.children.len() as u64;
+        let refusal = match bounds.check(depth.max(0) as u32, descendants + before, branches) {
+            Ok(()) => {
+                started.insert(root, before + branches);
+                continue;
+            }
+            Err(refusal) => refusal,
+        };
+        let def = crate::definitions::load_definition_with(
+            &mut *conn,
+            definitions,
+            &r.state.definition,
+            Some(r.state.version),
+        )
+        .await?;
+        tracing::warn!(run_id = %r.run_id, root_run_id = %root, depth, descendants, branches,
+            state = %r.state.state, reason = refusal.reason(),
+            "fan-out refused: {refusal}; it takes its failure path");
+        crate::metrics::fan_out_refused(refusal.reason());
+        replanned.get_or_insert_with(|| requests.to_vec())[i] = refuse_fan_out(&def, r, &refusal);
+    }
+    Ok(replanned.map_or(
+        std::borrow::Cow::Borrowed(requests),
+        std::borrow::Cow::Owned,
+    ))
+}
+
+/// Runs the commit statement for `requests` on `conn`.
+async fn commit_statement(
     conn: &mut sqlx::PgConnection,
     definitions: &crate::definitions::DefinitionCache,
     worker: &str,
@@ -688,6 +868,8 @@ pub(crate) async fn commit_on(
         q.defers
             .push(r.defer_ms.map(|t| t.min(i64::MAX as u64) as i64));
         q.first_tries.push(r.first_try);
+        q.cancels
+            .push(matches!(r.finish, Some(crate::metrics::Finish::Cancelled)));
         q.reasons.push(if r.status == RunStatus::Terminal {
             r.state.terminal_reason.clone()
         } else {
@@ -786,6 +968,7 @@ pub(crate) async fn commit_on(
         .bind(&q.ev_sender)
         .bind(&q.x_run)
         .bind(&q.x_parent)
+        .bind(&q.cancels)
         .fetch_all(&mut *conn)
         .await
         .inspect_err(|e| {
@@ -929,6 +1112,7 @@ struct Columns {
     c_deadline: Vec<Option<i64>>,
     defers: Vec<Option<i64>>,
     first_tries: Vec<bool>,
+    cancels: Vec<bool>,
     x_run: Vec<Uuid>,
     x_parent: Vec<Uuid>,
 }

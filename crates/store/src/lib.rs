@@ -106,6 +106,10 @@ pub struct Store {
     /// Whether nobody may grant an approval of a run they enqueued, whatever the
     /// definition's policy says ([`Store::with_approver_separation`]).
     approver_separation: bool,
+    /// The bounds on a tree of fan-outs every commit of this store enforces (SPEC Z4).
+    tree_bounds: rein_core::join::TreeBounds,
+    /// Which of its queues a claim serves first this time (round robin, SPEC Z4).
+    claim_turn: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Store {
@@ -183,6 +187,8 @@ impl Store {
             wake: None,
             definitions: Default::default(),
             approver_separation: false,
+            tree_bounds: rein_core::join::TreeBounds::default(),
+            claim_turn: Default::default(),
         }
     }
 
@@ -192,6 +198,17 @@ impl Store {
     pub fn with_approver_separation(mut self, on: bool) -> Store {
         self.approver_separation = on;
         self
+    }
+
+    /// Holds every fan-out this store commits to `bounds` (by default 4 deep and 1,000
+    /// runs per root): a fan-out past them takes its failure path instead.
+    pub fn with_tree_bounds(mut self, bounds: rein_core::join::TreeBounds) -> Store {
+        self.tree_bounds = bounds;
+        self
+    }
+
+    pub fn tree_bounds(&self) -> rein_core::join::TreeBounds {
+        self.tree_bounds
     }
 
     /// Calls `hook` after each commit that makes work runnable (enqueue, a sent event applied

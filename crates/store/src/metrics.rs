@@ -18,6 +18,9 @@ pub const LEASE_RENEWALS: &str = "rein_lease_renewals_total";
 pub const LEASES_LOST: &str = "rein_leases_lost_total";
 pub const LEASE_EXPIRIES: &str = "rein_lease_expiries_total";
 pub const RETRIES: &str = "rein_retries_total";
+/// Fan-outs refused by the bounds on a tree of runs (SPEC Z4); label `reason` =
+/// `fan_out_depth_exceeded` or `fan_out_descendants_exceeded`.
+pub const FAN_OUTS_REFUSED: &str = "rein_fan_outs_refused_total";
 pub const RUNS_FINISHED: &str = "rein_runs_finished_total";
 pub const TIMERS_FIRED: &str = "rein_timers_fired_total";
 /// Looks at a row the scheduler could not move, so it set the row's next look ahead; label
@@ -121,6 +124,11 @@ pub(crate) fn committed(request: &CommitRequest, left_after_s: Option<f64>) {
 /// A commit refused because the writer's token or lease is no longer current.
 pub(crate) fn fenced() {
     counter!(FENCED_WRITES).increment(1);
+}
+
+/// A fan-out the tree's bounds refused: it took its failure path.
+pub(crate) fn fan_out_refused(reason: &'static str) {
+    counter!(FAN_OUTS_REFUSED, "reason" => reason).increment(1);
 }
 
 /// An event the definition refuses in the run's state.

@@ -425,6 +425,7 @@ impl Store {
                 &self.definitions,
                 sender.name(),
                 std::slice::from_ref(&request),
+                self.tree_bounds(),
             )
             .await?;
             return match outcome.into_iter().next() {

@@ -173,13 +173,7 @@ async fn enqueue_many(
             request
         })
         .collect();
-    store
-        .enqueue_batch(&requests)
-        .await
-        .expect("enqueue")
-        .into_iter()
-        .map(|e| e.run_id)
-        .collect()
+    common::enqueue_all(store, &requests).await
 }
 
 async fn enqueue_one(store: &Store, def: &Definition, queue: &str, input: Value) -> Uuid {

@@ -6,23 +6,21 @@
 
 #[path = "../../store/tests/common/mod.rs"]
 mod common;
+mod fleet;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{assert_replays, enqueue, event_types, events_of, store, wait_state, wait_until};
+use fleet::Fleet;
 use rein_core::{Definition, Format, GuardRegistry};
-use rein_scheduler::{Scheduler, SchedulerConfig};
 use rein_store::{Sender, Store, StoreError};
 use rein_worker::{
-    ActionContext, BoxFuture, NodeHandler, Outcome, Reconciled, Registry, Worker, WorkerConfig,
-    builtin_registry,
+    ActionContext, BoxFuture, NodeHandler, Outcome, Reconciled, Registry, builtin_registry,
 };
 use serde_json::{Value, json};
 use tokio::sync::{Barrier, Notify};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const LONG: Duration = Duration::from_secs(30);
@@ -171,63 +169,9 @@ fn registry(fakes: &Fakes) -> Registry {
     registry
 }
 
-/// Workers and a scheduler in this process.
-struct Fleet {
-    stops: Vec<(CancellationToken, JoinHandle<Result<(), StoreError>>)>,
-}
-
 impl Fleet {
-    fn new() -> Fleet {
-        Fleet { stops: Vec::new() }
-    }
-
     fn worker(self, store: &Store, id: &str, concurrency: usize, fakes: &Fakes) -> Fleet {
         self.worker_with(store, id, concurrency, registry(fakes))
-    }
-
-    fn worker_with(
-        mut self,
-        store: &Store,
-        id: &str,
-        concurrency: usize,
-        registry: Registry,
-    ) -> Fleet {
-        let mut config = WorkerConfig::new(id);
-        config.lease_ttl_ms = 1_000;
-        config.poll_interval_ms = 20;
-        config.shutdown_grace_ms = 200;
-        config.concurrency = concurrency;
-        config.claim_batch = 1;
-        let worker = Worker::new(store.clone(), config, registry);
-        let stop = CancellationToken::new();
-        let task = tokio::spawn({
-            let stop = stop.clone();
-            async move { worker.run(stop).await }
-        });
-        self.stops.push((stop, task));
-        self
-    }
-
-    fn scheduler(mut self, store: &Store, id: &str) -> Fleet {
-        let mut config = SchedulerConfig::new(id);
-        config.tick_ms = 50;
-        let mut scheduler = Scheduler::new(store.clone(), config);
-        let stop = CancellationToken::new();
-        let task = tokio::spawn({
-            let stop = stop.clone();
-            async move { scheduler.run(stop).await }
-        });
-        self.stops.push((stop, task));
-        self
-    }
-
-    async fn stop(self) {
-        for (stop, _) in &self.stops {
-            stop.cancel();
-        }
-        for (_, task) in self.stops {
-            task.await.expect("fleet task").expect("fleet member");
-        }
     }
 }
 

@@ -74,6 +74,17 @@ pub async fn events_of(store: &Store, run: Uuid, kind: &str) -> Vec<rein_store::
         .collect()
 }
 
+/// Starts the runs `requests` ask for, in one statement; their ids, in order.
+pub async fn enqueue_all(store: &Store, requests: &[rein_store::EnqueueRequest]) -> Vec<Uuid> {
+    store
+        .enqueue_batch(requests)
+        .await
+        .expect("enqueue")
+        .into_iter()
+        .map(|e| e.run_id)
+        .collect()
+}
+
 /// Starts a run of `def` with `input`.
 pub async fn enqueue(store: &Store, def: &rein_core::Definition, input: serde_json::Value) -> Uuid {
     store
