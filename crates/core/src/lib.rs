@@ -21,6 +21,7 @@ pub mod definition;
 pub mod event;
 mod external;
 pub mod guard;
+mod guard_cost;
 pub mod hash;
 pub mod join;
 pub mod limits;

@@ -454,7 +454,7 @@ pub(crate) async fn load_definition_with<'e>(
     };
     let spec: rein_core::definition::DefinitionSpec = serde_json::from_value(body)
         .map_err(|e| StoreError::Corrupt(format!("definition {name}: {e}")))?;
-    rein_core::Definition::from_spec(spec, &rein_core::GuardRegistry::new()).map_err(|e| {
+    rein_core::Definition::from_stored_spec(spec, &rein_core::GuardRegistry::new()).map_err(|e| {
         StoreError::Corrupt(format!("stored definition {name} no longer validates: {e}"))
     })
 }
