@@ -24,6 +24,7 @@ pub mod guard;
 mod guard_cost;
 pub mod hash;
 pub mod join;
+pub mod labels;
 pub mod limits;
 pub mod reducer;
 pub mod retry;
