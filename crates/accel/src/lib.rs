@@ -27,6 +27,13 @@ pub const WAKEUPS_PUBLISHED: &str = "rein_wakeups_published_total";
 /// Metric: wake-ups received by a worker (before coalescing into claim rounds).
 pub const WAKEUPS_RECEIVED: &str = "rein_wakeups_received_total";
 
+/// The help text of the metrics this crate records.
+pub fn describe_metrics() {
+    metrics::describe_counter!(WAKEUPS_PUBLISHED, "Wake-ups published, after coalescing");
+    metrics::describe_counter!(WAKEUPS_RECEIVED, "Wake-ups received by this worker");
+    limits::describe();
+}
+
 /// Where Redis is and how Rein's channels and keys are named.
 #[derive(Debug, Clone)]
 pub struct RedisConfig {

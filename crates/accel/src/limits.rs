@@ -24,6 +24,29 @@ pub const LIMIT_FALLBACK: &str = "rein_limit_fallback_total";
 pub const LIMIT_DEFERRED: &str = "rein_limit_deferred_total";
 /// Metric: time actions waited in process for a limit, in seconds.
 pub const LIMIT_WAIT: &str = "rein_limit_wait_seconds";
+/// The `key` values recorded so far: keys are named by definitions, so each family keeps at
+/// most [`rein_core::limits::METRIC_LABEL_VALUES_MAX`] of them; the rest count as `other`.
+static KEYS: rein_core::labels::LabelValues = rein_core::labels::LabelValues::new();
+
+/// The help text of the limiter's metrics.
+pub(crate) fn describe() {
+    let capped = rein_core::limits::METRIC_LABEL_VALUES_MAX;
+    metrics::describe_counter!(
+        LIMIT_FALLBACK,
+        format!(
+            "Limit decisions made without Redis, by key; at most {capped} distinct keys, later \
+             ones count as `other`"
+        )
+    );
+    metrics::describe_counter!(
+        LIMIT_DEFERRED,
+        format!(
+            "Actions a fleet-wide limit deferred, by key and limit; at most {capped} distinct \
+             keys, later ones count as `other`"
+        )
+    );
+    metrics::describe_histogram!(LIMIT_WAIT, "Time actions waited in process for a limit");
+}
 /// How long one Redis call of the limiter may take before it counts as unreachable.
 const CALL_TIMEOUT: Duration = Duration::from_millis(500);
 /// After a failed call, decisions are local for this long before Redis is tried again, so an
@@ -411,7 +434,7 @@ impl Limiter {
             match self.take_slot(key, cap, &holder, started, cancel).await {
                 Ok(slot) => permit.slots.push(slot),
                 Err(wait_ms) => {
-                    metrics::counter!(LIMIT_DEFERRED, "key" => key.clone(), "limit" => "concurrency").increment(1);
+                    metrics::counter!(LIMIT_DEFERRED, "key" => KEYS.value(LIMIT_DEFERRED, "key", key), "limit" => "concurrency").increment(1);
                     return Admission::Defer {
                         key: key.clone(),
                         limit: "concurrency",
@@ -429,7 +452,7 @@ impl Limiter {
             match self.rate(key, interval, tau, room.as_micros() as i64).await {
                 Ok(wait) => wait_us = wait_us.max(wait),
                 Err(defer_us) => {
-                    metrics::counter!(LIMIT_DEFERRED, "key" => key.clone(), "limit" => "rate")
+                    metrics::counter!(LIMIT_DEFERRED, "key" => KEYS.value(LIMIT_DEFERRED, "key", key), "limit" => "rate")
                         .increment(1);
                     return Admission::Defer {
                         key: key.clone(),
@@ -604,7 +627,8 @@ impl LimiterInner {
     /// One decision was made by this process alone.
     fn fell_back(&self, key: &str) {
         if self.redis.is_some() {
-            metrics::counter!(LIMIT_FALLBACK, "key" => key.to_owned()).increment(1);
+            metrics::counter!(LIMIT_FALLBACK, "key" => KEYS.value(LIMIT_FALLBACK, "key", key))
+                .increment(1);
         } else if let Ok(mut warned) = self.warned.lock()
             && warned.insert(key.to_owned())
         {

@@ -4,7 +4,7 @@
 //! scheduler reads from the database. And traces (SPEC O3): OTLP export of the worker's
 //! spans when the standard `OTEL_EXPORTER_OTLP_ENDPOINT` variable is set.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -49,6 +49,8 @@ pub fn install(role: &str) -> Option<&'static PrometheusHandle> {
             }
         }
     }
+    m::describe();
+    rein_accel::describe_metrics();
     gauge!(m::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "role" => role.to_owned())
         .set(1.0);
     HANDLE.get()
@@ -111,46 +113,66 @@ pub async fn serve(addr: SocketAddr, store: Store, stop: CancellationToken) -> R
     Ok(())
 }
 
+/// A gauge with its labels.
+type Series = (&'static str, Vec<(&'static str, String)>);
+
+/// The fleet gauges as series, their labels capped ([`m::label`]): the values that fall
+/// into one series add up (counts) or keep the largest (ages).
+fn fleet_series(g: &rein_store::FleetGauges) -> BTreeMap<Series, f64> {
+    let mut series: BTreeMap<Series, f64> = BTreeMap::new();
+    let mut add = |name: &'static str, labels: &[(&'static str, &str)], v: f64, sum: bool| {
+        let labels = labels
+            .iter()
+            .map(|(k, value)| (*k, m::label(name, k, value)))
+            .collect();
+        let slot = series
+            .entry((name, labels))
+            .or_insert(if sum { 0.0 } else { v });
+        *slot = if sum { *slot + v } else { slot.max(v) };
+    };
+    for (d, s, n) in &g.runs {
+        add(
+            m::RUNS,
+            &[("definition", d), ("status", s)],
+            *n as f64,
+            true,
+        );
+    }
+    for (d, s, secs) in &g.oldest_in_state {
+        add(
+            m::RUNS_OLDEST_IN_STATE,
+            &[("definition", d), ("status", s)],
+            *secs,
+            false,
+        );
+    }
+    for (d, n) in &g.retrying {
+        add(m::RUNS_RETRYING, &[("definition", d)], *n as f64, true);
+    }
+    for (q, depth, age) in &g.queues {
+        add(m::QUEUE_DEPTH, &[("queue", q)], *depth as f64, true);
+        add(m::QUEUE_OLDEST_AGE, &[("queue", q)], *age, false);
+    }
+    add(m::APPROVALS_PENDING, &[], g.approvals_pending as f64, true);
+    add(m::APPROVALS_OLDEST_AGE, &[], g.approvals_oldest_s, false);
+    series
+}
+
 /// Reads the fleet gauges every [`FLEET_GAUGES_EVERY`] until `stop`. A label set that
 /// disappears (no run left in that state) is set to 0 rather than left at its last value.
 pub async fn fleet_gauges(store: Store, stop: CancellationToken) {
-    let mut seen: BTreeSet<(&'static str, Vec<(&'static str, String)>)> = BTreeSet::new();
+    let mut seen: BTreeSet<Series> = BTreeSet::new();
     loop {
         match store.fleet_gauges().await {
             Ok(g) => {
-                let mut now: BTreeSet<(&'static str, Vec<(&'static str, String)>)> =
-                    BTreeSet::new();
-                let mut set = |name: &'static str, labels: Vec<(&'static str, String)>, v: f64| {
-                    gauge!(name, to_labels(&labels)).set(v);
-                    now.insert((name, labels));
-                };
-                for (d, s, n) in &g.runs {
-                    set(
-                        m::RUNS,
-                        vec![("definition", d.clone()), ("status", s.clone())],
-                        *n as f64,
-                    );
+                let now = fleet_series(&g);
+                for ((name, labels), v) in &now {
+                    gauge!(*name, to_labels(labels)).set(*v);
                 }
-                for (d, s, secs) in &g.oldest_in_state {
-                    set(
-                        m::RUNS_OLDEST_IN_STATE,
-                        vec![("definition", d.clone()), ("status", s.clone())],
-                        *secs,
-                    );
-                }
-                for (d, n) in &g.retrying {
-                    set(m::RUNS_RETRYING, vec![("definition", d.clone())], *n as f64);
-                }
-                for (q, depth, age) in &g.queues {
-                    set(m::QUEUE_DEPTH, vec![("queue", q.clone())], *depth as f64);
-                    set(m::QUEUE_OLDEST_AGE, vec![("queue", q.clone())], *age);
-                }
-                set(m::APPROVALS_PENDING, Vec::new(), g.approvals_pending as f64);
-                set(m::APPROVALS_OLDEST_AGE, Vec::new(), g.approvals_oldest_s);
-                for (name, labels) in seen.difference(&now) {
+                for (name, labels) in seen.iter().filter(|s| !now.contains_key(*s)) {
                     gauge!(*name, to_labels(labels)).set(0.0);
                 }
-                seen = now;
+                seen = now.into_keys().collect();
             }
             Err(e) => tracing::warn!(error = %e, "cannot read the fleet gauges; retrying"),
         }
@@ -228,5 +250,56 @@ pub fn flush_traces() {
         && let Err(e) = provider.shutdown()
     {
         eprintln!("warning: could not send the last traces: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fleet_gauges_of_many_definitions_and_queues_keep_a_bounded_number_of_series() {
+        let max = rein_core::limits::METRIC_LABEL_VALUES_MAX;
+        let n = max + 50;
+        let g = rein_store::FleetGauges {
+            runs: (0..n)
+                .map(|i| (format!("tenant-{i}"), "runnable".to_owned(), 2))
+                .collect(),
+            oldest_in_state: (0..n)
+                .map(|i| (format!("tenant-{i}"), "runnable".to_owned(), i as f64))
+                .collect(),
+            retrying: (0..n).map(|i| (format!("tenant-{i}"), 1)).collect(),
+            queues: (0..n).map(|i| (format!("q-{i}"), 3, i as f64)).collect(),
+            approvals_pending: 0,
+            approvals_oldest_s: 0.0,
+        };
+        let series = fleet_series(&g);
+        for name in [
+            m::RUNS,
+            m::RUNS_OLDEST_IN_STATE,
+            m::RUNS_RETRYING,
+            m::QUEUE_DEPTH,
+            m::QUEUE_OLDEST_AGE,
+        ] {
+            let of: Vec<(&Vec<(&str, String)>, f64)> = series
+                .iter()
+                .filter(|((n, _), _)| *n == name)
+                .map(|((_, labels), v)| (labels, *v))
+                .collect();
+            assert_eq!(of.len(), max + 1, "{name}: {} series", of.len());
+            let other = of
+                .iter()
+                .find(|(labels, _)| labels.iter().any(|(_, v)| v == "other"))
+                .map(|(_, v)| *v)
+                .unwrap_or_else(|| panic!("{name} has an `other` series"));
+            let expected = match name {
+                // Counts add up; ages keep the oldest.
+                n if n == m::RUNS => 2.0 * 50.0,
+                n if n == m::RUNS_RETRYING => 50.0,
+                n if n == m::QUEUE_DEPTH => 3.0 * 50.0,
+                _ => (n - 1) as f64,
+            };
+            assert_eq!(other, expected, "{name}");
+        }
     }
 }

@@ -586,6 +586,15 @@ impl DefinitionError {
     }
 }
 
+/// Which rules a spec is validated with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rules {
+    /// Every rule: a definition being registered.
+    Registration,
+    /// The rules every stored definition met when it was registered.
+    Stored,
+}
+
 /// A transition after validation: guards compiled, names checked.
 #[derive(Clone)]
 pub struct Transition {
@@ -676,15 +685,42 @@ impl Definition {
         }
     }
 
-    /// Validates a spec built in Rust or parsed from a file. Every problem is reported, not
-    /// only the first.
+    /// Validates a spec built in Rust or parsed from a file, with every rule a definition
+    /// being registered must meet. Every problem is reported, not only the first.
     pub fn from_spec(
         spec: DefinitionSpec,
         guards: &GuardRegistry,
     ) -> Result<Definition, DefinitionError> {
+        Definition::validate(spec, guards, Rules::Registration)
+    }
+
+    /// Validates a spec that was registered before: rules that only apply to new
+    /// registrations (the cost bound of guard expressions) are not checked, so definitions
+    /// already stored keep loading. Their guards stay safe to run: an expression over budget
+    /// is refused when it is evaluated, the same way on every replay.
+    pub fn from_stored_spec(
+        spec: DefinitionSpec,
+        guards: &GuardRegistry,
+    ) -> Result<Definition, DefinitionError> {
+        Definition::validate(spec, guards, Rules::Stored)
+    }
+
+    fn validate(
+        spec: DefinitionSpec,
+        guards: &GuardRegistry,
+        rules: Rules,
+    ) -> Result<Definition, DefinitionError> {
         let mut problems = Vec::new();
         let mut p =
             |item: String, reason: String| problems.push(DefinitionProblem { item, reason });
+        // Guards read the constants as `def`: they are part of the data a bound must cover.
+        let guard_data =
+            crate::guard::DataSize::of(&serde_json::to_value(&spec.constants).unwrap_or_default())
+                .max(crate::guard::DataSize::reference());
+        let cost_of = |expr: &crate::guard::Expr| match rules {
+            Rules::Registration => expr.check_cost(guard_data),
+            Rules::Stored => Ok(0),
+        };
 
         check_name(&mut p, "name", &spec.name);
         if !(1..=limits::VERSION_MAX).contains(&spec.version) {
@@ -775,6 +811,9 @@ impl Definition {
                 {
                     match crate::guard::compile_expr(when) {
                         Ok(rule) => {
+                            if let Err(reason) = cost_of(&rule) {
+                                p(format!("{tool_item}.approval"), reason);
+                            }
                             approval_rules
                                 .insert((state.name.clone(), tool.name.clone()), Arc::new(rule));
                         }
@@ -908,7 +947,12 @@ impl Definition {
             let mut compiled = Vec::new();
             for (g, guard) in specs.iter().enumerate() {
                 match guard.compile(guards) {
-                    Ok(c) => compiled.push(c),
+                    Ok(c) => {
+                        if let Some(Err(reason)) = c.expr().map(cost_of) {
+                            p(format!("{item}.guards[{g}]"), reason);
+                        }
+                        compiled.push(c);
+                    }
                     Err(reason) => p(format!("{item}.guards[{g}]"), reason),
                 }
             }
@@ -935,6 +979,24 @@ impl Definition {
                 continue;
             };
             candidates.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.index.cmp(&b.index)));
+            // One event may run every guard of its candidates: together they share one budget.
+            let steps: u64 = candidates
+                .iter()
+                .flat_map(|t| t.guards.iter())
+                .filter_map(|g| g.expr().and_then(|e| cost_of(e).ok()))
+                .fold(0u64, u64::saturating_add);
+            if steps > limits::GUARD_STEPS_MAX {
+                p(
+                    format!("transitions from `{}` on `{}`", key.0, key.1),
+                    format!(
+                        "their guards may take up to {steps} evaluation steps together over data \
+                         with lists of {} entries (each one event may run); the limit is {}: \
+                         use fewer or cheaper guards for this event",
+                        guard_data.longest,
+                        limits::GUARD_STEPS_MAX
+                    ),
+                );
+            }
             for pair in candidates.windows(2) {
                 let (a, b) = (&pair[0], &pair[1]);
                 let item = format!(
@@ -1192,6 +1254,9 @@ impl Definition {
             if let Some(fan_out) = &state.fan_out {
                 let item = format!("states[{i}] ({}).fan_out", state.name);
                 check_fan_out(&mut p, &item, state, fan_out, &leaves, &mut join_guards);
+                if let Some(Err(reason)) = join_guards.get(&state.name).map(|e| cost_of(e)) {
+                    p(format!("{item}.join.guard"), reason);
+                }
             }
         }
         if let Some(budget) = &spec.budget {

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::guard_cost::{DataSize, GuardCost, STRING_BYTES_PER_UNIT};
 use crate::limits;
 
 /// Evaluation order of guards on one transition: legality first, then safety, then
@@ -103,11 +104,18 @@ impl GuardSpec {
     }
 }
 
-/// A compiled CEL program; checked for size and nesting before it reaches the parser.
+/// A compiled CEL program; checked for size and nesting before it reaches the parser, and
+/// bounded in cost ([`GuardCost`]) once parsed.
 pub struct Expr {
     source: String,
     program: cel::Program,
+    cost: GuardCost,
+    /// Which of [`VARIABLES`] the expression names: only those are measured and converted.
+    reads: [bool; VARIABLES.len()],
 }
+
+/// The variables a guard expression may read, in the order of [`GuardScope::value`].
+const VARIABLES: [&str; 7] = ["run", "event", "payload", "args", "retry", "def", "budget"];
 
 impl fmt::Debug for Expr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -141,8 +149,13 @@ pub fn compile_expr(source: &str) -> Result<Expr, String> {
     }
     let program = cel::Program::compile(source)
         .map_err(|e| format!("guard expression `{source}` does not parse: {e}"))?;
+    let references = program.references();
+    let named = references.variables();
+    let reads = VARIABLES.map(|v| named.iter().any(|n| n.trim_start_matches('.') == v));
     Ok(Expr {
         source: source.to_owned(),
+        cost: GuardCost::of(program.expression()),
+        reads,
         program,
     })
 }
@@ -152,24 +165,162 @@ impl Expr {
         &self.source
     }
 
-    /// Evaluates to a boolean; anything else (an error, a non-boolean) is reported.
+    /// The bound of this expression's work as a function of the data it reads.
+    pub fn cost(&self) -> &GuardCost {
+        &self.cost
+    }
+
+    /// The registration rule: the bound over data of `reference` size (at least
+    /// [`DataSize::reference`]) is within [`limits::GUARD_STEPS_MAX`]. Returns the bound; the
+    /// error names it, says why it is high and what to change.
+    pub fn check_cost(&self, reference: DataSize) -> Result<u64, String> {
+        let reference = reference.max(DataSize::reference());
+        let steps = self.cost.steps(reference);
+        if steps <= limits::GUARD_STEPS_MAX {
+            return Ok(steps);
+        }
+        let why = if self.cost.superlinear() {
+            "its work grows faster than the data it reads (a comprehension over run data nested \
+             in another one)"
+        } else {
+            "it iterates too long over its lists"
+        };
+        Err(format!(
+            "guard expression may take up to {} evaluation steps over data with lists of {} \
+             entries; the limit is {}: {why}; iterate over fewer or shorter lists, or compute \
+             the result in a node action",
+            steps_text(steps),
+            reference.longest,
+            limits::GUARD_STEPS_MAX,
+        ))
+    }
+
+    /// Evaluates to a boolean; anything else (an error, a non-boolean) is reported. An
+    /// expression whose bound over this data exceeds [`limits::GUARD_STEPS_MAX`] is not run:
+    /// that is an error too, the same on every replay.
     pub fn eval(&self, input: &GuardInput<'_>) -> Result<bool, String> {
-        let mut ctx = cel::Context::default();
-        ctx.add_variable_from_value("run", to_cel(&input.run));
-        ctx.add_variable_from_value("event", to_cel(&input.event));
-        ctx.add_variable_from_value("payload", to_cel(input.payload));
-        ctx.add_variable_from_value(
-            "args",
-            to_cel(input.payload.get("args").unwrap_or(&serde_json::json!({}))),
-        );
-        ctx.add_variable_from_value("retry", to_cel(&input.retry));
-        ctx.add_variable_from_value("def", to_cel(&input.constants));
-        ctx.add_variable_from_value("budget", to_cel(&input.budget));
-        match self.program.execute(&ctx) {
+        self.eval_in(&mut GuardScope::new(input))
+    }
+
+    /// [`Expr::eval`] as one of the guards of `scope`'s decision, which share its budget.
+    pub fn eval_in(&self, scope: &mut GuardScope<'_, '_>) -> Result<bool, String> {
+        let size = scope.size(&self.reads);
+        let steps = self.cost.steps(size);
+        let total = scope.steps_used.saturating_add(steps);
+        if total > limits::GUARD_STEPS_MAX {
+            let before = if scope.steps_used == 0 {
+                String::new()
+            } else {
+                format!(
+                    " after {} taken by the guards evaluated before it",
+                    scope.steps_used
+                )
+            };
+            let over = if size == DataSize::default() {
+                String::new()
+            } else {
+                format!(
+                    " over this data (lists of up to {} entries, weight {})",
+                    size.longest, size.weight
+                )
+            };
+            return Err(format!(
+                "not evaluated: it may take up to {} evaluation steps{over}{before}; the limit \
+                 is {}",
+                steps_text(steps),
+                limits::GUARD_STEPS_MAX
+            ));
+        }
+        scope.steps_used = total;
+        scope.bind(&self.reads);
+        match self.program.execute(&scope.context) {
             Ok(cel::Value::Bool(b)) => Ok(b),
             Ok(other) => Err(format!("evaluated to {other:?}, not a boolean")),
             Err(e) => Err(format!("evaluation failed: {e}")),
         }
+    }
+}
+
+/// The guards of one decision (the candidates of one event, an approval rule, a join guard):
+/// the input measured and converted for CEL once, and the evaluation steps their bounds have
+/// taken from [`limits::GUARD_STEPS_MAX`].
+pub struct GuardScope<'i, 'a> {
+    input: &'i GuardInput<'a>,
+    /// `args` when the payload has none.
+    no_args: serde_json::Value,
+    context: cel::Context<'static, 'static>,
+    bound: [bool; VARIABLES.len()],
+    sizes: [Option<DataSize>; VARIABLES.len()],
+    steps_used: u64,
+}
+
+impl<'i, 'a> GuardScope<'i, 'a> {
+    pub fn new(input: &'i GuardInput<'a>) -> Self {
+        GuardScope {
+            input,
+            no_args: serde_json::json!({}),
+            context: cel::Context::default(),
+            bound: [false; VARIABLES.len()],
+            sizes: [None; VARIABLES.len()],
+            steps_used: 0,
+        }
+    }
+
+    pub fn input(&self) -> &GuardInput<'a> {
+        self.input
+    }
+
+    /// The evaluation steps taken so far (the sum of the bounds of the guards evaluated).
+    pub fn steps_used(&self) -> u64 {
+        self.steps_used
+    }
+
+    /// Variable `i` of [`VARIABLES`].
+    fn value(&self, i: usize) -> &serde_json::Value {
+        let input = self.input;
+        match i {
+            0 => &input.run,
+            1 => &input.event,
+            2 => input.payload,
+            3 => input.payload.get("args").unwrap_or(&self.no_args),
+            4 => &input.retry,
+            5 => &input.constants,
+            _ => &input.budget,
+        }
+    }
+
+    /// The size of the variables `reads` names, as the cost bound counts it.
+    fn size(&mut self, reads: &[bool; VARIABLES.len()]) -> DataSize {
+        let mut size = DataSize::default();
+        for (i, read) in reads.iter().enumerate() {
+            if *read {
+                let of = match self.sizes[i] {
+                    Some(s) => s,
+                    None => DataSize::of(self.value(i)),
+                };
+                self.sizes[i] = Some(of);
+                size = size.max(of);
+            }
+        }
+        size
+    }
+
+    fn bind(&mut self, reads: &[bool; VARIABLES.len()]) {
+        for (i, read) in reads.iter().enumerate() {
+            if *read && !self.bound[i] {
+                let value = to_cel(self.value(i));
+                self.context.add_variable_from_value(VARIABLES[i], value);
+                self.bound[i] = true;
+            }
+        }
+    }
+}
+
+fn steps_text(steps: u64) -> String {
+    if steps == u64::MAX {
+        "an unbounded number of".to_owned()
+    } else {
+        steps.to_string()
     }
 }
 
@@ -243,10 +394,19 @@ pub struct CompiledGuard {
 }
 
 impl CompiledGuard {
-    pub fn eval(&self, input: &GuardInput<'_>) -> Result<bool, String> {
+    /// Evaluates the guard as one of those of `scope`'s decision.
+    pub fn eval(&self, scope: &mut GuardScope<'_, '_>) -> Result<bool, String> {
         match &self.body {
-            GuardBody::Expr(expr) => expr.eval(input),
-            GuardBody::Function(f) => Ok(f(input)),
+            GuardBody::Expr(expr) => expr.eval_in(scope),
+            GuardBody::Function(f) => Ok(f(scope.input())),
+        }
+    }
+
+    /// The compiled expression, for a CEL guard.
+    pub fn expr(&self) -> Option<&Expr> {
+        match &self.body {
+            GuardBody::Expr(expr) => Some(expr),
+            GuardBody::Function(_) => None,
         }
     }
 

@@ -15,6 +15,16 @@ pub const GUARDS_PER_TRANSITION_MAX: usize = 16;
 pub const GUARD_EXPR_LEN_MAX: usize = 2048;
 /// Deepest nesting of parentheses/brackets in a guard expression.
 pub const GUARD_EXPR_DEPTH_MAX: usize = 32;
+/// Most evaluation steps the guards of one decision may take together (the guards one event
+/// runs in one state, one tool's approval rule, one join guard). A step is one node of an
+/// expression, or one unit of the weight of a value it copies, compares or searches. Checked
+/// against a static bound of each expression, never a clock: when a definition is registered,
+/// at [`GUARD_DATA_REF`], and before each evaluation, at the size of the data given.
+pub const GUARD_STEPS_MAX: u64 = 1_000_000;
+/// The data size guards must handle when their definition is registered: lists and maps of
+/// up to this many entries, data of this weight, strings of this weight (one unit per value,
+/// list or map, and per 8 bytes of a string; any payload of 8 KiB fits).
+pub const GUARD_DATA_REF: u64 = 4_096;
 /// Largest serialized payload of a single event, in bytes.
 pub const EVENT_PAYLOAD_BYTES_MAX: usize = 256 * 1024;
 /// Payload fields larger than this (canonical JSON) are stored as content-addressed blobs
@@ -45,3 +55,6 @@ pub const RUN_EVENTS_DEFAULT: u64 = 10_000;
 pub const RUN_EVENTS_MAX: u64 = 1_000_000;
 /// The lowest: room for one event and the failure that ends the run.
 pub const RUN_EVENTS_MIN: u64 = 2;
+/// Most distinct values one label of one metric family takes; later ones are recorded as
+/// `other` ([`crate::labels`]).
+pub const METRIC_LABEL_VALUES_MAX: usize = 100;

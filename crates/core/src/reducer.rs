@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::definition::{Definition, Effect, Transition};
 use crate::event::{EngineEvent, Event};
-use crate::guard::{GuardInput, GuardKind};
+use crate::guard::{GuardInput, GuardKind, GuardScope};
 use crate::limits;
 use crate::state::{ActionSlot, ActionStatus, RunState};
 
@@ -182,10 +182,11 @@ fn select<'d>(
         constants: serde_json::to_value(def.constants()).unwrap_or_default(),
         budget: def.budget_view(),
     };
+    let mut scope = GuardScope::new(&input);
     let mut first_failure = None;
     'candidates: for transition in candidates {
         for guard in &transition.guards {
-            let failure = match guard.eval(&input) {
+            let failure = match guard.eval(&mut scope) {
                 Ok(true) => continue,
                 Ok(false) => RejectReason::GuardFailed {
                     kind: guard.kind,

@@ -294,7 +294,8 @@ impl Scheduler {
                 if fired == Look::Moved {
                     debug!(run_id = %row.run_id, event = %kind, "timer fired");
                     self.stats.timers_fired.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!(rein_store::metrics::TIMERS_FIRED, "kind" => kind.clone())
+                    metrics::counter!(rein_store::metrics::TIMERS_FIRED,
+                        "kind" => rein_store::metrics::label(rein_store::metrics::TIMERS_FIRED, "kind", &kind))
                         .increment(1);
                 }
                 return Ok(fired);

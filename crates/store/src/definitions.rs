@@ -397,9 +397,10 @@ pub(crate) async fn load_definition_with<'e>(
     };
     let spec: rein_core::definition::DefinitionSpec = serde_json::from_str(&body)
         .map_err(|e| StoreError::Corrupt(format!("definition {name}: {e}")))?;
-    let def = Definition::from_spec(spec, &rein_core::GuardRegistry::new()).map_err(|e| {
-        StoreError::Corrupt(format!("stored definition {name} no longer validates: {e}"))
-    })?;
+    let def =
+        Definition::from_stored_spec(spec, &rein_core::GuardRegistry::new()).map_err(|e| {
+            StoreError::Corrupt(format!("stored definition {name} no longer validates: {e}"))
+        })?;
     cache.compiled.fetch_add(1, Ordering::Relaxed);
     metrics::counter!(crate::metrics::DEFINITIONS_COMPILED).increment(1);
     // A row whose hash is not its body's (edited by hand) is compiled on every load.

@@ -6,9 +6,21 @@
 //! `deploy/prometheus/rein.rules.yml` and `deploy/grafana/rein-dashboard.json` use exactly
 //! these names.
 
-use metrics::{counter, gauge, histogram};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use rein_core::labels::LabelValues;
 
 use crate::commit::CommitRequest;
+
+/// The label values this process has recorded: tenant-written names (definitions, states,
+/// events, queues) take at most [`rein_core::limits::METRIC_LABEL_VALUES_MAX`] distinct
+/// values per label of each family; the rest count as `other`.
+static LABELS: LabelValues = LabelValues::new();
+
+/// `value` as label `label` of `family` records it (itself, or `other` once the label is
+/// full).
+pub fn label(family: &'static str, label: &'static str, value: &str) -> String {
+    LABELS.value(family, label, value)
+}
 
 pub const TRANSITIONS: &str = "rein_transitions_total";
 pub const INVALID_TRANSITIONS: &str = "rein_invalid_transitions_total";
@@ -103,22 +115,106 @@ impl Finish {
 /// A commit that landed: its events as transitions, the state it left (with how long the run
 /// was in it, by the database clock), its retries and its ending.
 pub(crate) fn committed(request: &CommitRequest, left_after_s: Option<f64>) {
-    let definition = request.state.definition.clone();
+    let definition = request.state.definition.as_str();
     for e in &request.events {
-        counter!(TRANSITIONS, "definition" => definition.clone(), "event" => e.kind.clone())
-            .increment(1);
+        counter!(TRANSITIONS,
+            "definition" => label(TRANSITIONS, "definition", definition),
+            "event" => label(TRANSITIONS, "event", &e.kind))
+        .increment(1);
     }
     if let (Some(state), Some(seconds)) = (&request.left_state, left_after_s) {
-        histogram!(TIME_IN_STATE, "definition" => definition.clone(), "state" => state.clone())
-            .record(seconds.max(0.0));
+        histogram!(TIME_IN_STATE,
+            "definition" => label(TIME_IN_STATE, "definition", definition),
+            "state" => label(TIME_IN_STATE, "state", state))
+        .record(seconds.max(0.0));
     }
     if request.retries > 0 {
-        counter!(RETRIES, "definition" => definition.clone()).increment(u64::from(request.retries));
+        counter!(RETRIES, "definition" => label(RETRIES, "definition", definition))
+            .increment(u64::from(request.retries));
     }
     if let Some(finish) = request.finish {
-        counter!(RUNS_FINISHED, "definition" => definition, "outcome" => finish.as_str())
-            .increment(1);
+        counter!(RUNS_FINISHED,
+            "definition" => label(RUNS_FINISHED, "definition", definition),
+            "outcome" => finish.as_str())
+        .increment(1);
     }
+}
+
+/// The help text of every family, shown on `/metrics`. Where a label carries names a
+/// definition or a caller chose, the text says how many distinct values it keeps.
+pub fn describe() {
+    let capped = rein_core::limits::METRIC_LABEL_VALUES_MAX;
+    let names = |what: &str| {
+        format!("{what}; at most {capped} distinct values per label, later ones count as `other`")
+    };
+    describe_counter!(
+        TRANSITIONS,
+        names("Events committed, by definition and event")
+    );
+    describe_counter!(
+        INVALID_TRANSITIONS,
+        names("Events refused as invalid transitions, by definition and event")
+    );
+    describe_counter!(
+        FENCED_WRITES,
+        "Commits refused because the writer's lease or token was no longer current"
+    );
+    describe_counter!(LEASE_CLAIMS, "Runs claimed by this worker");
+    describe_counter!(LEASE_RENEWALS, "Leases renewed by this worker");
+    describe_counter!(LEASES_LOST, "Leases this worker lost before it was done");
+    describe_counter!(LEASE_EXPIRIES, "Expired leases the scheduler recovered");
+    describe_counter!(RETRIES, names("Retries scheduled, by definition"));
+    describe_counter!(
+        RUNS_FINISHED,
+        names("Runs that reached a terminal state, by definition and outcome")
+    );
+    describe_counter!(
+        TIMERS_FIRED,
+        names("Timer events the scheduler fired, by event")
+    );
+    describe_counter!(
+        SCAN_BACKOFFS,
+        "Rows the scheduler could not move and looks at later, by scan"
+    );
+    describe_histogram!(
+        TIME_IN_STATE,
+        names("Time a run spent in the state it left, by definition and state")
+    );
+    describe_histogram!(CLAIM_LATENCY, metrics::Unit::Seconds, "Time a claim took");
+    describe_histogram!(
+        RECOVERY,
+        metrics::Unit::Seconds,
+        "Time from a lease's expiry to its recovery"
+    );
+    describe_gauge!(ACTIONS_IN_FLIGHT, "Actions this worker is running");
+    describe_gauge!(
+        DB_POOL_CONNECTIONS,
+        "Database connections of this process, by state"
+    );
+    describe_gauge!(DB_POOL_MAX, "Largest database pool of this process");
+    describe_gauge!(BUILD_INFO, "Version and role of this process");
+    describe_gauge!(RUNS, names("Runs, by definition and status"));
+    describe_gauge!(QUEUE_DEPTH, names("Runs waiting to be claimed, by queue"));
+    describe_gauge!(
+        QUEUE_OLDEST_AGE,
+        names("Age of the oldest run waiting to be claimed, by queue")
+    );
+    describe_gauge!(
+        RUNS_OLDEST_IN_STATE,
+        names("Longest time a run has been in its state, by definition and status")
+    );
+    describe_gauge!(
+        RUNS_RETRYING,
+        names("Runs waiting for a retry, by definition")
+    );
+    describe_gauge!(
+        APPROVALS_PENDING,
+        "Approval requests waiting for a decision"
+    );
+    describe_gauge!(
+        APPROVALS_OLDEST_AGE,
+        "Age of the oldest approval request waiting for a decision"
+    );
 }
 
 /// A commit refused because the writer's token or lease is no longer current.
@@ -133,8 +229,10 @@ pub(crate) fn fan_out_refused(reason: &'static str) {
 
 /// An event the definition refuses in the run's state.
 pub(crate) fn invalid_transition(definition: &str, event: &str) {
-    counter!(INVALID_TRANSITIONS, "definition" => definition.to_owned(), "event" => event.to_owned())
-        .increment(1);
+    counter!(INVALID_TRANSITIONS,
+        "definition" => label(INVALID_TRANSITIONS, "definition", definition),
+        "event" => label(INVALID_TRANSITIONS, "event", event))
+    .increment(1);
 }
 
 /// An event refused as an invalid transition before any commit was planned (SPEC O1, O2):
