@@ -74,6 +74,14 @@ pub async fn metrics_handler(store: &Store) -> impl IntoResponse + use<> {
     )
 }
 
+/// Connections to a role's metrics endpoint: a scraper or two, and probes.
+const METRICS_CONN_LIMITS: crate::api::server::ConnLimits = crate::api::server::ConnLimits {
+    header_read_timeout: std::time::Duration::from_secs(10),
+    idle_timeout: std::time::Duration::from_secs(60),
+    connections_max: 32,
+    connections_per_client_max: 8,
+};
+
 /// Binds `addr` and serves `/metrics`, `/healthz` and `/readyz` until `stop`; logs the bound
 /// address. Errors are printed and returned as exit codes.
 pub async fn serve(addr: SocketAddr, store: Store, stop: CancellationToken) -> Result<(), u8> {
@@ -102,14 +110,14 @@ pub async fn serve(addr: SocketAddr, store: Store, stop: CancellationToken) -> R
             }),
         )
         .with_state(store);
-    tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "the metrics endpoint stopped");
-        }
-    });
+    // The same connection discipline as `rein api`: a half-sent request or a client holding
+    // many connections cannot tie up a worker's file descriptors.
+    tokio::spawn(crate::api::server::serve(
+        listener,
+        app,
+        METRICS_CONN_LIMITS,
+        stop,
+    ));
     Ok(())
 }
 

@@ -459,3 +459,52 @@ async fn failed_runs_count_as_failed_and_only_a_cancel_counts_as_cancelled() {
     let reason = store.run(held).await.unwrap().terminal_reason;
     assert_eq!(reason.as_deref(), Some("cancelled: not needed any more"));
 }
+
+/// A role's metrics endpoint closes a half-sent request head (as `rein api` does) and caps
+/// what one client holds, so a slow or greedy client cannot tie up a worker's descriptors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_metrics_endpoint_drops_half_sent_requests_and_caps_one_client() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (url, _store) = common::fresh_store("metrics_slow").await;
+    let mut fleet = Fleet::new(&url, "metrics_slow");
+    let port = spawn_metrics_worker(&mut fleet, "w1", &[]);
+    common::wait_for(
+        "the metrics endpoint",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || async move {
+            reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let connect = || async move {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut s = socket.connect(addr).await.expect("connect");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        s
+    };
+    let mut greedy = Vec::new();
+    for _ in 0..20 {
+        greedy.push(connect().await);
+    }
+    // A scrape from another address is still answered.
+    let (status, body) = scrape(port, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("rein_"), "{body}");
+    // The half-sent heads are closed (after the header timeout, or at once past the
+    // per-client cap), not held for ever.
+    for mut s in greedy {
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut buf)).await;
+        assert!(
+            read.is_ok(),
+            "a half-sent request head was still open after 30 s"
+        );
+    }
+}

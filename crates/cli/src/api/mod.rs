@@ -5,7 +5,7 @@
 pub mod error;
 mod routes;
 pub mod schema;
-mod server;
+pub(crate) mod server;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};
