@@ -314,7 +314,7 @@ phase_test() {
   if [[ $scoped == 1 ]]; then
     cargo test "$@" || return 1
   else
-    cargo test --workspace "$@" || return 1
+    cargo test --workspace --no-fail-fast "$@" || return 1
   fi
 }
 
