@@ -11,7 +11,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Api, code, json_of, wait_for};
+use common::{Api, code, wait_for};
 use rein_core::{Definition, Format, GuardRegistry};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -137,15 +137,7 @@ fn guard_at_the_bound() -> String {
 }
 
 async fn publish(api: &Api, token: &str, toml: &str) {
-    let (s, v) = json_of(
-        api.post("/v1/definitions", token)
-            .header("content-type", "application/toml")
-            .body(toml.to_owned())
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (s, v) = api.post_toml("/v1/definitions", token, toml).await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
 }
 
@@ -228,15 +220,9 @@ async fn a_hostile_definition_and_client_leave_another_teams_runs_finishing_and_
             .join(",")
     );
     let ten_to_the_eight = format!("{big}.all(a,{big}.all(b,{big}.all(c,{big}.all(d,true))))");
-    let (s, v) = json_of(
-        api.post("/v1/definitions", &tenant)
-            .header("content-type", "application/toml")
-            .body(spin(&ten_to_the_eight))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (s, v) = api
+        .post_toml("/v1/definitions", &tenant, &spin(&ten_to_the_eight))
+        .await;
     assert_eq!(
         (s, code(&v)),
         (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed"),

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Api, code, json_of, rein_with, stderr, stdout};
+use common::{Api, code, rein_with, stderr, stdout};
 use rein_core::builtin;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -29,18 +29,6 @@ fn own(name: &str, version: u32) -> String {
     builtin::source_at_version("chain4", version)
         .unwrap()
         .replacen("name = \"chain4\"", &format!("name = \"{name}\""), 1)
-}
-
-async fn post_toml(api: &Api, path: &str, token: &str, text: &str) -> (StatusCode, Value) {
-    json_of(
-        api.post(path, token)
-            .header("content-type", "application/toml")
-            .body(text.to_owned())
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await
 }
 
 /// The version of a run enqueued through the API without naming one.
@@ -80,11 +68,11 @@ async fn an_operate_token_cannot_replace_a_definition_for_everyone() {
     let shipped = builtin::refund_agent().version();
     let (version, text) = refund_without_approval();
 
-    let (s, v) = post_toml(&api, "/v1/definitions", &operator, &text).await;
+    let (s, v) = api.post_toml("/v1/definitions", &operator, &text).await;
     assert_eq!((s, code(&v)), (StatusCode::FORBIDDEN, "forbidden"), "{v}");
     assert_eq!(v["error"]["details"]["required_scope"], "publish");
 
-    let (s, v) = post_toml(&api, "/v1/definitions", &publisher, &text).await;
+    let (s, v) = api.post_toml("/v1/definitions", &publisher, &text).await;
     assert_eq!((s, code(&v)), (StatusCode::CONFLICT, "conflict"), "{v}");
     assert_eq!(v["error"]["details"]["builtin_version"], shipped);
     assert!(
@@ -94,13 +82,9 @@ async fn an_operate_token_cannot_replace_a_definition_for_everyone() {
             .contains("allow_builtin"),
         "{v}"
     );
-    let (s, v) = post_toml(
-        &api,
-        "/v1/definitions?allow_builtin=true",
-        &publisher,
-        &text,
-    )
-    .await;
+    let (s, v) = api
+        .post_toml("/v1/definitions?allow_builtin=true", &publisher, &text)
+        .await;
     assert_eq!((s, code(&v)), (StatusCode::FORBIDDEN, "forbidden"), "{v}");
     assert_eq!(v["error"]["details"]["required_scope"], "admin");
     // Nothing was stored.
@@ -111,7 +95,9 @@ async fn an_operate_token_cannot_replace_a_definition_for_everyone() {
             .is_err()
     );
 
-    let (s, v) = post_toml(&api, "/v1/definitions?allow_builtin=true", &admin, &text).await;
+    let (s, v) = api
+        .post_toml("/v1/definitions?allow_builtin=true", &admin, &text)
+        .await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
     assert_eq!(v["current_version"], shipped, "{v}");
     assert_eq!(

@@ -640,6 +640,24 @@ impl Api {
         json_of(self.post(path, token).json(body).send().await.unwrap()).await
     }
 
+    /// POSTs `text` as a TOML document (a definition) and reads the JSON answer.
+    pub async fn post_toml(
+        &self,
+        path: &str,
+        token: &str,
+        text: &str,
+    ) -> (reqwest::StatusCode, serde_json::Value) {
+        json_of(
+            self.post(path, token)
+                .header("content-type", "application/toml")
+                .body(text.to_owned())
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
     /// GETs `path` and reads the JSON answer.
     pub async fn get_json(
         &self,
