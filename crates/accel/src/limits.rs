@@ -173,7 +173,7 @@ return out
 ";
 
 /// One key's state in Redis, for operators (`rein limits`).
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct KeyState {
     pub key: String,
     /// How far ahead the rate's starts are booked (ms): 0 when the bucket is full; a start
@@ -185,7 +185,7 @@ pub struct KeyState {
     pub slots: Vec<SlotState>,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SlotState {
     pub holder: String,
     pub expires_in_ms: i64,

@@ -8,9 +8,10 @@ use rein_store::COMMENT_BYTES_MAX;
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::exit;
-use crate::ops::{cell, text};
-use crate::remote::{self, Backend, Conn, print_json};
+use crate::print::print_json;
+use crate::print::{cell, text};
+use crate::remote::{Backend, Conn};
+use rein_process::exit;
 
 /// How much of a request's arguments the table shows.
 const ARGS_CHARS_SHOWN: usize = 40;
@@ -70,7 +71,7 @@ async fn list(args: ListArgs) -> u8 {
     };
     let rows = match backend.approvals(args.all, args.run, args.limit).await {
         Ok(rows) => rows,
-        Err(e) => return remote::fail(&e),
+        Err(e) => return crate::print::fail(&e),
     };
     if args.json {
         print_json(&rows);
@@ -90,7 +91,7 @@ async fn list(args: ListArgs) -> u8 {
             text(a, "tool"),
             shorten(&cell(a, "args"), ARGS_CHARS_SHOWN),
             text(a, "risk"),
-            crate::ops::short_time(text(a, "requested_at")),
+            crate::print::short_time(text(a, "requested_at")),
             expires_in(a, now_ms),
             status(a)
         );
@@ -145,7 +146,7 @@ pub async fn decide(args: DecideArgs, grant: bool) -> u8 {
         .await
     {
         Ok(d) => d,
-        Err(e) => return remote::fail(&e),
+        Err(e) => return crate::print::fail(&e),
     };
     if args.json {
         print_json(&decided);
@@ -177,7 +178,7 @@ pub async fn decide(args: DecideArgs, grant: bool) -> u8 {
 }
 
 fn check_approver(name: &str) -> Result<&str, String> {
-    crate::service::approver(name).map_err(|why| format!("--as: {why}"))
+    rein_ops::service::approver(name).map_err(|why| format!("--as: {why}"))
 }
 
 fn check_comment(comment: Option<&str>) -> Result<Option<&str>, String> {
@@ -246,7 +247,7 @@ fn shorten(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::APPROVER_BYTES_MAX;
+    use rein_ops::service::APPROVER_BYTES_MAX;
 
     #[test]
     fn durations_read_at_a_glance() {

@@ -2,15 +2,17 @@
 //! task, steps done with their results (or references), the pending step, the last error.
 
 use rein_core::brief::{BriefValue, ResumeBrief};
-use rein_store::StoreError;
+use rein_ops::Code;
+use rein_process::exit;
 use uuid::Uuid;
 
-use crate::{DbArgs, exit, ops};
+use crate::print::fail;
+use crate::remote::{Backend, Conn};
 
 #[derive(clap::Args)]
 pub struct BriefArgs {
     #[command(flatten)]
-    db: DbArgs,
+    conn: Conn,
     run: Uuid,
     /// The brief as canonical JSON (sorted keys), exactly what handlers and http nodes get.
     #[arg(long)]
@@ -18,28 +20,29 @@ pub struct BriefArgs {
 }
 
 pub async fn brief(args: BriefArgs) -> u8 {
-    let store = match ops::connect(&args.db, false).await {
-        Ok(s) => s,
+    let backend = match Backend::open(&args.conn).await {
+        Ok(b) => b,
         Err(code) => return code,
     };
-    let brief = match store.resume_brief_checked(args.run).await {
-        Ok((brief, warnings)) => {
-            // The brief follows the log; what was not trusted is said, apart from the brief.
-            for w in &warnings {
-                eprintln!("warning: {w}; this brief was rebuilt from the log");
-            }
-            brief
-        }
-        Err(StoreError::RunNotFound(id)) => {
-            eprintln!("error: run {id} not found (`rein runs list` shows the runs there are)");
+    let view = match backend.brief(args.run).await {
+        Ok(view) => view,
+        Err(e) if e.code == Code::NotFound => {
+            eprintln!(
+                "error: run {} not found (`rein runs list` shows the runs there are)",
+                args.run
+            );
             return exit::INPUT;
         }
-        Err(e) => return ops::report(&e),
+        Err(e) => return fail(&e),
     };
+    // The brief follows the log; what was not trusted is said, apart from the brief.
+    for w in &view.warnings {
+        eprintln!("warning: {w}; this brief was rebuilt from the log");
+    }
     if args.json {
-        println!("{}", brief.to_canonical_json());
+        println!("{}", view.brief.to_canonical_json());
     } else {
-        print!("{}", human(&brief));
+        print!("{}", human(&view.brief));
     }
     exit::OK
 }

@@ -1,40 +1,21 @@
 //! `rein`: one binary, every role. `rein worker`, `rein scheduler`, `rein demo`, and the
 //! operator and offline commands.
 
-mod api;
 mod approvals;
-mod bench;
 mod brief;
-mod chaos;
-mod demo;
+mod commands;
 mod offline;
-mod ops;
-mod privdb;
-mod privredis;
-mod procs;
+mod print;
 mod remote;
 mod retention;
-mod service;
-mod telemetry;
 mod tokens;
 mod why;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-
-/// Exit codes shared by every command.
-pub mod exit {
-    pub const OK: u8 = 0;
-    /// Usage or input error.
-    pub const INPUT: u8 = 1;
-    /// Refused: invalid transition, fenced, a conflict, an event the sender may not send.
-    pub const REFUSED: u8 = 2;
-    /// Database, API or Redis unreachable or failing, or the schema too old or too new.
-    pub const DATABASE: u8 = 3;
-    /// The API refused the token: missing, revoked or lacking the scope.
-    pub const AUTH: u8 = 4;
-}
+use rein_lab::{bench, chaos, demo};
+use rein_process::{DbArgs, exit};
 
 #[derive(Parser)]
 #[command(
@@ -48,91 +29,6 @@ struct Cli {
     command: Command,
 }
 
-#[derive(clap::Args, Clone)]
-pub struct DbArgs {
-    /// PostgreSQL URL.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: Option<String>,
-    /// Connections this process may open (sized for 2 cores and Postgres' 100 connections).
-    #[arg(long, default_value_t = rein_store::POOL_MAX_DEFAULT, value_parser = clap::value_parser!(u32).range(1..=90))]
-    pub db_pool_max: u32,
-    /// How long connecting to PostgreSQL may take before the command fails (exit 3); a
-    /// server that refuses connections is asked again until then.
-    #[arg(long, env = "REIN_DB_CONNECT_TIMEOUT_MS", value_name = "MS",
-          default_value_t = rein_store::CONNECT_FIRST_TIMEOUT_MS_DEFAULT,
-          value_parser = clap::value_parser!(u64).range(1..=600_000))]
-    pub db_connect_timeout_ms: u64,
-    /// How deep a tree of fan-outs may grow (SPEC Z4): a run enqueued is at depth 0 and a
-    /// run at this depth may not fan out; such a fan-out takes its failure path (reason
-    /// `fan_out_depth_exceeded`). Every process that commits (worker, scheduler, api, send)
-    /// enforces the value it is given: give them all the same.
-    #[arg(long, env = "REIN_FAN_OUT_DEPTH_MAX", value_name = "N",
-          default_value_t = rein_core::join::DEPTH_MAX_DEFAULT,
-          value_parser = clap::value_parser!(u32).range(0..=rein_core::join::DEPTH_MAX_LIMIT as i64))]
-    pub fan_out_depth_max: u32,
-    /// Most runs one root's tree of fan-outs may start over its life (SPEC Z4); a fan-out
-    /// that would pass it takes its failure path (reason `fan_out_descendants_exceeded`).
-    #[arg(long, env = "REIN_FAN_OUT_DESCENDANTS_MAX", value_name = "N",
-          default_value_t = rein_core::join::DESCENDANTS_MAX_DEFAULT,
-          value_parser = clap::value_parser!(u64).range(0..=rein_core::join::DESCENDANTS_MAX_LIMIT))]
-    pub fan_out_descendants_max: u64,
-}
-
-impl DbArgs {
-    /// The bounds on fan-out trees these arguments set (clap keeps them in range).
-    pub fn tree_bounds(&self) -> rein_core::join::TreeBounds {
-        rein_core::join::TreeBounds {
-            depth_max: self.fan_out_depth_max,
-            descendants_max: self.fan_out_descendants_max,
-        }
-    }
-}
-
-/// Optional Redis (SPEC K1): wake-ups for idle workers. Never a source of truth.
-#[derive(clap::Args, Clone, Default)]
-pub struct RedisArgs {
-    /// Redis URL; absent: workers poll only.
-    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
-    pub redis_url: Option<String>,
-    /// Prefix of Rein's Redis channels and keys (deployments sharing one Redis).
-    #[arg(long, env = "REIN_REDIS_PREFIX", default_value = "rein")]
-    pub redis_prefix: String,
-}
-
-impl RedisArgs {
-    pub fn config(&self) -> Option<rein_accel::RedisConfig> {
-        let url = self.redis_url.as_deref().filter(|u| !u.is_empty())?;
-        Some(rein_accel::RedisConfig::new(url).with_prefix(self.redis_prefix.clone()))
-    }
-
-    /// Makes `store` publish wake-ups after commits that make work runnable.
-    pub fn publishing(
-        &self,
-        store: rein_store::Store,
-        stop: &tokio_util::sync::CancellationToken,
-    ) -> rein_store::Store {
-        match self.config() {
-            Some(config) => {
-                let publisher = rein_accel::Publisher::start(config, stop.clone());
-                store.with_wake_hook(std::sync::Arc::new(move |q| publisher.wake(q)))
-            }
-            None => store,
-        }
-    }
-
-    /// Makes `worker` claim at once when a wake-up for one of its queues arrives.
-    pub fn subscribe(
-        &self,
-        worker: &rein_worker::Worker,
-        queues: &[String],
-        stop: &tokio_util::sync::CancellationToken,
-    ) {
-        if let Some(config) = self.config() {
-            rein_accel::subscribe(config, queues, worker.wakeups(), stop.clone());
-        }
-    }
-}
-
 #[derive(Subcommand)]
 enum Command {
     /// Validate, show and list state-machine definitions.
@@ -143,29 +39,29 @@ enum Command {
     /// Apply database migrations.
     Migrate(DbArgs),
     /// Run a worker: claims runs and executes their node actions.
-    Worker(ops::WorkerArgs),
+    Worker(commands::WorkerArgs),
     /// Run a scheduler: fires timers and recovers expired leases.
-    Scheduler(ops::SchedulerArgs),
+    Scheduler(commands::SchedulerArgs),
     /// Create a run; prints its id.
-    Enqueue(ops::EnqueueArgs),
+    Enqueue(commands::EnqueueArgs),
     /// Send an event to a run (reply, approval, cancel).
-    Send(ops::SendArgs),
+    Send(commands::SendArgs),
     /// Settle a run's in-doubt call by hand: `applied` (with its result event) or
     /// `not-applied` (the step is dispatched again with the same idempotency key).
-    Resolve(ops::ResolveArgs),
+    Resolve(commands::ResolveArgs),
     /// Start a new run like a finished one (same definition version, input, queue), linked
     /// to it.
-    Rerun(ops::RerunArgs),
+    Rerun(commands::RerunArgs),
     /// Cancel a run, with a reason.
-    Cancel(ops::CancelArgs),
+    Cancel(commands::CancelArgs),
     /// Live workers and schedulers: last heartbeat and leases held (one silent for longer
     /// than its lease TTL is gone).
-    Workers(ops::WorkersArgs),
+    Workers(commands::WorkersArgs),
     /// Fleet-wide limits in Redis: how far ahead each rate is booked, deferrals, slot holders.
-    Limits(ops::LimitsArgs),
+    Limits(commands::LimitsArgs),
     /// Inspect runs.
     #[command(subcommand)]
-    Runs(ops::RunsCommand),
+    Runs(commands::RunsCommand),
     /// Why a run is where it is: state, last event, lease, pending action, rejections, side
     /// effects, approvals, timers, and what would move it.
     Why(why::WhyArgs),
@@ -182,7 +78,7 @@ enum Command {
     #[command(subcommand)]
     Tokens(tokens::TokensCommand),
     /// Serve the HTTP API (JSON, OpenAPI document at /openapi.json).
-    Api(api::ApiArgs),
+    Api(rein_api::ApiArgs),
     /// Start a private PostgreSQL, a scheduler pair and workers, drive real runs and show
     /// what happened.
     Demo(demo::DemoArgs),
@@ -256,24 +152,24 @@ fn main() -> ExitCode {
             runtime.block_on(async move {
                 match other {
                     Command::Definitions(cmd) => offline::registered(cmd).await,
-                    Command::Migrate(db) => ops::migrate(db).await,
-                    Command::Worker(args) => ops::worker(args).await,
-                    Command::Scheduler(args) => ops::scheduler(args).await,
-                    Command::Enqueue(args) => ops::enqueue(args).await,
-                    Command::Send(args) => ops::send(args).await,
-                    Command::Resolve(args) => ops::resolve(args).await,
-                    Command::Rerun(args) => ops::rerun(args).await,
-                    Command::Cancel(args) => ops::cancel(args).await,
-                    Command::Workers(args) => ops::workers(args).await,
-                    Command::Limits(args) => ops::limits(args).await,
-                    Command::Runs(cmd) => ops::runs(cmd).await,
+                    Command::Migrate(db) => commands::migrate(db).await,
+                    Command::Worker(args) => commands::worker(args).await,
+                    Command::Scheduler(args) => commands::scheduler(args).await,
+                    Command::Enqueue(args) => commands::enqueue(args).await,
+                    Command::Send(args) => commands::send(args).await,
+                    Command::Resolve(args) => commands::resolve(args).await,
+                    Command::Rerun(args) => commands::rerun(args).await,
+                    Command::Cancel(args) => commands::cancel(args).await,
+                    Command::Workers(args) => commands::workers(args).await,
+                    Command::Limits(args) => commands::limits(args).await,
+                    Command::Runs(cmd) => commands::runs(cmd).await,
                     Command::Why(args) => why::why(args).await,
                     Command::Brief(args) => brief::brief(args).await,
                     Command::Approvals(cmd) => approvals::approvals(cmd).await,
                     Command::Approve(args) => approvals::decide(args, true).await,
                     Command::Deny(args) => approvals::decide(args, false).await,
                     Command::Tokens(cmd) => tokens::tokens(cmd).await,
-                    Command::Api(args) => api::serve(args).await,
+                    Command::Api(args) => rein_api::serve(args).await,
                     Command::Demo(args) => demo::demo(args).await,
                     Command::Bench(args) => bench::bench(args).await,
                     Command::Chaos(args) => chaos::chaos(args).await,
@@ -283,39 +179,6 @@ fn main() -> ExitCode {
             })
         }
     };
-    telemetry::flush_traces();
+    rein_process::telemetry::flush_traces();
     ExitCode::from(code)
-}
-
-/// Logs to stderr: JSON lines for long-running roles unless on a terminal.
-pub fn init_logging(json: bool) {
-    init_logging_at(json, "info,sqlx=warn");
-}
-
-/// Like [`init_logging`] with another default filter (`REIN_LOG` still wins). `json` asks
-/// for JSON lines, which a terminal gets in human format instead; `REIN_LOG_FORMAT=json` or
-/// `text` decides outright.
-pub fn init_logging_at(json: bool, default_filter: &str) {
-    use tracing_subscriber::EnvFilter;
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    let json = match std::env::var("REIN_LOG_FORMAT").as_deref() {
-        Ok("json") => true,
-        Ok("text") => false,
-        _ => json && !std::io::IsTerminal::is_terminal(&std::io::stderr()),
-    };
-    let filter =
-        EnvFilter::try_from_env("REIN_LOG").unwrap_or_else(|_| EnvFilter::new(default_filter));
-    let fmt_json = json.then(|| {
-        tracing_subscriber::fmt::layer()
-            .json()
-            .with_writer(std::io::stderr)
-    });
-    let fmt_text = (!json).then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr));
-    let _ = tracing_subscriber::registry()
-        .with(filter)
-        .with(fmt_json)
-        .with(fmt_text)
-        .with(telemetry::otel_layer())
-        .try_init();
 }

@@ -3,10 +3,12 @@
 use std::io::{BufRead, Read};
 
 use rein_core::{Definition, Event, Format, GuardRegistry, RunState, apply, builtin};
+use rein_ops::{load_definition, read_file_limited};
 use serde_json::{Value, json};
 
-use crate::exit;
-use crate::remote::{self, Backend, Conn, print_json};
+use crate::print::print_json;
+use crate::remote::{Backend, Conn};
+use rein_process::exit;
 
 /// Largest events file `rein replay` reads.
 const REPLAY_BYTES_MAX: usize = 64 * 1024 * 1024;
@@ -102,13 +104,16 @@ impl DefinitionsCommand {
             DefinitionsCommand::Register { .. } | DefinitionsCommand::Current { .. } => true,
             DefinitionsCommand::List {
                 registered, conn, ..
-            } => *registered || conn.url.is_some(),
+            } => *registered || conn.api.url.is_some(),
             DefinitionsCommand::Show {
                 definition,
                 registered,
                 conn,
                 ..
-            } => (*registered || conn.url.is_some()) && !std::path::Path::new(definition).is_file(),
+            } => {
+                (*registered || conn.api.url.is_some())
+                    && !std::path::Path::new(definition).is_file()
+            }
         }
     }
 }
@@ -129,43 +134,6 @@ pub struct ReplayArgs {
     /// Initial run input (business data) as JSON.
     #[arg(long, default_value = "{}")]
     input: String,
-}
-
-/// Loads a definition from a built-in name or a file path.
-pub fn load_definition(name_or_file: &str) -> Result<Definition, String> {
-    if let Some(result) = builtin::load(name_or_file) {
-        return result.map_err(|e| format!("built-in definition {name_or_file}: {e}"));
-    }
-    let text = read_file_limited(name_or_file, rein_core::limits::DEFINITION_BYTES_MAX)?;
-    Definition::parse(
-        &text,
-        Format::from_path(name_or_file),
-        &GuardRegistry::new(),
-    )
-    .map_err(|e| e.to_string())
-}
-
-fn read_file_limited(path: &str, limit: usize) -> Result<String, String> {
-    let file = std::fs::File::open(path).map_err(|e| {
-        format!(
-            "cannot open `{path}`: {e} (built-in definitions: {})",
-            builtin::ALL
-                .iter()
-                .map(|(n, _)| *n)
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    })?;
-    let mut text = String::new();
-    file.take(limit as u64 + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| format!("cannot read `{path}`: {e}"))?;
-    if text.len() > limit {
-        return Err(format!(
-            "`{path}` is larger than the limit of {limit} bytes"
-        ));
-    }
-    Ok(text)
 }
 
 pub fn definitions(cmd: DefinitionsCommand) -> u8 {
@@ -282,17 +250,17 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
     };
     match cmd {
         DefinitionsCommand::List { json, .. } => {
-            crate::ops::answer(backend.definitions().await, json, |list| {
+            crate::print::answer(backend.definitions().await, json, |list| {
                 println!("name\tversion\tcurrent\tregistered by\tdescription");
                 for d in list.as_array().into_iter().flatten() {
                     let current = d.get("current").and_then(Value::as_bool) == Some(true);
                     println!(
                         "{}\tv{}\t{}\t{}\t{}",
-                        crate::ops::text(d, "name"),
-                        crate::ops::cell(d, "version"),
+                        crate::print::text(d, "name"),
+                        crate::print::cell(d, "version"),
                         if current { "current" } else { "-" },
-                        crate::ops::cell(d, "registered_by"),
-                        crate::ops::text(d, "description")
+                        crate::print::cell(d, "registered_by"),
+                        crate::print::text(d, "description")
                     );
                 }
             })
@@ -305,20 +273,20 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
         } => {
             let view = match backend.definition(&definition, definition_version).await {
                 Ok(v) => v,
-                Err(e) => return remote::fail(&e),
+                Err(e) => return crate::print::fail(&e),
             };
             // What the document cannot say about itself, where it does not mix with it.
             eprintln!(
                 "{} v{}{}, registered by {} at {}",
-                crate::ops::text(&view, "name"),
-                crate::ops::cell(&view, "version"),
+                crate::print::text(&view, "name"),
+                crate::print::cell(&view, "version"),
                 if view.get("current").and_then(Value::as_bool) == Some(true) {
                     " (current)"
                 } else {
                     " (not current)"
                 },
-                crate::ops::cell(&view, "registered_by"),
-                crate::ops::short_time(crate::ops::text(&view, "registered_at"))
+                crate::print::cell(&view, "registered_by"),
+                crate::print::short_time(crate::print::text(&view, "registered_at"))
             );
             let spec = view.get("spec").cloned().unwrap_or(Value::Null);
             match format {
@@ -360,7 +328,7 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
                     return exit::INPUT;
                 }
             };
-            let publisher = crate::service::Publisher {
+            let publisher = rein_ops::service::Publisher {
                 by: &publisher.by,
                 make_current,
                 allow_builtin: publisher.allow_builtin,
@@ -377,8 +345,8 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
                 {
                     eprintln!(
                         "warning: {}: {}",
-                        crate::ops::text(w, "item"),
-                        crate::ops::text(w, "reason")
+                        crate::print::text(w, "item"),
+                        crate::print::text(w, "reason")
                     );
                 }
             }
@@ -389,15 +357,15 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
                 }
                 Ok(done) => {
                     let (name, version) = (
-                        crate::ops::text(&done, "name"),
-                        crate::ops::cell(&done, "version"),
+                        crate::print::text(&done, "name"),
+                        crate::print::cell(&done, "version"),
                     );
                     if done.get("created").and_then(Value::as_bool) == Some(true) {
                         println!("registered {name} v{version}");
                     } else {
                         println!("{name} v{version} is already registered with this body");
                     }
-                    let current = crate::ops::cell(&done, "current_version");
+                    let current = crate::print::cell(&done, "current_version");
                     if current == version {
                         println!(
                             "{name} v{version} is current: runs enqueued without a version start with it"
@@ -410,10 +378,10 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
                     exit::OK
                 }
                 Err(e) => {
-                    if e.code == "validation_failed" {
+                    if e.code == rein_ops::Code::ValidationFailed {
                         eprintln!("{file}: rejected");
                     }
-                    remote::fail(&e)
+                    crate::print::fail(&e)
                 }
             }
         }
@@ -423,7 +391,7 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
             publisher,
             json,
             ..
-        } => crate::ops::answer(
+        } => crate::print::answer(
             backend
                 .set_current(&name, version, (&publisher.by, publisher.allow_builtin))
                 .await,

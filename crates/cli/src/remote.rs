@@ -1,13 +1,13 @@
 //! Where operator commands go: the Rein API when `REIN_URL` is set (with `REIN_TOKEN` or
 //! `--api-token-file`), the database otherwise. Either way a command gets the same JSON
 //! document back — the database side runs the very operations the API handlers run
-//! ([`crate::service`]) — so its output, `--json` or human, does not depend on the route.
+//! ([`rein_ops::service`]) — so its output, `--json` or human, does not depend on the route.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use axum::http::StatusCode;
+use rein_accel::limits::KeyState;
 use rein_core::Format;
 use rein_store::{RunFilter, Sender, Store};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
@@ -15,9 +15,10 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::api::ApiError;
-use crate::service::{self, EnqueueBody, Publisher};
-use crate::{DbArgs, exit, ops};
+use rein_ops::recovery::{self, BriefView, ResolveBody, ResolveResponse, VerifyView};
+use rein_ops::service::{self, EnqueueBody, NEXT_AFTER, NEXT_CURSOR, PAGE_TRUNCATED, Publisher};
+use rein_ops::{Code, Error};
+use rein_process::{DbArgs, exit};
 
 /// Longest API URL accepted.
 const URL_BYTES_MAX: usize = 2048;
@@ -25,16 +26,10 @@ const URL_BYTES_MAX: usize = 2048;
 const RESPONSE_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Who a client key belongs to when the CLI enqueues on the database itself.
 pub const DB_CALLER: &str = "cli";
-/// The response header naming the next page of `GET /v1/runs`.
-pub const NEXT_CURSOR: &str = "rein-next-cursor";
 /// Largest token file read: a token is one line of well under this.
 pub const TOKEN_FILE_BYTES_MAX: u64 = 4096;
 /// The environment variable holding the API token.
 const TOKEN_ENV: &str = "REIN_TOKEN";
-/// The response header naming the next page of `GET /v1/runs/{id}/events`.
-pub const NEXT_AFTER: &str = "rein-next-after";
-/// The response header of a page cut short by its byte bound.
-pub const PAGE_TRUNCATED: &str = "rein-page-truncated";
 
 /// One page of a list: its rows, the cursor of the next page, and whether the page's byte
 /// bound cut it short.
@@ -49,6 +44,13 @@ pub struct Page {
 pub struct Conn {
     #[command(flatten)]
     pub db: DbArgs,
+    #[command(flatten)]
+    pub api: ApiConn,
+}
+
+/// How a command reaches the Rein API, when it goes through one.
+#[derive(clap::Args, Clone)]
+pub struct ApiConn {
     /// Go through this Rein API (e.g. http://127.0.0.1:7878) instead of the database.
     #[arg(long = "api-url", env = "REIN_URL", value_name = "URL")]
     pub url: Option<String>,
@@ -63,7 +65,7 @@ pub struct Conn {
     pub token_file: Option<PathBuf>,
 }
 
-impl Conn {
+impl ApiConn {
     /// The API token and where it came from: --api-token-file, --api-token, or REIN_TOKEN.
     fn api_token(&self) -> Result<Option<(String, String)>, String> {
         if let Some(path) = &self.token_file {
@@ -77,6 +79,29 @@ impl Conn {
             .ok()
             .filter(|t| !t.is_empty())
             .map(|t| (t, TOKEN_ENV.to_owned())))
+    }
+
+    /// A client of the API when a URL is given; errors are printed and returned as exit
+    /// codes.
+    pub fn client(&self) -> Result<Option<Client>, u8> {
+        if self.token.is_some() {
+            // Any user of the machine can read another's command line.
+            eprintln!(
+                "warning: --api-token puts the token in the process list (`ps`) and shell \
+                 history; set REIN_TOKEN or use --api-token-file PATH instead"
+            );
+        }
+        let Some(url) = self.url.as_deref().filter(|u| !u.is_empty()) else {
+            return Ok(None);
+        };
+        let token = self.api_token().map_err(|message| {
+            eprintln!("error: {message}");
+            exit::INPUT
+        })?;
+        Client::new(url, token).map(Some).map_err(|message| {
+            eprintln!("error: {message}");
+            exit::INPUT
+        })
     }
 }
 
@@ -124,33 +149,15 @@ impl Backend {
     /// The API when a URL is given, the database otherwise; errors are printed and returned
     /// as exit codes.
     pub async fn open(conn: &Conn) -> Result<Backend, u8> {
-        if conn.token.is_some() {
-            // Any user of the machine can read another's command line.
-            eprintln!(
-                "warning: --api-token puts the token in the process list (`ps`) and shell \
-                 history; set REIN_TOKEN or use --api-token-file PATH instead"
-            );
+        if let Some(client) = conn.api.client()? {
+            return Ok(Backend::Api(client));
         }
-        let Some(url) = conn.url.as_deref().filter(|u| !u.is_empty()) else {
-            // This process is the one that refuses what the database route refuses (an
-            // invalid transition): its warnings go to stderr like a role's.
-            crate::init_logging_at(false, "warn,sqlx=error");
-            return ops::connect(&conn.db, false).await.map(Backend::Db);
-        };
-        let token = match conn.api_token() {
-            Ok(token) => token,
-            Err(message) => {
-                eprintln!("error: {message}");
-                return Err(exit::INPUT);
-            }
-        };
-        match Client::new(url, token) {
-            Ok(client) => Ok(Backend::Api(client)),
-            Err(message) => {
-                eprintln!("error: {message}");
-                Err(exit::INPUT)
-            }
-        }
+        // This process is the one that refuses what the database route refuses (an invalid
+        // transition): its warnings go to stderr like a role's.
+        rein_process::init_logging_at(false, "warn,sqlx=error");
+        rein_process::connect(&conn.db, false)
+            .await
+            .map(Backend::Db)
     }
 
     pub fn is_api(&self) -> bool {
@@ -165,7 +172,7 @@ impl Backend {
         body: EnqueueBody,
         key: Option<String>,
         by: &str,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Value, Error> {
         match self {
             Backend::Db(store) => {
                 to_value(service::enqueue(store, body, key, (DB_CALLER, by), None).await?)
@@ -182,7 +189,7 @@ impl Backend {
         }
     }
 
-    pub async fn run(&self, run: Uuid) -> Result<Value, ApiError> {
+    pub async fn run(&self, run: Uuid) -> Result<Value, Error> {
         match self {
             Backend::Db(store) => service::run(store, run).await,
             Backend::Api(c) => c.get(&["v1", "runs", &run.to_string()], &[]).await,
@@ -196,7 +203,7 @@ impl Backend {
         cursor: Option<String>,
         limit: i64,
         data: bool,
-    ) -> Result<Page, ApiError> {
+    ) -> Result<Page, Error> {
         match self {
             Backend::Db(store) => {
                 let shape = (data, service::PAGE_BYTES_MAX_DEFAULT);
@@ -236,7 +243,7 @@ impl Backend {
     }
 
     /// One page of the run's events after sequence `after`.
-    async fn events(&self, run: Uuid, after: i64, limit: i64) -> Result<Page, ApiError> {
+    async fn events(&self, run: Uuid, after: i64, limit: i64) -> Result<Page, Error> {
         match self {
             Backend::Db(store) => {
                 let bytes_max = service::PAGE_BYTES_MAX_DEFAULT;
@@ -262,7 +269,7 @@ impl Backend {
     }
 
     /// The run's whole log in sequence order, read a page at a time.
-    pub async fn history(&self, run: Uuid) -> Result<Value, ApiError> {
+    pub async fn history(&self, run: Uuid) -> Result<Value, Error> {
         let mut events = Vec::new();
         let mut after = 0;
         loop {
@@ -278,9 +285,8 @@ impl Backend {
             match next.parse::<i64>() {
                 Ok(next) if next > after => after = next,
                 _ => {
-                    return Err(ApiError::new(
-                        StatusCode::BAD_GATEWAY,
-                        "internal",
+                    return Err(Error::new(
+                        Code::Internal,
                         format!(
                             "the API named page `{next}` after page {after} of run {run}'s events"
                         ),
@@ -301,7 +307,7 @@ impl Backend {
         (kind, payload): (&str, Value),
         sender: &str,
         key: Option<&str>,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Value, Error> {
         match self {
             Backend::Db(store) => {
                 let sender = Sender::outside_approver(sender, sender);
@@ -324,7 +330,7 @@ impl Backend {
 
     /// Runs a finished run again, enqueued by the token's subject through the API and by
     /// `by` on the database.
-    pub async fn rerun(&self, run: Uuid, by: &str) -> Result<Value, ApiError> {
+    pub async fn rerun(&self, run: Uuid, by: &str) -> Result<Value, Error> {
         match self {
             Backend::Db(store) => to_value(service::rerun(store, run, by, None).await?),
             Backend::Api(c) => {
@@ -337,7 +343,7 @@ impl Backend {
         }
     }
 
-    pub async fn workers(&self) -> Result<Value, ApiError> {
+    pub async fn workers(&self) -> Result<Value, Error> {
         match self {
             Backend::Db(store) => to_value(service::workers(store).await?),
             Backend::Api(c) => c.get(&["v1", "workers"], &[]).await,
@@ -349,7 +355,7 @@ impl Backend {
         all: bool,
         run: Option<Uuid>,
         limit: i64,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Value, Error> {
         match self {
             Backend::Db(store) => to_value(service::approvals(store, all, run, Some(limit)).await?),
             Backend::Api(c) => {
@@ -367,7 +373,7 @@ impl Backend {
         grant: bool,
         approver: &str,
         comment: Option<&str>,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Value, Error> {
         match self {
             Backend::Db(store) => {
                 to_value(service::decide(store, approval, grant, approver, comment, None).await?)
@@ -385,14 +391,14 @@ impl Backend {
         }
     }
 
-    pub async fn definitions(&self) -> Result<Value, ApiError> {
+    pub async fn definitions(&self) -> Result<Value, Error> {
         match self {
             Backend::Db(store) => to_value(service::definitions(store).await?),
             Backend::Api(c) => c.get(&["v1", "definitions"], &[]).await,
         }
     }
 
-    pub async fn definition(&self, name: &str, version: Option<u32>) -> Result<Value, ApiError> {
+    pub async fn definition(&self, name: &str, version: Option<u32>) -> Result<Value, Error> {
         match self {
             Backend::Db(store) => to_value(service::definition(store, name, version).await?),
             Backend::Api(c) => {
@@ -412,7 +418,7 @@ impl Backend {
         text: String,
         format: Format,
         publisher: Publisher<'_>,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Value, Error> {
         match self {
             Backend::Db(store) => {
                 to_value(service::register(store, &text, format, publisher).await?)
@@ -443,7 +449,7 @@ impl Backend {
         name: &str,
         version: u32,
         (by, allow_builtin): (&str, bool),
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Value, Error> {
         match self {
             Backend::Db(store) => {
                 to_value(service::set_current(store, name, version, (by, allow_builtin)).await?)
@@ -460,10 +466,54 @@ impl Backend {
         }
     }
 
-    pub async fn why(&self, run: Uuid) -> Result<Value, ApiError> {
+    pub async fn why(&self, run: Uuid) -> Result<Value, Error> {
         match self {
             Backend::Db(store) => service::why(store, run).await,
             Backend::Api(c) => c.get(&["v1", "runs", &run.to_string(), "why"], &[]).await,
+        }
+    }
+
+    /// The resume brief of `run` (SPEC D3).
+    pub async fn brief(&self, run: Uuid) -> Result<BriefView, Error> {
+        match self {
+            Backend::Db(store) => recovery::brief(store, run).await,
+            Backend::Api(c) => typed(
+                c.get(&["v1", "runs", &run.to_string(), "brief"], &[])
+                    .await?,
+            ),
+        }
+    }
+
+    /// Whether `run`'s log replays to what is stored.
+    pub async fn verify(&self, run: Uuid) -> Result<VerifyView, Error> {
+        match self {
+            Backend::Db(store) => recovery::verify(store, run).await,
+            Backend::Api(c) => typed(
+                c.get(&["v1", "runs", &run.to_string(), "verify"], &[])
+                    .await?,
+            ),
+        }
+    }
+
+    /// Settles `run`'s in-doubt call; `by` names the operator on the database route (the API
+    /// records its token's subject).
+    pub async fn resolve(
+        &self,
+        run: Uuid,
+        body: ResolveBody,
+        by: &str,
+    ) -> Result<ResolveResponse, Error> {
+        match self {
+            Backend::Db(store) => recovery::resolve(store, run, body, by, None).await,
+            Backend::Api(c) => {
+                let request = c
+                    .request(
+                        reqwest::Method::POST,
+                        &["v1", "runs", &run.to_string(), "resolve"],
+                    )
+                    .json(&body);
+                typed(c.send(request).await?.0)
+            }
         }
     }
 }
@@ -485,11 +535,22 @@ impl Page {
     }
 }
 
-fn to_value(value: impl Serialize) -> Result<Value, ApiError> {
+/// An API answer as the view the database route returns.
+pub fn typed<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, Error> {
+    serde_json::from_value(value).map_err(|e| {
+        Error::new(
+            Code::Internal,
+            format!(
+                "the API answered a document this CLI cannot read ({e}); are both the same version?"
+            ),
+        )
+    })
+}
+
+fn to_value(value: impl Serialize) -> Result<Value, Error> {
     serde_json::to_value(value).map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
+        Error::new(
+            Code::Internal,
             format!("cannot encode the result as JSON: {e}"),
         )
     })
@@ -538,7 +599,17 @@ impl Client {
         }
     }
 
-    async fn get(&self, segments: &[&str], query: &[(&str, String)]) -> Result<Value, ApiError> {
+    /// `GET /v1/limits`: the fleet-wide limits' state, as the API's Redis holds it.
+    pub async fn limits(&self, keys: &[String]) -> Result<Vec<KeyState>, Error> {
+        let query: Vec<(&str, String)> = if keys.is_empty() {
+            Vec::new()
+        } else {
+            vec![("keys", keys.join(","))]
+        };
+        typed(self.get(&["v1", "limits"], &query).await?)
+    }
+
+    async fn get(&self, segments: &[&str], query: &[(&str, String)]) -> Result<Value, Error> {
         let request = self.request(reqwest::Method::GET, segments).query(query);
         self.send(request).await.map(|(v, _)| v)
     }
@@ -547,11 +618,10 @@ impl Client {
     async fn send(
         &self,
         request: reqwest::RequestBuilder,
-    ) -> Result<(Value, reqwest::header::HeaderMap), ApiError> {
+    ) -> Result<(Value, reqwest::header::HeaderMap), Error> {
         let unreachable = |e: reqwest::Error| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
+            Error::new(
+                Code::Unavailable,
                 format!(
                     "cannot reach the Rein API at {}: {e} (is `rein api` running there? check REIN_URL)",
                     self.base
@@ -564,9 +634,8 @@ impl Client {
         let mut body = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(unreachable)? {
             if body.len() + chunk.len() > RESPONSE_BYTES_MAX {
-                return Err(ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "internal",
+                return Err(Error::new(
+                    Code::Internal,
                     format!("the API answered more than {RESPONSE_BYTES_MAX} bytes"),
                 ));
             }
@@ -575,9 +644,8 @@ impl Client {
         let value: Option<Value> = serde_json::from_slice(&body).ok();
         if status.is_success() {
             return value.map(|v| (v, headers)).ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "internal",
+                Error::new(
+                    Code::Internal,
                     format!(
                         "the API answered {status} without a JSON body; is {} a Rein API?",
                         self.base
@@ -585,78 +653,32 @@ impl Client {
                 )
             });
         }
-        Err(remote_error(status.as_u16(), value, &self.base))
+        Err(remote_error(status, value, &self.base))
     }
 }
 
-/// The API's error document as an [`ApiError`]; anything else as an error naming the status.
-fn remote_error(status: u16, body: Option<Value>, base: &reqwest::Url) -> ApiError {
-    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+/// The API's error document as an [`Error`]; anything else as an error naming the status.
+fn remote_error(status: reqwest::StatusCode, body: Option<Value>, base: &reqwest::Url) -> Error {
     let error = body.as_ref().and_then(|b| b.get("error"));
     let Some(error) = error else {
-        return ApiError::new(
-            status,
-            "internal",
+        return Error::new(
+            Code::Internal,
             format!("the API at {base} answered {status} without an error document"),
         );
     };
     let code = error.get("code").and_then(Value::as_str).unwrap_or("");
-    let code = crate::api::error::CODES
-        .iter()
-        .find(|c| **c == code)
-        .copied()
-        .unwrap_or("internal");
+    let code = Code::parse(code).unwrap_or(Code::Internal);
     let mut message = error
         .get("message")
         .and_then(Value::as_str)
         .unwrap_or("no message")
         .to_owned();
-    if code == "unauthorized" {
+    if code == Code::Unauthorized {
         message.push_str(" (set REIN_TOKEN to a token from `rein tokens create`)");
     }
-    let mut e = ApiError::new(status, code, message);
+    let mut e = Error::new(code, message);
     if let Some(details) = error.get("details").filter(|d| !d.is_null()) {
         e = e.with_details(details.clone());
     }
     e
-}
-
-/// Prints an error and picks its exit code: refusals 2, an unreachable or failing service 3,
-/// authentication 4, bad input 1.
-pub fn fail(e: &ApiError) -> u8 {
-    eprintln!("error: {}", e.message);
-    if let Some(cause) = &e.cause {
-        eprintln!("       ({cause})");
-    }
-    if let Some(problems) = e
-        .details
-        .as_ref()
-        .and_then(|d| d.get("problems"))
-        .and_then(Value::as_array)
-    {
-        for p in problems {
-            eprintln!(
-                "  {}: {}",
-                p.get("item").and_then(Value::as_str).unwrap_or("?"),
-                p.get("reason").and_then(Value::as_str).unwrap_or("?")
-            );
-        }
-    }
-    exit_code(e.code)
-}
-
-pub fn exit_code(code: &str) -> u8 {
-    match code {
-        "invalid_transition" | "fenced" | "conflict" | "event_not_allowed" | "quota_exceeded" => {
-            exit::REFUSED
-        }
-        "unavailable" | "internal" | "request_timeout" | "too_many_requests" => exit::DATABASE,
-        "unauthorized" | "forbidden" => exit::AUTH,
-        _ => exit::INPUT,
-    }
-}
-
-/// Prints a JSON document on one line.
-pub fn print_json(value: &Value) {
-    println!("{value}");
 }

@@ -6,9 +6,9 @@ use std::time::Instant;
 use rein_store::{ARCHIVE_BATCH_MAX, ArchivedBatch, EventsTableSize};
 use serde_json::{Value, json};
 
-use crate::ops::{connect, report};
-use crate::remote::print_json;
-use crate::{DbArgs, exit};
+use rein_process::{DbArgs, connect, exit, report};
+
+use crate::print::print_json;
 
 /// Longest `--older-than` accepted: a hundred years.
 const OLDER_THAN_MS_MAX: u64 = 100 * 365 * 24 * 3_600_000;
@@ -101,7 +101,7 @@ async fn archive(args: ArchiveArgs) -> u8 {
     let mut total = ArchivedBatch::default();
     let mut batches = 0u64;
     if !args.dry_run {
-        let progress = crate::bench::bar(
+        let progress = rein_lab::bench::bar(
             candidates.runs as u64,
             "{elapsed:>4} [{bar:30}] {pos}/{len} runs archived, {msg}",
         );
@@ -174,14 +174,14 @@ fn say(summary: &Value, before: EventsTableSize, after: EventsTableSize) {
         println!(
             "dry run: {} runs finished before {} would be archived ({} events); nothing moved",
             summary["candidates"]["runs"],
-            crate::ops::short_time(summary["cutoff"].as_str().unwrap_or("")),
+            crate::print::short_time(summary["cutoff"].as_str().unwrap_or("")),
             summary["candidates"]["events"],
         );
     } else {
         println!(
             "archived {} runs finished before {}: {} events moved in {} batches, {} checkpoints dropped",
             n("runs_archived"),
-            crate::ops::short_time(summary["cutoff"].as_str().unwrap_or("")),
+            crate::print::short_time(summary["cutoff"].as_str().unwrap_or("")),
             n("events_moved"),
             n("batches"),
             n("checkpoints_dropped"),

@@ -3,7 +3,7 @@
 
 use rein_store::{SCOPES, TOKEN_QUOTA_MAX, TokenBounds, check_token_request};
 
-use crate::{DbArgs, exit, ops};
+use rein_process::{DbArgs, exit};
 
 #[derive(clap::Subcommand)]
 pub enum TokensCommand {
@@ -95,7 +95,7 @@ pub async fn tokens(cmd: TokensCommand) -> u8 {
 }
 
 async fn revoke(args: RevokeArgs) -> u8 {
-    let store = match ops::connect(&args.db, false).await {
+    let store = match rein_process::connect(&args.db, false).await {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -111,7 +111,7 @@ async fn revoke(args: RevokeArgs) -> u8 {
             );
             exit::INPUT
         }
-        Err(e) => ops::report(&e),
+        Err(e) => rein_process::report(&e),
     }
 }
 
@@ -121,7 +121,7 @@ async fn create(args: CreateArgs) -> u8 {
         eprintln!("error: {e}");
         return exit::INPUT;
     }
-    let store = match ops::connect(&args.db, false).await {
+    let store = match rein_process::connect(&args.db, false).await {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -140,6 +140,6 @@ async fn create(args: CreateArgs) -> u8 {
             );
             exit::OK
         }
-        Err(e) => ops::report(&e),
+        Err(e) => rein_process::report(&e),
     }
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use rein_devdb::{PrivatePostgres, PrivatePostgresOptions};
 
-use crate::exit;
+use rein_process::exit;
 
 /// Where private servers live: `target/` when run from a checkout, else the temp dir
 /// (readable by the `postgres` user when we run as root).

@@ -34,7 +34,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use super::ApiError;
+use crate::ApiError;
 
 /// Largest request line plus headers read, in bytes: room for the longest URI HTTP/1.1
 /// parsing takes (65,534 bytes, so a longer one is answered 414 rather than 431) and a few

@@ -1,7 +1,7 @@
 //! The operator operations, once: the API handlers call them after authenticating the caller,
 //! and the CLI calls them directly when it talks to the database. Both print what these
 //! return, so `rein … --json` is the same document through `REIN_URL` as through
-//! `DATABASE_URL`. Errors come back in the API's shape ([`ApiError`]) with its stable codes.
+//! `DATABASE_URL`. Errors come back as [`Error`], with its stable codes.
 
 use chrono::{DateTime, Utc};
 use rein_core::{Definition, Format, GuardRegistry, RunStatus};
@@ -14,23 +14,18 @@ use serde_json::{Value, json};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::api::ApiError;
-use crate::ops::run_json;
+use crate::error::Error;
+pub use crate::paging::{
+    CURSOR_ID_DIGITS, CURSOR_MICROS_DIGITS_MAX, EVENTS_PAGE_DEFAULT, PAGE_BYTES_MAX_DEFAULT,
+    PAGE_DEFAULT, PAGE_MAX, PAGE_MIN, cursor_pattern,
+};
 
-/// Page sizes accepted by list operations.
-pub const PAGE_MIN: i64 = 1;
-pub const PAGE_MAX: i64 = 1000;
-pub const PAGE_DEFAULT: i64 = 50;
-/// Events in a page of a run's log when the request does not say.
-pub const EVENTS_PAGE_DEFAULT: i64 = 100;
-/// About the most bytes of rows in one page of runs or events, unless `rein api
-/// --page-bytes-max` says otherwise: a few pages at once stay far below the API's memory.
-pub const PAGE_BYTES_MAX_DEFAULT: usize = 2 * 1024 * 1024;
-/// Most digits of a cursor's instant (microseconds since 1970): 18 reach the year 33658,
-/// inside what both chrono and PostgreSQL represent, so every such cursor can be compared.
-pub const CURSOR_MICROS_DIGITS_MAX: usize = 18;
-/// Hex digits of a cursor's run id.
-pub const CURSOR_ID_DIGITS: usize = 32;
+/// The response header naming the next page of `GET /v1/runs`.
+pub const NEXT_CURSOR: &str = "rein-next-cursor";
+/// The response header naming the next page of `GET /v1/runs/{id}/events`.
+pub const NEXT_AFTER: &str = "rein-next-after";
+/// The response header of a page cut short by its byte bound.
+pub const PAGE_TRUNCATED: &str = "rein-page-truncated";
 /// Longest approver name recorded with a decision.
 pub const APPROVER_BYTES_MAX: usize = 256;
 
@@ -42,16 +37,16 @@ pub const APPROVER_BYTES_MAX: usize = 256;
 #[schema(example = json!({"definition": "research-agent", "input": {"topic": "refunds"}}))]
 pub struct EnqueueBody {
     /// Definition name (registered in the database).
-    #[schema(value_type = crate::api::schema::Name)]
+    #[schema(value_type = crate::schema::Name)]
     pub definition: String,
     /// Definition version; the name's current version when absent (`rein definitions
     /// current`).
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
-        deserialize_with = "crate::api::schema::integral"
+        deserialize_with = "crate::schema::integral"
     )]
-    #[schema(value_type = Option<crate::api::schema::Version>)]
+    #[schema(value_type = Option<crate::schema::Version>)]
     pub version: Option<u32>,
     /// The run's input (its initial business data): any JSON value; one that is not an
     /// object is kept as `{"input": VALUE}`. Default `{}`.
@@ -61,15 +56,15 @@ pub struct EnqueueBody {
     /// Queue name, a name like a definition's (default `default`; for a token bound to
     /// queues, the first of them).
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<crate::api::schema::Name>)]
+    #[schema(value_type = Option<crate::schema::Name>)]
     pub queue: Option<String>,
     /// Higher is claimed first (default 0).
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
-        deserialize_with = "crate::api::schema::integral"
+        deserialize_with = "crate::schema::integral"
     )]
-    #[schema(value_type = Option<crate::api::schema::Priority>)]
+    #[schema(value_type = Option<crate::schema::Priority>)]
     pub priority: Option<i32>,
 }
 
@@ -212,14 +207,14 @@ fn empty_object() -> Value {
 // ---- input checks -------------------------------------------------------------------------
 
 /// `limit` when given, checked against [`PAGE_MIN`]..=[`PAGE_MAX`].
-pub fn page(limit: Option<i64>) -> Result<i64, ApiError> {
+pub fn page(limit: Option<i64>) -> Result<i64, Error> {
     page_or(limit, PAGE_DEFAULT)
 }
 
-fn page_or(limit: Option<i64>, default: i64) -> Result<i64, ApiError> {
+fn page_or(limit: Option<i64>, default: i64) -> Result<i64, Error> {
     let limit = limit.unwrap_or(default);
     if !(PAGE_MIN..=PAGE_MAX).contains(&limit) {
-        return Err(ApiError::validation(format!(
+        return Err(Error::validation(format!(
             "limit must be {PAGE_MIN}..={PAGE_MAX}"
         )));
     }
@@ -229,10 +224,10 @@ fn page_or(limit: Option<i64>, default: i64) -> Result<i64, ApiError> {
 /// A name when given (of a definition, event or queue, or a filter on one): the rule every
 /// name in a definition follows ([`rein_core::name_problem`]), so one that breaks it is
 /// refused rather than matching nothing.
-pub fn name(what: &str, value: Option<String>) -> Result<Option<String>, ApiError> {
+pub fn name(what: &str, value: Option<String>) -> Result<Option<String>, Error> {
     match value {
         Some(v) => match rein_core::name_problem(&v) {
-            Some(problem) => Err(ApiError::validation(format!("{what}: {problem}"))
+            Some(problem) => Err(Error::validation(format!("{what}: {problem}"))
                 .with_details(serde_json::json!({ "field": what }))),
             None => Ok(Some(v)),
         },
@@ -241,11 +236,11 @@ pub fn name(what: &str, value: Option<String>) -> Result<Option<String>, ApiErro
 }
 
 /// A status filter when given: one of [`RunStatus::ALL`].
-pub fn status(value: Option<String>) -> Result<Option<String>, ApiError> {
+pub fn status(value: Option<String>) -> Result<Option<String>, Error> {
     match value {
         Some(v) if !RunStatus::ALL.iter().any(|s| s.as_str() == v) => {
             let all: Vec<&str> = RunStatus::ALL.iter().map(|s| s.as_str()).collect();
-            Err(ApiError::validation(format!(
+            Err(Error::validation(format!(
                 "status must be one of {}",
                 all.join(", ")
             )))
@@ -254,19 +249,12 @@ pub fn status(value: Option<String>) -> Result<Option<String>, ApiError> {
     }
 }
 
-/// The regular expression every cursor matches: `MICROS_RUNID`, the creation instant in
-/// microseconds since 1970 and the run id as 32 lowercase hex digits. Opaque to clients, safe
-/// in headers and query strings; every string it matches is a cursor [`decode_cursor`] takes.
-pub fn cursor_pattern() -> String {
-    format!("^[0-9]{{1,{CURSOR_MICROS_DIGITS_MAX}}}_[0-9a-f]{{{CURSOR_ID_DIGITS}}}$")
-}
-
 pub fn encode_cursor(at: DateTime<Utc>, run_id: Uuid) -> String {
     format!("{}_{}", at.timestamp_micros(), run_id.simple())
 }
 
-pub fn decode_cursor(cursor: &str) -> Result<(DateTime<Utc>, Uuid), ApiError> {
-    let bad = || ApiError::validation("the cursor is malformed; use a Rein-Next-Cursor value");
+pub fn decode_cursor(cursor: &str) -> Result<(DateTime<Utc>, Uuid), Error> {
+    let bad = || Error::validation("the cursor is malformed; use a Rein-Next-Cursor value");
     let (micros, id) = cursor.split_once('_').ok_or_else(bad)?;
     if micros.is_empty()
         || micros.len() > CURSOR_MICROS_DIGITS_MAX
@@ -312,13 +300,13 @@ pub async fn enqueue(
     key: Option<String>,
     (caller, enqueued_by): (&str, &str),
     token: Option<&TokenInfo>,
-) -> Result<EnqueueResponse, ApiError> {
+) -> Result<EnqueueResponse, Error> {
     let definition = name("definition", Some(body.definition))?.unwrap_or_default();
     let def = store.load_definition(&definition, body.version).await?;
     if rein_worker::sim::runs_sim(&def)
         && let Some(problem) = rein_worker::sim::input_problem(&body.input)
     {
-        return Err(ApiError::validation(problem));
+        return Err(Error::validation(problem));
     }
     let mut request = EnqueueRequest::new(def, body.input);
     request.version_asked = body.version;
@@ -336,7 +324,7 @@ pub async fn enqueue(
     })
 }
 
-pub async fn run(store: &Store, run_id: Uuid) -> Result<Value, ApiError> {
+pub async fn run(store: &Store, run_id: Uuid) -> Result<Value, Error> {
     Ok(run_json(&store.run(run_id).await?))
 }
 
@@ -349,7 +337,7 @@ pub async fn runs(
     cursor: Option<&str>,
     limit: Option<i64>,
     (data, bytes_max): (bool, usize),
-) -> Result<RunsPage, ApiError> {
+) -> Result<RunsPage, Error> {
     let limit = page(limit)?;
     let filter = RunFilter {
         status: status(filter.status)?,
@@ -395,11 +383,11 @@ pub async fn events(
     after: Option<i64>,
     limit: Option<i64>,
     bytes_max: usize,
-) -> Result<EventsPage, ApiError> {
+) -> Result<EventsPage, Error> {
     let limit = page_or(limit, EVENTS_PAGE_DEFAULT)?;
     let after = after.unwrap_or(0);
     if after < 0 {
-        return Err(ApiError::validation(
+        return Err(Error::validation(
             "after must be a sequence number (0 or more): the `Rein-Next-After` of the page before",
         )
         .with_details(json!({ "field": "after" })));
@@ -426,16 +414,16 @@ pub async fn events(
 
 /// Refuses `token` acting on run `run_id` when the token is bound to queues the run is not
 /// in; a token without queue bounds is not asked about.
-async fn within_queues(
+pub(crate) async fn within_queues(
     store: &Store,
     token: Option<&TokenInfo>,
     run_id: Uuid,
-) -> Result<(), ApiError> {
+) -> Result<(), Error> {
     match token {
         Some(t) if t.bounds.queues.is_some() => {
             let queue = store.run_queue(run_id).await?;
             t.may_act_on(&queue)
-                .map_err(|e| ApiError::from(StoreError::OutOfBounds(e)))
+                .map_err(|e| Error::from(StoreError::OutOfBounds(e)))
         }
         _ => Ok(()),
     }
@@ -452,7 +440,7 @@ pub async fn send(
     sender: &Sender,
     key: Option<&str>,
     token: Option<&TokenInfo>,
-) -> Result<SendResponse, ApiError> {
+) -> Result<SendResponse, Error> {
     name("type", Some(kind.to_owned()))?;
     within_queues(store, token, run_id).await?;
     let sent = match key {
@@ -488,18 +476,18 @@ pub async fn rerun(
     parent: Uuid,
     by: &str,
     token: Option<&TokenInfo>,
-) -> Result<RerunResponse, ApiError> {
+) -> Result<RerunResponse, Error> {
     match store.rerun_as(token, parent, Some(by)).await {
         Ok(run_id) => Ok(RerunResponse {
             run_id,
             parent_run_id: parent,
         }),
-        Err(StoreError::Invalid(m)) => Err(ApiError::conflict(m)),
+        Err(StoreError::Invalid(m)) => Err(Error::conflict(m)),
         Err(e) => Err(e.into()),
     }
 }
 
-pub async fn workers(store: &Store) -> Result<Vec<Member>, ApiError> {
+pub async fn workers(store: &Store) -> Result<Vec<Member>, Error> {
     Ok(store.members().await?)
 }
 
@@ -508,7 +496,7 @@ pub async fn approvals(
     all: bool,
     run: Option<Uuid>,
     limit: Option<i64>,
-) -> Result<Vec<Approval>, ApiError> {
+) -> Result<Vec<Approval>, Error> {
     Ok(store.approvals(all, run, page(limit)?).await?)
 }
 
@@ -522,10 +510,10 @@ pub async fn decide(
     approver_name: &str,
     comment: Option<&str>,
     token: Option<&TokenInfo>,
-) -> Result<Decision, ApiError> {
-    let approver_name = approver(approver_name).map_err(ApiError::validation)?;
+) -> Result<Decision, Error> {
+    let approver_name = approver(approver_name).map_err(Error::validation)?;
     if comment.is_some_and(|c| c.len() > rein_store::COMMENT_BYTES_MAX) {
-        return Err(ApiError::validation(format!(
+        return Err(Error::validation(format!(
             "the comment must be at most {} bytes",
             rein_store::COMMENT_BYTES_MAX
         )));
@@ -534,7 +522,7 @@ pub async fn decide(
     let existing = match store.approval(approval_id).await {
         Ok(a) => a,
         Err(StoreError::Invalid(_)) => {
-            return Err(ApiError::not_found(format!(
+            return Err(Error::not_found(format!(
                 "no approval request {approval_id} (`rein approvals list --all` shows them)"
             ))
             .with_details(json!({ "approval_id": approval_id })));
@@ -550,7 +538,7 @@ pub async fn decide(
     {
         Ok(decided) => decided,
         Err(StoreError::Invalid(message)) => {
-            return Err(ApiError::conflict(message)
+            return Err(Error::conflict(message)
                 .with_details(json!({ "approval_id": approval_id, "status": existing.status })));
         }
         Err(e) => return Err(e.into()),
@@ -569,7 +557,7 @@ async fn delivery(
     decided: &Approval,
     before: i64,
     grant: bool,
-) -> Result<Delivery, ApiError> {
+) -> Result<Delivery, Error> {
     let id = decided.approval_id.to_string();
     let events = store.history_after(decided.run_id, before).await?;
     let run = store.run(decided.run_id).await?;
@@ -605,7 +593,7 @@ async fn delivery(
     })
 }
 
-pub async fn definitions(store: &Store) -> Result<Vec<DefinitionRow>, ApiError> {
+pub async fn definitions(store: &Store) -> Result<Vec<DefinitionRow>, Error> {
     Ok(store.list_definitions().await?)
 }
 
@@ -614,14 +602,14 @@ pub async fn definition(
     store: &Store,
     definition: &str,
     version: Option<u32>,
-) -> Result<DefinitionView, ApiError> {
+) -> Result<DefinitionView, Error> {
     let definition = name("name", Some(definition.to_owned()))?.unwrap_or_default();
     let def = store.load_definition(&definition, version).await?;
     let row = store
         .definition_row(&definition, Some(def.version()))
         .await?;
     let spec = serde_json::to_value(def.spec())
-        .map_err(|e| ApiError::from(StoreError::Corrupt(e.to_string())))?;
+        .map_err(|e| Error::from(StoreError::Corrupt(e.to_string())))?;
     Ok(DefinitionView {
         name: def.name().to_owned(),
         version: def.version(),
@@ -641,7 +629,7 @@ fn builtin_unshadowed(
     version: u32,
     hash: Option<&str>,
     allow_builtin: bool,
-) -> Result<(), ApiError> {
+) -> Result<(), Error> {
     let Some(Ok(shipped)) = rein_core::builtin::load(name) else {
         return Ok(());
     };
@@ -649,7 +637,7 @@ fn builtin_unshadowed(
     if is_shipped || allow_builtin {
         return Ok(());
     }
-    Err(ApiError::conflict(format!(
+    Err(Error::conflict(format!(
         "{name} is a built-in definition (this binary ships v{}): another version of it would \
          change what every run of {name} does. Register your own under another name, or, as an \
          admin who means to replace it, pass allow_builtin=true (`--allow-builtin`)",
@@ -665,14 +653,14 @@ pub async fn register(
     text: &str,
     format: Format,
     publisher: Publisher<'_>,
-) -> Result<RegisterResponse, ApiError> {
+) -> Result<RegisterResponse, Error> {
     let def = Definition::parse(text, format, &GuardRegistry::new()).map_err(|e| {
         let problems: Vec<Value> = e
             .problems()
             .into_iter()
             .map(|p| json!({ "item": p.item, "reason": p.reason }))
             .collect();
-        ApiError::validation(format!(
+        Error::validation(format!(
             "the definition is invalid ({} problem{})",
             problems.len(),
             if problems.len() == 1 { "" } else { "s" }
@@ -681,7 +669,7 @@ pub async fn register(
     })?;
     // What cannot be stored is refused as such before who may store it is asked.
     let body = serde_json::to_value(def.spec())
-        .map_err(|e| ApiError::from(StoreError::Corrupt(e.to_string())))?;
+        .map_err(|e| Error::from(StoreError::Corrupt(e.to_string())))?;
     rein_store::input::check_json("definition", &body)?;
     builtin_unshadowed(
         def.name(),
@@ -718,10 +706,10 @@ pub async fn set_current(
     definition: &str,
     version: u32,
     (by, allow_builtin): (&str, bool),
-) -> Result<CurrentResponse, ApiError> {
+) -> Result<CurrentResponse, Error> {
     let definition = name("name", Some(definition.to_owned()))?.unwrap_or_default();
     if !(1..=rein_core::limits::VERSION_MAX).contains(&version) {
-        return Err(ApiError::validation(format!(
+        return Err(Error::validation(format!(
             "a definition version is 1..={}",
             rein_core::limits::VERSION_MAX
         ))
@@ -739,10 +727,38 @@ pub async fn set_current(
 }
 
 /// The diagnosis of `rein why` (seed 000 §16) as one document.
-pub async fn why(store: &Store, run_id: Uuid) -> Result<Value, ApiError> {
+pub async fn why(store: &Store, run_id: Uuid) -> Result<Value, Error> {
     let facts = store.why(run_id).await?;
     let def = store
         .load_definition(&facts.run.definition, Some(facts.run.version))
         .await?;
     Ok(crate::why::diagnosis(&facts, &def))
+}
+
+/// A run as the document every route answers with.
+pub fn run_json(row: &rein_store::RunRow) -> Value {
+    json!({
+        "run_id": row.run_id,
+        "definition": row.definition,
+        "version": row.version,
+        "status": row.status,
+        "state": row.state,
+        "sequence": row.last_sequence,
+        "attempt": row.projection.attempt,
+        "steps_completed": row.projection.steps_completed,
+        "pending_action": row.projection.action,
+        "terminal_reason": row.terminal_reason,
+        "enqueued_by": row.enqueued_by,
+        "lease": {
+            "worker": row.lease_owner,
+            "token": row.fencing_token,
+            "until": row.lease_until,
+            "live": row.lease_live,
+        },
+        "wake_at": row.wake_at,
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+        "state_entered_at": row.state_entered_at,
+        "data": row.projection.data,
+    })
 }

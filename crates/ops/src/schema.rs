@@ -15,7 +15,7 @@ use utoipa::{PartialSchema, ToSchema};
 
 use rein_store::CLIENT_KEY_LEN_MAX;
 
-use crate::service::{
+use crate::paging::{
     CURSOR_ID_DIGITS, CURSOR_MICROS_DIGITS_MAX, PAGE_MAX, PAGE_MIN, cursor_pattern,
 };
 

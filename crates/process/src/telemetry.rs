@@ -1,26 +1,17 @@
 //! Prometheus metrics for every role (SPEC O2): the exporter (metrics-exporter-prometheus,
-//! rendering on request, no HTTP server of its own), the `--metrics-listen` endpoint of
-//! workers and schedulers (`/metrics`, `/healthz`, `/readyz`), and the fleet gauges a
-//! scheduler reads from the database. And traces (SPEC O3): OTLP export of the worker's
+//! rendering on request, no HTTP server of its own; `rein_api::metrics_endpoint` serves it),
+//! and the fleet gauges a scheduler reads from the database. And traces (SPEC O3): OTLP export of the worker's
 //! spans when the standard `OTEL_EXPORTER_OTLP_ENDPOINT` variable is set.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
 use metrics::gauge;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use rein_store::Store;
 use rein_store::metrics as m;
 use tokio_util::sync::CancellationToken;
-
-use crate::exit;
 
 /// Histogram buckets in seconds, from a fast claim (1 ms) to a long approval wait (4 h).
 const BUCKETS_S: [f64; 19] = [
@@ -64,61 +55,6 @@ pub fn render(store: &Store) -> String {
         .get()
         .map(PrometheusHandle::render)
         .unwrap_or_default()
-}
-
-/// `GET /metrics` in the Prometheus text format.
-pub async fn metrics_handler(store: &Store) -> impl IntoResponse + use<> {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        render(store),
-    )
-}
-
-/// Connections to a role's metrics endpoint: a scraper or two, and probes.
-const METRICS_CONN_LIMITS: crate::api::server::ConnLimits = crate::api::server::ConnLimits {
-    header_read_timeout: std::time::Duration::from_secs(10),
-    idle_timeout: std::time::Duration::from_secs(60),
-    connections_max: 32,
-    connections_per_client_max: 8,
-};
-
-/// Binds `addr` and serves `/metrics`, `/healthz` and `/readyz` until `stop`; logs the bound
-/// address. Errors are printed and returned as exit codes.
-pub async fn serve(addr: SocketAddr, store: Store, stop: CancellationToken) -> Result<(), u8> {
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-        eprintln!("error: cannot listen for metrics on {addr}: {e}");
-        exit::INPUT
-    })?;
-    let bound = listener.local_addr().map_err(|e| {
-        eprintln!("error: cannot read the metrics address: {e}");
-        exit::INPUT
-    })?;
-    tracing::info!(address = %bound, "metrics, /healthz and /readyz listening");
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(|State(store): State<Store>| async move { metrics_handler(&store).await }),
-        )
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(|State(store): State<Store>| async move {
-                match store.check_schema().await {
-                    Ok(()) => (StatusCode::OK, "ready".to_owned()),
-                    Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}")),
-                }
-            }),
-        )
-        .with_state(store);
-    // The same connection discipline as `rein api`: a half-sent request or a client holding
-    // many connections cannot tie up a worker's file descriptors.
-    tokio::spawn(crate::api::server::serve(
-        listener,
-        app,
-        METRICS_CONN_LIMITS,
-        stop,
-    ));
-    Ok(())
 }
 
 /// A gauge with its labels.

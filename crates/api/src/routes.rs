@@ -7,13 +7,13 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use chrono::{DateTime, Utc};
 use rein_core::Format;
 use rein_store::{RunFilter, Scope, Sender};
-use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
@@ -21,11 +21,15 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use super::error::ErrorBody;
-use super::schema;
-use super::{ApiError, App, Caller};
-use crate::remote::{NEXT_AFTER, NEXT_CURSOR, PAGE_TRUNCATED};
-use crate::service::{
+use rein_ops::schema;
+use rein_ops::service::{NEXT_AFTER, NEXT_CURSOR};
+use rein_ops::{Code, Error, ErrorBody};
+
+use crate::extract::{
+    caller_name, definition_name, idempotency_key, paging_headers, parse_body, path_id, query,
+};
+use crate::{ApiError, App, Caller};
+use rein_ops::service::{
     self, CurrentResponse, DefinitionView, Delivery, EnqueueBody, EnqueueResponse, Publisher,
     RegisterResponse, RerunResponse, SendResponse,
 };
@@ -73,7 +77,11 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(list_workers))
         .routes(routes!(list_definitions, register_definition))
         .routes(routes!(get_definition))
-        .routes(routes!(set_current_definition));
+        .routes(routes!(set_current_definition))
+        .routes(routes!(crate::recovery::brief_run))
+        .routes(routes!(crate::recovery::verify_run))
+        .routes(routes!(crate::recovery::resolve_run))
+        .routes(routes!(crate::recovery::list_limits));
     schema::document_bad_path_parameters(router.get_openapi_mut());
     schema::link_runs(router.get_openapi_mut());
     router
@@ -256,75 +264,6 @@ fn empty_object() -> Value {
     json!({})
 }
 
-// ---- helpers ------------------------------------------------------------------------------
-
-/// Parses a JSON body (any content type); an empty body reads as `{}`. Only an object is a
-/// body: serde reads a struct from an array of its fields in order too, which would make
-/// `["lifecycle", null, {}]` an enqueue.
-fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
-    let text: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
-        b"{}"
-    } else {
-        body
-    };
-    if !rein_core::json_text_is_object(text) {
-        return Err(ApiError::validation(
-            "the request body must be a JSON object (`{...}`), with the fields this route documents",
-        ));
-    }
-    serde_json::from_slice(text)
-        .map_err(|e| ApiError::validation(format!("the request body is not valid: {e}")))
-}
-
-/// Sets the paging headers of a list response: where the next page starts, and whether
-/// this one stopped short at the byte bound.
-fn paging_headers(response: &mut Response, next: (&'static str, Option<String>), truncated: bool) {
-    let (header, next) = next;
-    // Digits, `_` and hex digits are always a valid header value.
-    if let Some(value) = next.and_then(|n| HeaderValue::from_str(&n).ok()) {
-        response.headers_mut().insert(header, value);
-    }
-    if truncated {
-        response
-            .headers_mut()
-            .insert(PAGE_TRUNCATED, HeaderValue::from_static("bytes"));
-    }
-}
-
-fn path_id(id: Result<Path<Uuid>, PathRejection>) -> Result<Uuid, ApiError> {
-    id.map(|Path(id)| id)
-        .map_err(|e| ApiError::validation(format!("the id in the path is not a UUID: {e}")))
-}
-
-/// The definition name in the path (checked against the name rule where it is used).
-fn definition_name(name: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
-    name.map(|Path(n)| n)
-        .map_err(|e| ApiError::validation(format!("bad definition name: {e}")))
-}
-
-fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
-    q.map(|Query(q)| q)
-        .map_err(|e| ApiError::validation(format!("bad query string: {e}")))
-}
-
-/// The `Idempotency-Key` header, when given.
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    headers
-        .get("idempotency-key")
-        .map(|v| {
-            v.to_str().map(str::to_owned).map_err(|_| {
-                ApiError::validation("the Idempotency-Key header is not ASCII")
-                    .with_details(json!({ "field": "Idempotency-Key" }))
-            })
-        })
-        .transpose()
-}
-
-/// Who a token's requests are recorded as (sender, key owner).
-fn caller_name(subject: &str) -> String {
-    format!("{}{subject}", rein_store::API_SENDER_PREFIX)
-}
-
 // ---- handlers -----------------------------------------------------------------------------
 
 /// Liveness: the process serves requests.
@@ -340,7 +279,7 @@ async fn healthz() -> Json<Health> {
 #[utoipa::path(get, path = "/metrics", tag = "health", security(()),
     responses((status = 200, description = "Metrics", content_type = "text/plain", body = String)))]
 async fn metrics(State(app): AppState) -> Response {
-    crate::telemetry::metrics_handler(&app.store)
+    crate::metrics_endpoint::metrics_handler(&app.store)
         .await
         .into_response()
 }
@@ -355,12 +294,9 @@ async fn readyz(State(app): AppState) -> Response {
             status: "ready".to_owned(),
         })
         .into_response(),
-        Err(e) => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            format!("not ready: {e}"),
-        )
-        .into_response(),
+        Err(e) => {
+            ApiError::from(Error::new(Code::Unavailable, format!("not ready: {e}"))).into_response()
+        }
     }
 }
 
@@ -371,11 +307,10 @@ async fn readyz(State(app): AppState) -> Response {
 async fn openapi_json(State(app): AppState, Extension(_caller): Extension<Caller>) -> Response {
     match app.openapi.get() {
         Some(doc) => Json(doc.clone()).into_response(),
-        None => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
+        None => ApiError::from(Error::new(
+            Code::Unavailable,
             "the document is not built yet".to_owned(),
-        )
+        ))
         .into_response(),
     }
 }
@@ -831,8 +766,8 @@ async fn register_definition(
             if toml { Format::Toml } else { Format::Json }
         }
     };
-    let text = std::str::from_utf8(&body)
-        .map_err(|_| ApiError::validation("the definition is not UTF-8"))?;
+    let text =
+        std::str::from_utf8(&body).map_err(|_| Error::validation("the definition is not UTF-8"))?;
     let publisher = Publisher {
         by: &who.subject,
         make_current: q.make_current.unwrap_or(false),
@@ -870,7 +805,7 @@ async fn set_current_definition(
     let name = definition_name(name)?;
     let body: CurrentBody = parse_body(&body)?;
     let version = body.version.ok_or_else(|| {
-        ApiError::validation("name the version to make current: {\"version\": N}")
+        Error::validation("name the version to make current: {\"version\": N}")
             .with_details(json!({ "field": "version" }))
     })?;
     if body.allow_builtin {

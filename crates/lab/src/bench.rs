@@ -20,9 +20,9 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::ops::report;
 use crate::procs::Children;
-use crate::{DbArgs, exit};
+use rein_process::report;
+use rein_process::{DbArgs, exit};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -79,7 +79,7 @@ pub struct BenchArgs {
     /// With `--redis-url`, enqueues, fired timers and released runs publish wake-ups that cut
     /// the workers' idle wait short.
     #[command(flatten)]
-    redis: crate::RedisArgs,
+    redis: rein_process::RedisArgs,
     /// Run the open-loop point twice, first with workers polling only (no publishing, no
     /// subscription), then with Redis wake-ups, and compare enqueue → start latency and
     /// claim queries. Needs `--redis-url` (or REDIS_URL) and `--rate`.
@@ -166,11 +166,11 @@ struct Plan {
     log_dir: std::path::PathBuf,
     json: bool,
     poll_interval_ms: u64,
-    redis: crate::RedisArgs,
+    redis: rein_process::RedisArgs,
 }
 
 pub async fn bench(args: BenchArgs) -> u8 {
-    crate::init_logging_at(false, "error");
+    rein_process::init_logging_at(false, "error");
     let input = match serde_json::from_str::<Value>(&args.input) {
         Ok(v) if v.is_object() => v,
         Ok(_) => {
@@ -182,7 +182,7 @@ pub async fn bench(args: BenchArgs) -> u8 {
             return exit::INPUT;
         }
     };
-    let definition = match crate::offline::load_definition(&args.definition) {
+    let definition = match rein_ops::load_definition(&args.definition) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("error: {e}");
@@ -508,7 +508,7 @@ async fn compare_redis(
         );
     }
     let polling = Plan {
-        redis: crate::RedisArgs::default(),
+        redis: rein_process::RedisArgs::default(),
         ..plan.clone()
     };
     let mut halves = Vec::new();
@@ -602,7 +602,7 @@ fn mb(bytes: u64) -> f64 {
 }
 
 /// A progress bar on stderr, hidden when stderr is not a terminal.
-pub(crate) fn bar(len: u64, template: &str) -> ProgressBar {
+pub fn bar(len: u64, template: &str) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }

@@ -22,9 +22,9 @@ use rein_store::{AuditReport, EnqueueRequest, Sender, Store, counters};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::ops::report;
 use crate::procs::Children;
-use crate::{DbArgs, exit};
+use rein_process::report;
+use rein_process::{DbArgs, exit};
 
 const RUNS_MAX: u64 = 100_000;
 const WORKERS_MAX: u64 = 16;
@@ -135,7 +135,7 @@ fn validate(args: &ChaosArgs) -> Result<(), String> {
 
 pub async fn chaos(args: ChaosArgs) -> u8 {
     // Chaos notes each Redis outage itself; its own publisher's warnings would repeat them.
-    crate::init_logging_at(false, "warn,sqlx=error,rein_accel=error");
+    rein_process::init_logging_at(false, "warn,sqlx=error,rein_accel=error");
     if let Err(problem) = validate(&args) {
         eprintln!("error: {problem}");
         return exit::INPUT;
@@ -394,7 +394,7 @@ struct Resubscription {
 /// Chaos's own Redis, which every worker and scheduler it starts is given.
 struct Redis {
     server: crate::privredis::PrivateRedis,
-    args: crate::RedisArgs,
+    args: rein_process::RedisArgs,
     /// Stops the harness's own publisher.
     stop: tokio_util::sync::CancellationToken,
     /// Set while a `redis_stop` fault holds it down: when it starts again.
@@ -691,7 +691,7 @@ impl<'a> Harness<'a> {
     /// Drives the workload through the fault window and the healing until every run is
     /// terminal, the timeout passes, or something outside the system under test fails.
     async fn drive(&mut self, db: &mut Database) -> Outcome {
-        let interrupted = crate::ops::shutdown_signal();
+        let interrupted = rein_process::shutdown_signal();
         loop {
             if interrupted.is_cancelled() {
                 return Outcome::Aborted("interrupted".into());
@@ -1373,7 +1373,7 @@ impl<'a> Harness<'a> {
     /// Evidence beyond the audit: what the workload went through.
     async fn extra_evidence(&self) -> Vec<(&'static str, Value)> {
         let events = self.store.count_events_by_type().await.unwrap_or_default();
-        let count = |names: &[&str]| crate::ops::events_of(&events, names);
+        let count = |names: &[&str]| crate::events_of(&events, names);
         let recovered = self
             .store
             .counter(counters::LEASES_RECOVERED)
@@ -1427,7 +1427,7 @@ fn start_redis(log_dir: &Path) -> Result<Option<Redis>, u8> {
                 eprintln!("error: cannot start a private redis-server: {e}");
                 exit::INPUT
             })?;
-    let args = crate::RedisArgs {
+    let args = rein_process::RedisArgs {
         redis_url: Some(server.url()),
         redis_prefix: "rein".to_owned(),
     };
@@ -1568,7 +1568,7 @@ fn summarize(
 }
 
 async fn check_only(args: &ChaosArgs) -> u8 {
-    let store = match crate::ops::connect(&args.db, false).await {
+    let store = match rein_process::connect(&args.db, false).await {
         Ok(s) => s,
         Err(code) => return code,
     };

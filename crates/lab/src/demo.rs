@@ -11,8 +11,8 @@ use rein_worker::{Worker, WorkerConfig};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::ops::report;
-use crate::{DbArgs, exit};
+use rein_process::report;
+use rein_process::{DbArgs, exit};
 
 /// Approvals of the demo's `expire` runs run out after this long, so the scheduler fires
 /// their timeout while the demo watches.
@@ -40,7 +40,7 @@ pub struct DemoArgs {
 }
 
 pub async fn demo(args: DemoArgs) -> u8 {
-    crate::init_logging_at(false, "warn,sqlx=error");
+    rein_process::init_logging_at(false, "warn,sqlx=error");
     let mut private = None;
     let url = match args.db.database_url.clone() {
         Some(url) => url,
@@ -305,7 +305,7 @@ async fn drive(args: &DemoArgs, url: &str, store: &Store, api: &DemoApi) -> u8 {
         .await
         .unwrap_or(0);
     let events_total: i64 = events.iter().map(|e| e.1).sum();
-    let count = |names: &[&str]| crate::ops::events_of(&events, names);
+    let count = |names: &[&str]| crate::events_of(&events, names);
     let mut by_final: BTreeMap<String, i64> = BTreeMap::new();
     for (d, s, _, n) in &counts {
         *by_final.entry(format!("{d}/{s}")).or_default() += n;
@@ -449,9 +449,9 @@ async fn start_api(store: &Store) -> Result<DemoApi, u8> {
             return Err(exit::INPUT);
         }
     };
-    let app = crate::api::router(store.clone(), false, crate::api::Limits::default());
+    let app = rein_api::router(store.clone(), false, rein_api::Limits::default(), None);
     // Serves until the demo's process exits.
-    tokio::spawn(crate::api::serve_in_process(
+    tokio::spawn(rein_api::serve_in_process(
         listener,
         app,
         tokio_util::sync::CancellationToken::new(),

@@ -3,9 +3,11 @@
 //! holds the command, authentication, the error shape and the body's limits.
 
 pub mod error;
+mod extract;
+pub mod metrics_endpoint;
+mod recovery;
 mod routes;
-pub mod schema;
-pub(crate) mod server;
+pub mod server;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};
@@ -19,8 +21,9 @@ use axum::response::{IntoResponse, Response};
 use rein_store::{Scope, Store, TokenInfo};
 use tower_http::limit::RequestBodyLimitLayer;
 
-use crate::{DbArgs, exit, init_logging, ops};
 pub use error::ApiError;
+use rein_ops::Error;
+use rein_process::{DbArgs, RedisArgs, exit, init_logging};
 
 /// Request bodies larger than this are refused with 413 unless `--body-limit-bytes` says
 /// otherwise.
@@ -84,11 +87,11 @@ pub struct ApiArgs {
     /// About the largest page `GET /v1/runs` and `GET /v1/runs/{id}/events` answer, in bytes:
     /// a page ends before the row that would pass it (always holding one row) and says so in
     /// `Rein-Page-Truncated`, with the cursor of the rest.
-    #[arg(long, value_name = "BYTES", default_value_t = crate::service::PAGE_BYTES_MAX_DEFAULT as u64,
+    #[arg(long, value_name = "BYTES", default_value_t = rein_ops::service::PAGE_BYTES_MAX_DEFAULT as u64,
           value_parser = clap::value_parser!(u64).range(64 * 1024..=64 * 1024 * 1024))]
     page_bytes_max: u64,
     #[command(flatten)]
-    redis: crate::RedisArgs,
+    redis: RedisArgs,
 }
 
 /// What one request may take.
@@ -105,7 +108,7 @@ impl Default for Limits {
         Limits {
             body_bytes_max: BODY_LIMIT_DEFAULT as usize,
             body_read_timeout: Duration::from_millis(server::BODY_READ_TIMEOUT_MS_DEFAULT),
-            page_bytes_max: crate::service::PAGE_BYTES_MAX_DEFAULT,
+            page_bytes_max: rein_ops::service::PAGE_BYTES_MAX_DEFAULT,
         }
     }
 }
@@ -117,6 +120,8 @@ pub struct App {
     pub limits: Limits,
     /// The OpenAPI document, set once the router is built.
     pub openapi: OnceLock<utoipa::openapi::OpenApi>,
+    /// Where the fleet-wide limits live, when this API was given a Redis.
+    pub redis: Option<rein_accel::RedisConfig>,
 }
 
 /// The authenticated caller of a request.
@@ -125,27 +130,33 @@ pub struct Caller(pub TokenInfo);
 
 impl Caller {
     /// The caller, if the token carries `scope`; 403 otherwise.
-    pub fn require(&self, scope: Scope) -> Result<&TokenInfo, ApiError> {
+    pub fn require(&self, scope: Scope) -> Result<&TokenInfo, Error> {
         if self.0.allows(scope) {
             Ok(&self.0)
         } else {
-            Err(ApiError::forbidden(scope))
+            Err(Error::forbidden(scope))
         }
     }
 }
 
 /// The API's router and its OpenAPI document, around a store.
-pub fn router(store: Store, insecure_dev: bool, limits: Limits) -> axum::Router {
+pub fn router(
+    store: Store,
+    insecure_dev: bool,
+    limits: Limits,
+    redis: Option<rein_accel::RedisConfig>,
+) -> axum::Router {
     let app = Arc::new(App {
         store,
         insecure_dev,
         limits,
         openapi: OnceLock::new(),
+        redis,
     });
     let (router, doc) = routes::router().split_for_parts();
     let _ = app.openapi.set(doc);
     router
-        .fallback(|| async { ApiError::not_found("no such route".to_owned()) })
+        .fallback(|| async { ApiError::from(Error::not_found("no such route".to_owned())) })
         .layer(middleware::from_fn_with_state(app.clone(), read_body))
         .layer(middleware::from_fn(refuse_nul))
         .layer(middleware::from_fn_with_state(app.clone(), authenticate))
@@ -186,7 +197,7 @@ pub async fn serve(args: ApiArgs) -> u8 {
         return exit::INPUT;
     }
     init_logging(true);
-    let store = match ops::connect(&args.db, false).await {
+    let store = match rein_process::connect(&args.db, false).await {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -210,7 +221,7 @@ pub async fn serve(args: ApiArgs) -> u8 {
         }
     };
     // Before the address is printed: from then on SIGTERM means a graceful stop.
-    let stop = ops::shutdown_signal();
+    let stop = rein_process::shutdown_signal();
     println!("http://{bound}");
     {
         use std::io::Write;
@@ -235,12 +246,12 @@ pub async fn serve(args: ApiArgs) -> u8 {
         max_connections = conn_limits.connections_max,
         max_connections_per_client = conn_limits.connections_per_client_max,
         "rein api listening");
-    crate::telemetry::install("api");
+    rein_process::telemetry::install("api");
     let store = args
         .redis
         .publishing(store, &stop)
         .with_approver_separation(args.approver_may_not_be_enqueuer);
-    let app = router(store, args.insecure_dev, limits);
+    let app = router(store, args.insecure_dev, limits, args.redis.config());
     server::serve(listener, app, conn_limits, stop).await;
     exit::OK
 }
@@ -260,13 +271,15 @@ async fn authenticate(State(app): State<Arc<App>>, mut req: Request, next: Next)
     } else {
         let secret = match bearer(req.headers().get(AUTHORIZATION)) {
             Ok(s) => s,
-            Err(e) => return e.into_response(),
+            Err(e) => return ApiError::from(e).into_response(),
         };
         match app.store.verify_token(&secret).await {
             Ok(Some(info)) => info,
             Ok(None) => {
-                return ApiError::unauthorized("the bearer token is unknown or revoked")
-                    .into_response();
+                return ApiError::from(Error::unauthorized(
+                    "the bearer token is unknown or revoked",
+                ))
+                .into_response();
             }
             Err(e) => return ApiError::from(e).into_response(),
         }
@@ -290,7 +303,9 @@ async fn read_body(State(app): State<Arc<App>>, req: Request, next: Next) -> Res
     };
     let bytes = match tokio::time::timeout(app.limits.body_read_timeout, read).await {
         Ok(Ok(bytes)) => bytes,
-        Ok(Err(e)) if exceeds_limit(&e) => return ApiError::payload_too_large().into_response(),
+        Ok(Err(e)) if exceeds_limit(&e) => {
+            return ApiError::from(Error::payload_too_large()).into_response();
+        }
         Ok(Err(e)) => {
             return closing(ApiError::transport(
                 StatusCode::BAD_REQUEST,
@@ -329,14 +344,14 @@ fn exceeds_limit(e: &axum::Error) -> bool {
 async fn refuse_nul(req: Request, next: Next) -> Response {
     match nul_free(req.uri()) {
         Ok(()) => next.run(req).await,
-        Err(e) => e.into_response(),
+        Err(e) => ApiError::from(e).into_response(),
     }
 }
 
-fn nul_free(uri: &axum::http::Uri) -> Result<(), ApiError> {
+fn nul_free(uri: &axum::http::Uri) -> Result<(), Error> {
     // A NUL byte can only come from `%00` once the path is decoded.
     if uri.path().to_ascii_lowercase().contains("%00") {
-        return Err(ApiError::validation(
+        return Err(Error::validation(
             "the path contains a NUL character (%00), which cannot be stored",
         )
         .with_details(serde_json::json!({ "field": "path" })));
@@ -354,22 +369,22 @@ fn nul_free(uri: &axum::http::Uri) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn bearer(header: Option<&HeaderValue>) -> Result<String, ApiError> {
+fn bearer(header: Option<&HeaderValue>) -> Result<String, Error> {
     let Some(value) = header else {
-        return Err(ApiError::unauthorized(
+        return Err(Error::unauthorized(
             "an `Authorization: Bearer TOKEN` header is required",
         ));
     };
     let text = value
         .to_str()
-        .map_err(|_| ApiError::unauthorized("the Authorization header is not ASCII"))?;
+        .map_err(|_| Error::unauthorized("the Authorization header is not ASCII"))?;
     match text.split_once(' ') {
         Some((scheme, token))
             if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
         {
             Ok(token.trim().to_owned())
         }
-        _ => Err(ApiError::unauthorized(
+        _ => Err(Error::unauthorized(
             "the Authorization header must be `Bearer TOKEN`",
         )),
     }
@@ -440,7 +455,10 @@ mod tests {
             let (s, v) = refused_as(status, "Expected `Content-Type: application/json`").await;
             assert_eq!(s, status);
             assert_eq!(v["error"]["code"], code, "{status}: {v}");
-            assert!(error::CODES.contains(&code), "{code} is a documented code");
+            assert!(
+                rein_ops::Code::parse(code).is_some(),
+                "{code} is a documented code"
+            );
             let message = v["error"]["message"].as_str().unwrap();
             assert!(!message.is_empty(), "{status}: {v}");
             if status == StatusCode::UNSUPPORTED_MEDIA_TYPE {

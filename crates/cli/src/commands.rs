@@ -1,15 +1,17 @@
 //! Commands against the database: roles (worker, scheduler) and operator commands.
 
 use rein_scheduler::{Scheduler, SchedulerConfig};
-use rein_store::{RunFilter, Store, StoreError};
+use rein_store::RunFilter;
 use rein_worker::{Worker, WorkerConfig};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::remote::{self, Backend, Conn, print_json};
-use crate::service::EnqueueBody;
-use crate::{DbArgs, RedisArgs, exit, init_logging};
+use rein_ops::recovery::ResolveBody;
+use rein_ops::service::EnqueueBody;
+use rein_process::{DbArgs, RedisArgs, connect, exit, init_logging, open, report, shutdown_signal};
+
+use crate::print::{answer, cell, fail, print_json, printable, short_time, text};
+use crate::remote::{ApiConn, Backend, Conn};
 
 #[derive(clap::Args)]
 pub struct WorkerArgs {
@@ -195,6 +197,8 @@ pub struct LimitsArgs {
     keys: Vec<String>,
     #[command(flatten)]
     redis: RedisArgs,
+    #[command(flatten)]
+    api: ApiConn,
     #[arg(long)]
     json: bool,
 }
@@ -210,7 +214,7 @@ pub enum Resolution {
 #[derive(clap::Args)]
 pub struct ResolveArgs {
     #[command(flatten)]
-    db: DbArgs,
+    conn: Conn,
     run: Uuid,
     /// What the operator found out about the run's open call.
     #[arg(value_enum)]
@@ -221,9 +225,12 @@ pub struct ResolveArgs {
     /// For `applied`: the result event's payload, as JSON.
     #[arg(long, default_value = "{}")]
     payload: String,
-    /// Who resolves it (recorded with the event).
+    /// Who resolves it (recorded with the event; through the API, the token's subject is).
     #[arg(long = "as", env = "REIN_OPERATOR")]
     by: String,
+    /// The committed settlement as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Subcommand)]
@@ -273,70 +280,18 @@ pub enum RunsCommand {
     /// Replay the run's log and compare it with the stored projection.
     Verify {
         #[command(flatten)]
-        db: DbArgs,
+        conn: Conn,
         run: Uuid,
+        /// The verdict as JSON (`ok`, and the `problem` when there is one); the exit code
+        /// is the same.
+        #[arg(long)]
+        json: bool,
     },
 }
 
 /// Connects, mapping failures to exit codes. With `migrate` (roles that start work) the
 /// schema is migrated only when it is missing or behind, so a database user that may not
 /// change the schema starts against a current one; otherwise the schema must be current.
-pub async fn connect(db: &DbArgs, migrate: bool) -> Result<Store, u8> {
-    let store = open(db).await?;
-    let checked = if migrate {
-        store.prepare_schema().await.map(|_| ())
-    } else {
-        store.check_schema().await
-    };
-    match checked {
-        Ok(()) => Ok(store),
-        Err(e) => Err(report(&e)),
-    }
-}
-
-/// A pool on the database, schema unchecked.
-async fn open(db: &DbArgs) -> Result<Store, u8> {
-    let Some(url) = db.database_url.as_deref() else {
-        eprintln!(
-            "error: no database: set DATABASE_URL or pass --database-url (or run `rein demo`, which starts its own)"
-        );
-        return Err(exit::INPUT);
-    };
-    Store::connect_within(url, db.db_pool_max, db.db_connect_timeout_ms)
-        .await
-        .map(|store| store.with_tree_bounds(db.tree_bounds()))
-        .map_err(|e| report(&e))
-}
-
-/// How many of `events` (type, count) have one of `names` as their type.
-pub fn events_of(events: &[(String, i64)], names: &[&str]) -> i64 {
-    events
-        .iter()
-        .filter(|e| names.contains(&e.0.as_str()))
-        .map(|e| e.1)
-        .sum()
-}
-
-/// Prints an error and picks its exit code from the README's table: a database that cannot
-/// be reached or used 3, a refusal (invalid transition, conflict, an event the sender may
-/// not send) 2, a missing right 4, bad input (a malformed URL, an unknown run) 1.
-pub fn report(e: &StoreError) -> u8 {
-    eprintln!("error: {e}");
-    match e {
-        StoreError::Unreachable(_)
-        | StoreError::SchemaMismatch(_)
-        | StoreError::Migrate(_)
-        | StoreError::Db(_)
-        | StoreError::Corrupt(_) => exit::DATABASE,
-        StoreError::InvalidTransition(_)
-        | StoreError::DefinitionConflict { .. }
-        | StoreError::KeyConflict { .. }
-        | StoreError::NotAllowed { .. } => exit::REFUSED,
-        StoreError::NeedsApprover { .. } => exit::AUTH,
-        _ => exit::INPUT,
-    }
-}
-
 fn parse_json(what: &str, text: &str) -> Result<Value, u8> {
     serde_json::from_str(text).map_err(|e| {
         eprintln!("error: {what} is not valid JSON: {e}");
@@ -369,29 +324,6 @@ fn default_id(role: &str) -> String {
     format!("{role}-{}-{}", host.trim(), std::process::id())
 }
 
-/// A token cancelled by SIGTERM or SIGINT. The handlers are installed before this returns,
-/// so a signal that arrives as soon as the process says it is ready is not fatal.
-pub fn shutdown_signal() -> CancellationToken {
-    use tokio::signal::unix::{SignalKind, signal};
-    let token = CancellationToken::new();
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::warn!("cannot install signal handlers; SIGTERM will stop this process at once");
-        return token;
-    };
-    let t = token.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        t.cancel();
-    });
-    token
-}
-
 pub async fn worker(args: WorkerArgs) -> u8 {
     init_logging(true);
     let store = match connect(&args.db, true).await {
@@ -417,8 +349,10 @@ pub async fn worker(args: WorkerArgs) -> u8 {
     let store = args.redis.publishing(store, &stop);
     let queues = config.queues.clone();
     if let Some(addr) = args.metrics_listen {
-        crate::telemetry::install("worker");
-        if let Err(code) = crate::telemetry::serve(addr, store.clone(), stop.clone()).await {
+        rein_process::telemetry::install("worker");
+        if let Err(code) =
+            rein_api::metrics_endpoint::serve(addr, store.clone(), stop.clone()).await
+        {
             return code;
         }
     }
@@ -465,11 +399,16 @@ pub async fn scheduler(args: SchedulerArgs) -> u8 {
     let stop = shutdown_signal();
     let store = args.redis.publishing(store, &stop);
     if let Some(addr) = args.metrics_listen {
-        crate::telemetry::install("scheduler");
-        if let Err(code) = crate::telemetry::serve(addr, store.clone(), stop.clone()).await {
+        rein_process::telemetry::install("scheduler");
+        if let Err(code) =
+            rein_api::metrics_endpoint::serve(addr, store.clone(), stop.clone()).await
+        {
             return code;
         }
-        tokio::spawn(crate::telemetry::fleet_gauges(store.clone(), stop.clone()));
+        tokio::spawn(rein_process::telemetry::fleet_gauges(
+            store.clone(),
+            stop.clone(),
+        ));
     }
     let mut scheduler = Scheduler::new(store, config);
     match scheduler.run(stop).await {
@@ -501,60 +440,6 @@ pub async fn enqueue(args: EnqueueArgs) -> u8 {
             println!("{}", text(done, "run_id"));
         },
     )
-}
-
-/// Prints a command's answer: the document itself with `--json`, `human(document)` otherwise;
-/// an error with its exit code.
-pub fn answer(
-    result: Result<Value, crate::api::ApiError>,
-    json: bool,
-    human: impl FnOnce(&Value),
-) -> u8 {
-    match result {
-        Ok(v) if json => {
-            print_json(&v);
-            exit::OK
-        }
-        Ok(v) => {
-            human(&v);
-            exit::OK
-        }
-        Err(e) => remote::fail(&e),
-    }
-}
-
-/// `key` of a JSON document as text ("" when absent).
-pub fn text<'v>(v: &'v Value, key: &str) -> &'v str {
-    v.get(key).and_then(Value::as_str).unwrap_or("")
-}
-
-/// `text` as it may be printed to a terminal: a control or invisible format character (a
-/// newline, ESC, a bidirectional override) shows as its escape (`\u{1b}`) instead of acting
-/// on the terminal or forging a line of output.
-pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
-    use rein_store::input::is_unprintable;
-    if !text.chars().any(is_unprintable) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if is_unprintable(c) {
-            out.extend(c.escape_unicode());
-        } else {
-            out.push(c);
-        }
-    }
-    std::borrow::Cow::Owned(out)
-}
-
-/// `key` of a JSON document as it reads in a table: text without quotes (its control
-/// characters escaped), a missing or null value as "-", anything else as JSON.
-pub fn cell(v: &Value, key: &str) -> String {
-    match v.get(key) {
-        Some(Value::String(s)) => printable(s).into_owned(),
-        Some(Value::Null) | None => "-".to_owned(),
-        Some(other) => other.to_string(),
-    }
 }
 
 /// What a sent event became, for a person: `applied_msg` with its sequence, or queued.
@@ -628,15 +513,10 @@ pub async fn cancel(args: CancelArgs) -> u8 {
 
 /// `rein workers`: who is alive and what they hold, by the database clock.
 /// `rein limits`: the fleet-wide limits' state in Redis (SPEC K1): how far ahead each rate
-/// is booked, how far ahead deferred runs were sent, and who holds concurrency slots.
+/// is booked, how far ahead deferred runs were sent, and who holds concurrency slots. Through
+/// the API when REIN_URL is set, from Redis itself otherwise.
 pub async fn limits(args: LimitsArgs) -> u8 {
     init_logging(false);
-    let Some(config) = args.redis.config() else {
-        eprintln!(
-            "error: give --redis-url (or REDIS_URL): fleet-wide limits live in Redis; without it each worker keeps its own"
-        );
-        return exit::INPUT;
-    };
     if let Some(problem) = args
         .keys
         .iter()
@@ -645,27 +525,33 @@ pub async fn limits(args: LimitsArgs) -> u8 {
         eprintln!("error: {problem}");
         return exit::INPUT;
     }
-    let keys = if args.keys.is_empty() {
-        match rein_accel::limits::keys_in_use(&config, 1000).await {
-            Ok(k) => k,
-            Err(e) => return redis_unreachable(&e),
+    let (states, prefix) = match args.api.client() {
+        Err(code) => return code,
+        Ok(Some(client)) => (client.limits(&args.keys).await, None),
+        Ok(None) => {
+            let Some(config) = args.redis.config() else {
+                eprintln!(
+                    "error: give --redis-url (or REDIS_URL): fleet-wide limits live in Redis; without it each worker keeps its own"
+                );
+                return exit::INPUT;
+            };
+            let states = rein_ops::recovery::limits(&config, &args.keys).await;
+            (states, Some(config.prefix))
         }
-    } else {
-        args.keys
     };
-    let states = match rein_accel::limits::inspect(&config, &keys).await {
+    let states = match states {
         Ok(s) => s,
-        Err(e) => return redis_unreachable(&e),
+        Err(e) => return fail(&e),
     };
     if args.json {
         print_json(&json!(states));
         return exit::OK;
     }
     if states.is_empty() {
-        println!(
-            "no limit has entries in Redis under prefix `{}`",
-            config.prefix
-        );
+        match prefix {
+            Some(prefix) => println!("no limit has entries in Redis under prefix `{prefix}`"),
+            None => println!("no limit has entries in the API's Redis"),
+        }
         return exit::OK;
     }
     println!(
@@ -698,11 +584,6 @@ pub async fn limits(args: LimitsArgs) -> u8 {
     exit::OK
 }
 
-fn redis_unreachable(error: &str) -> u8 {
-    eprintln!("error: cannot read Redis: {error}; is it running and is --redis-url right?");
-    exit::DATABASE
-}
-
 pub async fn workers(args: WorkersArgs) -> u8 {
     let backend = match Backend::open(&args.conn).await {
         Ok(b) => b,
@@ -710,7 +591,7 @@ pub async fn workers(args: WorkersArgs) -> u8 {
     };
     let members = match backend.workers().await {
         Ok(m) => m,
-        Err(e) => return remote::fail(&e),
+        Err(e) => return crate::print::fail(&e),
     };
     if args.json {
         print_json(&members);
@@ -740,25 +621,14 @@ pub async fn workers(args: WorkersArgs) -> u8 {
     exit::OK
 }
 
-/// `2026-11-30 04:08:21` from an RFC 3339 timestamp (the text itself if it is not one).
-pub fn short_time(rfc3339: &str) -> String {
-    chrono::DateTime::parse_from_rfc3339(rfc3339)
-        .map(|t| {
-            t.with_timezone(&chrono::Utc)
-                .format("%Y-%m-%d %H:%M:%S")
-                .to_string()
-        })
-        .unwrap_or_else(|_| rfc3339.to_owned())
-}
-
 /// Settles a run's in-doubt call by hand (SPEC M9, X7): the operator says whether it took
 /// effect, and the run moves on.
 pub async fn resolve(args: ResolveArgs) -> u8 {
-    if args.by.trim().is_empty() || args.by.len() > 256 {
+    if args.by.trim().is_empty() || args.by.len() > rein_ops::recovery::RESOLVER_BYTES_MAX {
         eprintln!("error: --as must name who resolves the call (1..=256 bytes)");
         return exit::INPUT;
     }
-    let mut payload = match parse_json("--payload", &args.payload) {
+    let payload = match parse_json("--payload", &args.payload) {
         Ok(Value::Object(map)) => Value::Object(map),
         Ok(_) => {
             eprintln!("error: --payload must be a JSON object");
@@ -766,90 +636,32 @@ pub async fn resolve(args: ResolveArgs) -> u8 {
         }
         Err(code) => return code,
     };
-    let store = match connect(&args.db, false).await {
-        Ok(s) => s,
+    let backend = match Backend::open(&args.conn).await {
+        Ok(b) => b,
         Err(code) => return code,
     };
-    let row = match store.run(args.run).await {
-        Ok(r) => r,
-        Err(e) => return report(&e),
+    let body = ResolveBody {
+        resolution: match args.resolution {
+            Resolution::Applied => rein_ops::recovery::Resolution::Applied,
+            Resolution::NotApplied => rein_ops::recovery::Resolution::NotApplied,
+        },
+        event: args.event,
+        payload: Some(payload),
     };
-    let Some(call_id) = row.projection.pending_call().map(str::to_owned) else {
-        eprintln!(
-            "error: run {} has no open call to resolve (state {}, status {})",
-            args.run, row.state, row.status
-        );
-        return exit::REFUSED;
-    };
-    let sender = format!("operator:{}", args.by);
-    let operator = rein_store::Sender::Operator(sender.clone());
-    let event = match (args.resolution, args.event.as_deref()) {
-        (Resolution::NotApplied, None) => {
-            payload = json!({ "call_id": call_id, "by": sender });
-            "ACTION_NOT_APPLIED".to_owned()
+    match backend.resolve(args.run, body, &args.by).await {
+        Ok(done) if args.json => {
+            print_json(&json!(done));
+            exit::OK
         }
-        (Resolution::NotApplied, Some(_)) => {
-            eprintln!("error: `not-applied` takes no --event");
-            return exit::INPUT;
-        }
-        (Resolution::Applied, None) => {
-            eprintln!(
-                "error: `applied` needs --event naming the call's result (e.g. TOOL_SUCCEEDED)"
-            );
-            return exit::INPUT;
-        }
-        (Resolution::Applied, Some(event)) => {
-            payload["call_id"] = json!(call_id);
-            payload["resolved_by"] = json!(sender);
-            event.to_owned()
-        }
-    };
-    match store
-        .send(
-            args.run,
-            &event,
-            payload,
-            &operator,
-            rein_store::INBOX_TTL_MS_DEFAULT,
-        )
-        .await
-    {
-        Ok(_) => {
+        Ok(done) => {
             println!(
-                "resolved call {call_id} of run {}: committed {event}",
-                args.run
+                "resolved call {} of run {}: committed {}",
+                done.call_id, done.run_id, done.event
             );
             exit::OK
         }
-        Err(e) => report(&e),
+        Err(e) => fail(&e),
     }
-}
-
-pub fn run_json(row: &rein_store::RunRow) -> Value {
-    json!({
-        "run_id": row.run_id,
-        "definition": row.definition,
-        "version": row.version,
-        "status": row.status,
-        "state": row.state,
-        "sequence": row.last_sequence,
-        "attempt": row.projection.attempt,
-        "steps_completed": row.projection.steps_completed,
-        "pending_action": row.projection.action,
-        "terminal_reason": row.terminal_reason,
-        "enqueued_by": row.enqueued_by,
-        "lease": {
-            "worker": row.lease_owner,
-            "token": row.fencing_token,
-            "until": row.lease_until,
-            "live": row.lease_live,
-        },
-        "wake_at": row.wake_at,
-        "created_at": row.created_at,
-        "updated_at": row.updated_at,
-        "state_entered_at": row.state_entered_at,
-        "data": row.projection.data,
-    })
 }
 
 pub async fn runs(cmd: RunsCommand) -> u8 {
@@ -861,7 +673,7 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
             };
             let row = match backend.run(run).await {
                 Ok(row) => row,
-                Err(e) => return remote::fail(&e),
+                Err(e) => return crate::print::fail(&e),
             };
             if json {
                 print_json(&row);
@@ -908,7 +720,7 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
             };
             let events = match backend.history(run).await {
                 Ok(events) => events,
-                Err(e) => return remote::fail(&e),
+                Err(e) => return crate::print::fail(&e),
             };
             if json {
                 print_json(&events);
@@ -954,7 +766,7 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
             };
             let page = match backend.runs(filter, cursor, limit, data).await {
                 Ok(page) => page,
-                Err(e) => return remote::fail(&e),
+                Err(e) => return crate::print::fail(&e),
             };
             let rows = page.rows;
             if json {
@@ -985,64 +797,23 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
             }
             exit::OK
         }
-        RunsCommand::Verify { db, run } => {
-            let store = match connect(&db, false).await {
-                Ok(s) => s,
+        RunsCommand::Verify { conn, run, json } => {
+            let backend = match Backend::open(&conn).await {
+                Ok(b) => b,
                 Err(code) => return code,
             };
-            match store.verify_run(run).await {
-                Ok(None) => {
-                    println!(
-                        "ok: the log replays to the stored projection and to every checkpoint"
-                    );
-                    exit::OK
-                }
-                Ok(Some(problem)) => {
-                    eprintln!("integrity error: {problem}");
-                    exit::REFUSED
-                }
-                Err(e) => report(&e),
+            let verdict = match backend.verify(run).await {
+                Ok(v) => v,
+                Err(e) => return fail(&e),
+            };
+            if json {
+                print_json(&json!(verdict));
+            } else if let Some(problem) = &verdict.problem {
+                eprintln!("integrity error: {problem}");
+            } else {
+                println!("ok: the log replays to the stored projection and to every checkpoint");
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn store_errors_exit_with_the_readme_codes() {
-        let conflict = StoreError::KeyConflict {
-            key: "k".into(),
-            what: "body".into(),
-        };
-        let not_allowed = StoreError::NotAllowed {
-            event: "next".into(),
-            sender: "cli".into(),
-            reason: "engine event".into(),
-        };
-        let definition = StoreError::DefinitionConflict {
-            name: "d".into(),
-            version: 1,
-        };
-        for (e, code) in [
-            (StoreError::BadUrl("x".into()), exit::INPUT),
-            (StoreError::RunNotFound(Uuid::nil()), exit::INPUT),
-            (StoreError::Invalid("x".into()), exit::INPUT),
-            (StoreError::Unreachable("x".into()), exit::DATABASE),
-            (StoreError::SchemaMismatch("x".into()), exit::DATABASE),
-            (conflict, exit::REFUSED),
-            (not_allowed, exit::REFUSED),
-            (definition, exit::REFUSED),
-            (
-                StoreError::NeedsApprover {
-                    event: "APPROVED".into(),
-                },
-                exit::AUTH,
-            ),
-        ] {
-            assert_eq!(report(&e), code, "{e}");
+            if verdict.ok { exit::OK } else { exit::REFUSED }
         }
     }
 }

@@ -1,0 +1,125 @@
+//! Routes for runs that need a person and for the fleet's limits: the resume brief, verifying
+//! a log, resolving an in-doubt call ([`rein_ops::recovery`]), and the limits in Redis.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Extension, Path, Query, State};
+use rein_accel::limits::KeyState;
+use rein_ops::recovery::{self, BriefView, ResolveBody, ResolveResponse, VerifyView};
+use rein_ops::{Code, Error, ErrorBody};
+use rein_store::Scope;
+use serde::Deserialize;
+use utoipa::IntoParams;
+use uuid::Uuid;
+
+use crate::extract::{parse_body, path_id, query};
+use crate::{ApiError, App, Caller};
+
+/// The resume brief a model would be given to pick the run up (what `rein brief` prints):
+/// task, steps done with their results (or references), the pending step, the last error.
+/// A checkpoint that does not match the log is named in `warnings`, and the brief follows
+/// the log.
+#[utoipa::path(get, path = "/v1/runs/{id}/brief", tag = "runs",
+    params(("id" = Uuid, Path, description = "Run id")),
+    responses((status = 200, description = "The brief", body = BriefView),
+              (status = 401, description = "No or bad token", body = ErrorBody),
+              (status = 403, description = "Needs the read scope", body = ErrorBody),
+              (status = 404, description = "No such run", body = ErrorBody)))]
+pub async fn brief_run(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    id: Result<Path<Uuid>, PathRejection>,
+) -> Result<Json<BriefView>, ApiError> {
+    caller.require(Scope::Read)?;
+    Ok(Json(recovery::brief(&app.store, path_id(id)?).await?))
+}
+
+/// Whether the run's log replays to its stored projection and to every checkpoint (what
+/// `rein runs verify` checks). A mismatch is an answer (`ok: false` and the `problem`), not
+/// an error.
+#[utoipa::path(get, path = "/v1/runs/{id}/verify", tag = "runs",
+    params(("id" = Uuid, Path, description = "Run id")),
+    responses((status = 200, description = "The verdict", body = VerifyView),
+              (status = 401, description = "No or bad token", body = ErrorBody),
+              (status = 403, description = "Needs the read scope", body = ErrorBody),
+              (status = 404, description = "No such run", body = ErrorBody)))]
+pub async fn verify_run(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    id: Result<Path<Uuid>, PathRejection>,
+) -> Result<Json<VerifyView>, ApiError> {
+    caller.require(Scope::Read)?;
+    Ok(Json(recovery::verify(&app.store, path_id(id)?).await?))
+}
+
+/// Settle the run's in-doubt call by hand (what `rein resolve` does): `applied` with the
+/// call's result event, or `not_applied` (the step is dispatched again under the same
+/// idempotency key). The log records the token's subject as `operator:SUBJECT`.
+#[utoipa::path(post, path = "/v1/runs/{id}/resolve", tag = "runs",
+    params(("id" = Uuid, Path, description = "A run with an open call (status needs_operator)")),
+    request_body = ResolveBody,
+    responses((status = 200, description = "The settlement was committed", body = ResolveResponse),
+              (status = 401, description = "No or bad token", body = ErrorBody),
+              (status = 403, description = "Needs the operate scope, or the run's queue is beyond the token's bounds", body = ErrorBody),
+              (status = 404, description = "No such run", body = ErrorBody),
+              (status = 409, description = "The run has no open call (conflict), or the result event does not apply (invalid_transition)", body = ErrorBody),
+              (status = 422, description = "The body is not valid", body = ErrorBody)))]
+pub async fn resolve_run(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    id: Result<Path<Uuid>, PathRejection>,
+    body: Bytes,
+) -> Result<Json<ResolveResponse>, ApiError> {
+    let who = caller.require(Scope::Operate)?;
+    let id = path_id(id)?;
+    let body: ResolveBody = parse_body(&body)?;
+    let done = recovery::resolve(&app.store, id, body, &who.subject, Some(who)).await?;
+    Ok(Json(done))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct LimitsQuery {
+    /// Limit keys to inspect, comma-separated; every key in use when absent.
+    #[serde(default)]
+    pub keys: Option<String>,
+}
+
+/// The fleet-wide limits' state in Redis (what `rein limits` prints): how far ahead each
+/// rate is booked, how far ahead deferred runs were sent, and who holds concurrency slots.
+/// Needs `rein api --redis-url`.
+#[utoipa::path(get, path = "/v1/limits", tag = "fleet",
+    params(LimitsQuery),
+    responses((status = 200, description = "One entry per key with entries in Redis", body = Vec<Object>),
+              (status = 401, description = "No or bad token", body = ErrorBody),
+              (status = 403, description = "Needs the read scope", body = ErrorBody),
+              (status = 422, description = "A key is not a limit key", body = ErrorBody),
+              (status = 503, description = "This API has no Redis, or Redis is unreachable", body = ErrorBody)))]
+pub async fn list_limits(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    q: Result<Query<LimitsQuery>, QueryRejection>,
+) -> Result<Json<Vec<KeyState>>, ApiError> {
+    caller.require(Scope::Read)?;
+    let q = query(q)?;
+    let Some(config) = app.redis.as_ref() else {
+        return Err(Error::new(
+            Code::Unavailable,
+            "this API has no Redis: fleet-wide limits live there (start `rein api` with --redis-url)"
+                .to_owned(),
+        )
+        .into());
+    };
+    let keys: Vec<String> = q
+        .keys
+        .iter()
+        .flat_map(|k| k.split(','))
+        .filter(|k| !k.is_empty())
+        .map(str::to_owned)
+        .collect();
+    Ok(Json(recovery::limits(config, &keys).await?))
+}

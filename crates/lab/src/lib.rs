@@ -1,0 +1,19 @@
+//! What drives fleets and measures them: `rein demo` (a private PostgreSQL, a scheduler pair,
+//! workers and the API in one go), `rein bench` and `rein chaos`; the supervision of their
+//! child processes, and the private PostgreSQL and Redis servers they start.
+
+pub mod bench;
+pub mod chaos;
+pub mod demo;
+pub mod privdb;
+pub mod privredis;
+pub mod procs;
+
+/// How many of `events` (type, count) have one of `names` as their type.
+pub fn events_of(events: &[(String, i64)], names: &[&str]) -> i64 {
+    events
+        .iter()
+        .filter(|e| names.contains(&e.0.as_str()))
+        .map(|e| e.1)
+        .sum()
+}
