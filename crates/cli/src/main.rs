@@ -183,6 +183,8 @@ enum Command {
     Tokens(tokens::TokensCommand),
     /// Serve the HTTP API (JSON, OpenAPI document at /openapi.json).
     Api(api::ApiArgs),
+    /// Print the HTTP API's OpenAPI 3.1 document (what `rein api` serves at /openapi.json).
+    Openapi,
     /// Start a private PostgreSQL, a scheduler pair and workers, drive real runs and show
     /// what happened.
     Demo(demo::DemoArgs),
@@ -274,6 +276,7 @@ fn main() -> ExitCode {
                     Command::Deny(args) => approvals::decide(args, false).await,
                     Command::Tokens(cmd) => tokens::tokens(cmd).await,
                     Command::Api(args) => api::serve(args).await,
+                    Command::Openapi => api::print_document(),
                     Command::Demo(args) => demo::demo(args).await,
                     Command::Bench(args) => bench::bench(args).await,
                     Command::Chaos(args) => chaos::chaos(args).await,
