@@ -316,9 +316,10 @@ pub fn document_errors(doc: &mut OpenApi) {
 pub fn optional_bodies_without_null(doc: &mut OpenApi) {
     for item in doc.paths.paths.values_mut() {
         for operation in operations(item) {
-            let Some(body) = operation.request_body.as_mut() else {
+            let Some(RefOr::T(body)) = operation.request_body.as_mut() else {
                 continue;
             };
+            let mut without_null = false;
             for content in body.content.values_mut() {
                 let RefOr::T(Content {
                     schema: Some(schema),
@@ -327,17 +328,26 @@ pub fn optional_bodies_without_null(doc: &mut OpenApi) {
                 else {
                     continue;
                 };
-                let RefOr::T(Schema::OneOf(one_of)) = schema else {
-                    continue;
+                let only = match &*schema {
+                    RefOr::T(Schema::OneOf(one_of)) => {
+                        let mut branches = one_of.items.iter().filter(|b| {
+                            !matches!(b, RefOr::T(Schema::Object(o))
+                                if o.schema_type == Type::Null.into())
+                        });
+                        match (branches.next(), branches.next()) {
+                            (Some(only), None) => Some(only.clone()),
+                            _ => None,
+                        }
+                    }
+                    _ => None,
                 };
-                let mut branches = one_of.items.iter().filter(|b| {
-                    !matches!(b, RefOr::T(Schema::Object(o))
-                        if o.schema_type == Type::Null.into())
-                });
-                if let (Some(only), None) = (branches.next(), branches.next()) {
-                    *schema = only.clone();
-                    body.required = Some(utoipa::openapi::Required::False);
+                if let Some(only) = only {
+                    *schema = only;
+                    without_null = true;
                 }
+            }
+            if without_null {
+                body.required = Some(utoipa::openapi::Required::False);
             }
         }
     }
