@@ -4,7 +4,7 @@
 #   scripts/test.sh                 # everything
 #   scripts/test.sh -p rein-core    # extra args go to `cargo test`
 #
-# Phases: tools, services, fmt, clippy, test, deploy. Each prints its duration;
+# Phases: tools, services, openapi, fmt, clippy, test, deploy. Each prints its duration;
 # a summary follows at the end. fmt/clippy/test/deploy keep going after a
 # failure so one run shows every problem; tools/services failures stop the run
 # because nothing after them could pass. Exit status is non-zero if any phase
@@ -122,6 +122,9 @@ missing_packages() {
     pkgs+=(redis-tools)
   fi
   command -v promtool >/dev/null || pkgs+=(prometheus)
+  # The OpenAPI tools (scripts/openapi-tools.sh) install with pip into a venv and with npm.
+  python3 -m venv --help >/dev/null 2>&1 || pkgs+=(python3-venv)
+  command -v npm >/dev/null || pkgs+=(npm)
   # Deployment checks (scripts/validate-deploy.sh): shellcheck and a compose client.
   command -v shellcheck >/dev/null || pkgs+=(shellcheck)
   { docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null; } ||
@@ -297,6 +300,17 @@ phase_services() {
   return 0
 }
 
+# ---------------------------------------------------------------- openapi
+# The tools crates/cli/tests/openapi_tools.rs runs on the served OpenAPI document
+# (openapi-spec-validator, Spectral, openapi-python-client, openapi-typescript, tsc), from
+# PyPI and npm into target/openapi-tools; the test phase runs them. Once installed, this is
+# a check of the stamp.
+phase_openapi() {
+  local dir
+  dir=$(scripts/openapi-tools.sh) || return 1
+  note "OpenAPI tools in $dir: $(cat "$dir/installed")"
+}
+
 # ---------------------------------------------------------------- cargo
 # `|| return 1` everywhere keeps a tool's own exit status from reading as $SKIPPED.
 phase_fmt() { cargo fmt --all -- --check --color "${CARGO_TERM_COLOR:-auto}" || return 1; }
@@ -332,6 +346,7 @@ main() {
     run_phase_here services phase_services
   fi
   if [[ $FAILED == 0 ]]; then
+    run_phase openapi phase_openapi
     run_phase fmt phase_fmt
     run_phase clippy phase_clippy
     run_phase test phase_test "$@"

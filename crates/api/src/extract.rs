@@ -1,15 +1,17 @@
 //! What every handler reads from a request the same way: a JSON body, an id or name in the
 //! path, a query string, the `Idempotency-Key` header; and the paging headers it answers with.
 
+use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query};
 use axum::http::{HeaderMap, HeaderValue};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use rein_ops::Error;
 use rein_ops::service::PAGE_TRUNCATED;
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::json;
+use serde_json::{Value, json};
 use uuid::Uuid;
 
 /// Parses a JSON body (any content type); an empty body reads as `{}`. Only an object is a
@@ -81,4 +83,23 @@ pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Err
 /// Who a token's requests are recorded as (sender, key owner).
 pub(crate) fn caller_name(subject: &str) -> String {
     format!("{}{subject}", rein_store::API_SENDER_PREFIX)
+}
+
+/// A list page's body: its rows as an array, or with `envelope` an object that holds them
+/// under their name with where the next page starts and whether the byte bound cut it short
+/// (what the paging headers say).
+pub(crate) fn page_body<T: Serialize>(
+    envelope: bool,
+    (rows_name, rows): (&str, T),
+    (next_name, next): (&str, Value),
+    truncated: bool,
+) -> Response {
+    if !envelope {
+        return Json(rows).into_response();
+    }
+    let mut body = serde_json::Map::new();
+    body.insert(rows_name.to_owned(), json!(rows));
+    body.insert(next_name.to_owned(), next);
+    body.insert("truncated".to_owned(), Value::Bool(truncated));
+    Json(Value::Object(body)).into_response()
 }

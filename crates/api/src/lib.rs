@@ -28,9 +28,10 @@ use rein_process::{DbArgs, RedisArgs, exit, init_logging};
 /// Request bodies larger than this are refused with 413 unless `--body-limit-bytes` says
 /// otherwise.
 pub const BODY_LIMIT_DEFAULT: u64 = 1024 * 1024;
-/// Routes anyone may call: liveness and readiness probes, and Prometheus metrics (counts
-/// and ages, no run data).
-const PUBLIC_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+/// Routes anyone may call: liveness and readiness probes, Prometheus metrics (counts and
+/// ages, no run data) and the OpenAPI document (the API's shape, no tenant's data), so
+/// client generators can read it from the URL.
+const PUBLIC_PATHS: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/openapi.json"];
 /// The subject recorded for calls made with `--insecure-dev`.
 const INSECURE_SUBJECT: &str = "insecure-dev";
 /// Most bytes of a lower layer's plain-text refusal quoted in the JSON error that replaces it.
@@ -165,6 +166,11 @@ pub fn router(
         .layer(RequestBodyLimitLayer::new(limits.body_bytes_max))
         .layer(middleware::map_response(json_errors))
         .with_state(app)
+}
+
+/// The OpenAPI document `GET /openapi.json` serves, built from the same routes.
+pub fn document() -> utoipa::openapi::OpenApi {
+    routes::router().split_for_parts().1
 }
 
 /// Serves `app` on `listener` in this process (`rein demo`) with the default connection

@@ -26,7 +26,8 @@ use rein_ops::service::{NEXT_AFTER, NEXT_CURSOR};
 use rein_ops::{Code, Error, ErrorBody};
 
 use crate::extract::{
-    caller_name, definition_name, idempotency_key, paging_headers, parse_body, path_id, query,
+    caller_name, definition_name, idempotency_key, page_body, paging_headers, parse_body, path_id,
+    query,
 };
 use crate::{ApiError, App, Caller};
 use rein_ops::service::{
@@ -42,6 +43,15 @@ type AppState = State<Arc<App>>;
         title = "Rein API",
         description = "Durable runs of LLM agents on PostgreSQL: enqueue, inspect, send events, decide approvals."
     ),
+    tags(
+        (name = "runs", description = "Runs: enqueue, read and page, send events, rerun, diagnose"),
+        (name = "approvals", description = "Approval requests and the decisions on them"),
+        (name = "definitions", description = "State-machine definitions and their versions"),
+        (name = "fleet", description = "Workers and schedulers"),
+        (name = "health", description = "Probes and metrics, without a token"),
+        (name = "meta", description = "This document, without a token")
+    ),
+    servers((url = "/", description = "The server this document was read from (`rein api` serves it at /openapi.json)")),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
     components(schemas(ErrorBody))
@@ -83,6 +93,8 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(crate::recovery::resolve_run))
         .routes(routes!(crate::recovery::list_limits));
     schema::document_bad_path_parameters(router.get_openapi_mut());
+    schema::document_errors(router.get_openapi_mut());
+    schema::optional_bodies_without_null(router.get_openapi_mut());
     schema::link_runs(router.get_openapi_mut());
     router
 }
@@ -109,7 +121,8 @@ struct SendBody {
     payload: Value,
 }
 
-/// A person's decision on an approval request.
+/// A person's decision on an approval request. The body is optional: none (or `{}`)
+/// decides without a comment.
 #[derive(Deserialize, ToSchema, Default)]
 #[serde(deny_unknown_fields)]
 struct DecideBody {
@@ -125,12 +138,15 @@ struct RunView {
     run_id: Uuid,
     definition: String,
     version: u32,
+    #[schema(value_type = schema::Status)]
     status: String,
+    /// The state of its definition it is in (the definition's own names).
     state: String,
     sequence: i64,
     attempt: u32,
     steps_completed: u32,
-    #[schema(value_type = Option<Object>)]
+    /// The action the run's current step dispatched and has no result for yet.
+    #[schema(value_type = Option<schema::JsonObject>)]
     pending_action: Option<Value>,
     terminal_reason: Option<String>,
     /// Who enqueued it: the token's subject, the CLI's `--as` name; a fan-out branch's
@@ -143,7 +159,7 @@ struct RunView {
     state_entered_at: DateTime<Utc>,
     /// The run's business data: always in `GET /v1/runs/{id}`, in `GET /v1/runs` only with
     /// `data=true`.
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<schema::JsonObject>)]
     data: Option<Value>,
 }
 
@@ -156,6 +172,175 @@ struct LeaseView {
     live: bool,
 }
 
+/// One page of `GET /v1/runs?envelope=true`: the runs and, in the body as in the headers,
+/// where the next page starts.
+#[derive(Serialize, ToSchema)]
+struct RunsPageView {
+    runs: Vec<RunView>,
+    /// The `cursor` of the next page (as `Rein-Next-Cursor`); null on the last page.
+    #[schema(value_type = Option<schema::Cursor>)]
+    next_cursor: Option<String>,
+    /// Whether the page holds fewer runs than `limit` because more would pass its byte
+    /// bound (as `Rein-Page-Truncated`).
+    truncated: bool,
+}
+
+/// What `GET /v1/runs` answers: the runs as an array, or with `envelope=true` an object that
+/// carries the cursor too.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum RunsAnswer {
+    Runs(Vec<RunView>),
+    Page(RunsPageView),
+}
+
+/// One page of `GET /v1/runs/{id}/events?envelope=true`: the events and, in the body as in
+/// the headers, where the next page starts.
+#[derive(Serialize, ToSchema)]
+struct EventsPageView {
+    events: Vec<EventView>,
+    /// The `after` of the next page (as `Rein-Next-After`); null on the last page.
+    #[schema(value_type = Option<schema::Sequence>)]
+    next_after: Option<i64>,
+    /// Whether the page holds fewer events than `limit` because more would pass its byte
+    /// bound (as `Rein-Page-Truncated`).
+    truncated: bool,
+}
+
+/// What `GET /v1/runs/{id}/events` answers: the events as an array, or with
+/// `envelope=true` an object that carries the next page's `after` too.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum EventsAnswer {
+    Events(Vec<EventView>),
+    Page(EventsPageView),
+}
+
+/// A worker or scheduler as `GET /v1/workers` lists it.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+struct WorkerView {
+    worker_id: String,
+    /// `worker` or `scheduler`.
+    role: String,
+    started_at: DateTime<Utc>,
+    /// Its last heartbeat, by the database clock.
+    heartbeat_at: DateTime<Utc>,
+    /// Milliseconds since its last heartbeat.
+    silent_ms: f64,
+    /// Runs it holds a live lease on right now.
+    leases_held: i64,
+    /// Whether it holds a live leader lease (a scheduler doing the scanning).
+    leader: bool,
+    /// What it reported about itself with its heartbeat (queues, version...).
+    #[schema(value_type = schema::JsonObject)]
+    info: Value,
+}
+
+/// Why a run is where it is, as `rein why --json` prints it: the facts in the order of a
+/// diagnosis, then what it waits for and what would move it.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+struct WhyView {
+    run_id: Uuid,
+    definition: String,
+    version: u32,
+    queue: String,
+    state: String,
+    #[schema(value_type = schema::Status)]
+    status: String,
+    since: WhySince,
+    sequence: i64,
+    attempt: u32,
+    terminal_reason: Option<String>,
+    /// The newest event of its log: sequence, type, payload, node, token, worker,
+    /// occurred_at, ago_ms.
+    #[schema(value_type = Option<schema::JsonObject>)]
+    last_event: Option<Value>,
+    lease: Option<WhyLease>,
+    fencing_token: i64,
+    /// The dispatched action without a result: node, step, action_id, tool, status,
+    /// call_id, idempotency_key and its ledger row.
+    #[schema(value_type = Option<schema::JsonObject>)]
+    pending_action: Option<Value>,
+    /// The newest decision the guards rejected, with the guard's reason.
+    #[schema(value_type = Option<schema::JsonObject>)]
+    last_rejection: Option<Value>,
+    needs_operator: bool,
+    operator_reason: Option<String>,
+    /// The newest OPERATOR_REQUIRED event: sequence and reason.
+    #[schema(value_type = Option<schema::JsonObject>)]
+    operator_required: Option<Value>,
+    /// The last error a step reported (any JSON value).
+    #[schema(value_type = Value)]
+    last_error: Option<Value>,
+    effects: WhyEffects,
+    /// Its approval requests.
+    #[schema(value_type = Vec<schema::JsonObject>)]
+    approvals: Vec<Value>,
+    /// Events waiting in its inbox for a state that takes them.
+    #[schema(value_type = Vec<schema::JsonObject>)]
+    inbox: Vec<Value>,
+    timer: Option<WhyTimer>,
+    fleet: WhyFleet,
+    /// The database clock when these facts were read.
+    db_now: DateTime<Utc>,
+    /// What the run waits for, in words.
+    waiting_for: String,
+    /// What would move it, in words.
+    next_step: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+struct WhySince {
+    state_entered_at: DateTime<Utc>,
+    in_state_ms: f64,
+    updated_at: DateTime<Utc>,
+    updated_ago_ms: f64,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+struct WhyLease {
+    worker: String,
+    token: i64,
+    until: Option<DateTime<Utc>>,
+    live: bool,
+    /// Milliseconds until it expires; negative once it has.
+    left_ms: Option<f64>,
+}
+
+/// The side effects of the run's actions.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+struct WhyEffects {
+    /// Rows of the side-effect ledger: one per dispatched action.
+    #[schema(value_type = Vec<schema::JsonObject>)]
+    actions: Vec<Value>,
+    /// What the simulated tools recorded.
+    #[schema(value_type = Vec<schema::JsonObject>)]
+    sim: Vec<Value>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+struct WhyTimer {
+    wake_at: DateTime<Utc>,
+    /// Milliseconds until it fires; negative when overdue.
+    due_in_ms: Option<f64>,
+}
+
+/// Live members of the fleet, by their heartbeats in the last minute.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+struct WhyFleet {
+    workers: i64,
+    schedulers: i64,
+}
+
 /// One event of a run's log.
 #[derive(Serialize, ToSchema)]
 #[allow(dead_code)]
@@ -165,7 +350,8 @@ struct EventView {
     event_id: Uuid,
     #[serde(rename = "type")]
     kind: String,
-    #[schema(value_type = Object)]
+    /// Any JSON value (an object for the engine's own events).
+    #[schema(value_type = Value)]
     payload: Value,
     node: Option<String>,
     schema_version: i32,
@@ -185,11 +371,12 @@ struct ApprovalView {
     run_id: Uuid,
     node: String,
     tool: String,
-    #[schema(value_type = Object)]
+    /// The tool's arguments, as the action would send them.
+    #[schema(value_type = Value)]
     args: Value,
     action_hash: String,
     risk: String,
-    /// pending, granted, denied or void.
+    #[schema(value_type = schema::ApprovalStatus)]
     status: String,
     requested_at: DateTime<Utc>,
     expires_at: DateTime<Utc>,
@@ -232,6 +419,9 @@ struct RunsQuery {
     created_before: Option<DateTime<Utc>>,
     /// Each run with its `data` (default false: a list leaves the business data out).
     data: Option<bool>,
+    /// Answer an object, `{runs, next_cursor, truncated}`, that carries the paging headers'
+    /// facts in the body too (default false: the runs as an array).
+    envelope: Option<bool>,
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -245,6 +435,9 @@ struct EventsQuery {
     /// At most this many, in sequence order (default 100).
     #[param(value_type = Option<schema::PageLimit>, inline)]
     limit: Option<i64>,
+    /// Answer an object, `{events, next_after, truncated}`, that carries the paging headers'
+    /// facts in the body too (default false: the events as an array).
+    envelope: Option<bool>,
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -300,11 +493,10 @@ async fn readyz(State(app): AppState) -> Response {
     }
 }
 
-/// This document.
-#[utoipa::path(get, path = "/openapi.json", tag = "meta",
-    responses((status = 200, description = "The OpenAPI 3.1 document", body = Object),
-              (status = 401, description = "No or bad token", body = ErrorBody)))]
-async fn openapi_json(State(app): AppState, Extension(_caller): Extension<Caller>) -> Response {
+/// This document. It needs no token: it describes the API and holds no tenant's data.
+#[utoipa::path(get, path = "/openapi.json", tag = "meta", security(()),
+    responses((status = 200, description = "The OpenAPI 3.1 document", body = schema::JsonObject)))]
+async fn openapi_json(State(app): AppState) -> Response {
     match app.openapi.get() {
         Some(doc) => Json(doc.clone()).into_response(),
         None => ApiError::from(Error::new(
@@ -363,7 +555,7 @@ async fn enqueue_run(
 /// bytes (default 2 MiB) of runs, and always one: when the bound cuts it short of `limit`,
 /// `Rein-Page-Truncated: bytes` says so and the cursor continues after its last run.
 #[utoipa::path(get, path = "/v1/runs", tag = "runs", params(RunsQuery),
-    responses((status = 200, description = "Runs", body = [RunView],
+    responses((status = 200, description = "Runs: an array, or with `envelope=true` a page object", body = RunsAnswer,
                headers(("Rein-Next-Cursor" = String, description = "Cursor of the next page; absent on the last page"),
                        ("Rein-Page-Truncated" = String, description = "`bytes` when the page holds fewer runs than `limit` because more would pass the page's byte bound; absent otherwise"))),
               (status = 401, description = "No or bad token", body = ErrorBody),
@@ -384,7 +576,13 @@ async fn list_runs(
     };
     let shape = (q.data.unwrap_or(false), app.limits.page_bytes_max);
     let page = service::runs(&app.store, filter, q.cursor.as_deref(), q.limit, shape).await?;
-    let mut response = Json(page.runs).into_response();
+    let envelope = q.envelope.unwrap_or(false);
+    let mut response = page_body(
+        envelope,
+        ("runs", page.runs),
+        ("next_cursor", json!(page.next)),
+        page.truncated,
+    );
     paging_headers(&mut response, (NEXT_CURSOR, page.next), page.truncated);
     Ok(response)
 }
@@ -410,7 +608,7 @@ async fn get_run(
 /// what it waits for and what would move it.
 #[utoipa::path(get, path = "/v1/runs/{id}/why", tag = "runs",
     params(("id" = Uuid, Path, description = "Run id")),
-    responses((status = 200, description = "The diagnosis", body = Object),
+    responses((status = 200, description = "The diagnosis", body = WhyView),
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the read scope", body = ErrorBody),
               (status = 404, description = "No such run", body = ErrorBody)))]
@@ -447,7 +645,7 @@ async fn rerun_run(
 
 /// Workers and schedulers: last heartbeat (by the database clock) and leases held.
 #[utoipa::path(get, path = "/v1/workers", tag = "fleet",
-    responses((status = 200, description = "Workers and schedulers", body = [Value]),
+    responses((status = 200, description = "Workers and schedulers", body = [WorkerView]),
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the read scope", body = ErrorBody)))]
 async fn list_workers(
@@ -464,7 +662,7 @@ async fn list_workers(
 /// says when that bound cut it short of `limit`.
 #[utoipa::path(get, path = "/v1/runs/{id}/events", tag = "runs",
     params(("id" = Uuid, Path, description = "Run id"), EventsQuery),
-    responses((status = 200, description = "The run's events", body = [EventView],
+    responses((status = 200, description = "The run's events: an array, or with `envelope=true` a page object", body = EventsAnswer,
                headers(("Rein-Next-After" = String, description = "The `after` of the next page (the last sequence number of this one); absent on the last page"),
                        ("Rein-Page-Truncated" = String, description = "`bytes` when the page holds fewer events than `limit` because more would pass the page's byte bound; absent otherwise"))),
               (status = 401, description = "No or bad token", body = ErrorBody),
@@ -481,7 +679,13 @@ async fn run_events(
     let id = path_id(id)?;
     let q = query(q)?;
     let page = service::events(&app.store, id, q.after, q.limit, app.limits.page_bytes_max).await?;
-    let mut response = Json(page.events).into_response();
+    let envelope = q.envelope.unwrap_or(false);
+    let mut response = page_body(
+        envelope,
+        ("events", json!(page.events)),
+        ("next_after", json!(page.next)),
+        page.truncated,
+    );
     let next = page.next.map(|after| after.to_string());
     paging_headers(&mut response, (NEXT_AFTER, next), page.truncated);
     Ok(response)
@@ -558,7 +762,7 @@ async fn list_approvals(
 /// Grant an approval request; the token's subject is recorded as the approver. Where the
 /// run's definition sets `approver_may_not_be_enqueuer` (or the server runs with
 /// `--approver-may-not-be-enqueuer`), the subject that enqueued the run may not grant it.
-#[utoipa::path(post, path = "/v1/approvals/{id}/grant", tag = "approvals", request_body = DecideBody,
+#[utoipa::path(post, path = "/v1/approvals/{id}/grant", tag = "approvals", request_body = Option<DecideBody>,
     params(("id" = Uuid, Path, description = "Approval request id")),
     responses((status = 200, description = "Granted; `delivery` says which event the run got and whether it is applied or queued", body = DecisionView),
               (status = 401, description = "No or bad token", body = ErrorBody),
@@ -576,7 +780,7 @@ async fn grant_approval(
 }
 
 /// Deny an approval request; the token's subject is recorded as the approver.
-#[utoipa::path(post, path = "/v1/approvals/{id}/deny", tag = "approvals", request_body = DecideBody,
+#[utoipa::path(post, path = "/v1/approvals/{id}/deny", tag = "approvals", request_body = Option<DecideBody>,
     params(("id" = Uuid, Path, description = "Approval request id")),
     responses((status = 200, description = "Denied; `delivery` says which event the run got and whether it is applied or queued", body = DecisionView),
               (status = 401, description = "No or bad token", body = ErrorBody),
@@ -732,7 +936,7 @@ async fn get_definition(
 /// `allow_builtin=true` (admin).
 #[utoipa::path(post, path = "/v1/definitions", tag = "definitions",
     request_body(description = "The definition document (JSON or TOML)",
-                 content((Object = "application/json"), (String = "application/toml"))),
+                 content((schema::JsonObject = "application/json"), (String = "application/toml"))),
     params(RegisterQuery),
     responses((status = 201, description = "Registered", body = RegisterResponse),
               (status = 200, description = "This body was already registered", body = RegisterResponse),

@@ -817,3 +817,17 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
         }
     }
 }
+
+/// `rein openapi`: prints the document, with no server or database needed.
+pub fn openapi() -> u8 {
+    match rein_api::document().to_pretty_json() {
+        Ok(text) => {
+            println!("{text}");
+            exit::OK
+        }
+        Err(e) => {
+            eprintln!("error: cannot render the OpenAPI document: {e}");
+            exit::INPUT
+        }
+    }
+}

@@ -79,6 +79,8 @@ enum Command {
     Tokens(tokens::TokensCommand),
     /// Serve the HTTP API (JSON, OpenAPI document at /openapi.json).
     Api(rein_api::ApiArgs),
+    /// Print the HTTP API's OpenAPI 3.1 document (what `rein api` serves at /openapi.json).
+    Openapi,
     /// Start a private PostgreSQL, a scheduler pair and workers, drive real runs and show
     /// what happened.
     Demo(demo::DemoArgs),
@@ -170,6 +172,7 @@ fn main() -> ExitCode {
                     Command::Deny(args) => approvals::decide(args, false).await,
                     Command::Tokens(cmd) => tokens::tokens(cmd).await,
                     Command::Api(args) => rein_api::serve(args).await,
+                    Command::Openapi => commands::openapi(),
                     Command::Demo(args) => demo::demo(args).await,
                     Command::Bench(args) => bench::bench(args).await,
                     Command::Chaos(args) => chaos::chaos(args).await,

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Api, code, json_of, rein, stderr, stdout};
+use common::{Api, PrivateRedis, code, free_port, json_of, rein, stderr, stdout};
 use rein_store::{EnqueueRequest, Sender};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -16,8 +16,12 @@ async fn probes_need_no_token_and_everything_else_does() {
     assert_eq!((s, v), (StatusCode::OK, json!({"status": "ok"})));
     let (s, _) = json_of(api.get("/readyz", None).send().await.unwrap()).await;
     assert_eq!(s, StatusCode::OK);
+    // The document describes the API and holds no tenant's data: generators read it by URL.
+    let (s, doc) = json_of(api.get("/openapi.json", None).send().await.unwrap()).await;
+    assert_eq!(s, StatusCode::OK, "{doc}");
+    assert!(doc["paths"]["/v1/runs"].is_object(), "{doc}");
 
-    for path in ["/v1/runs", "/openapi.json", "/v1/approvals", "/nowhere"] {
+    for path in ["/v1/runs", "/v1/approvals", "/nowhere"] {
         let (s, v) = json_of(api.get(path, None).send().await.unwrap()).await;
         assert_eq!(s, StatusCode::UNAUTHORIZED, "{path}: {v}");
         assert_eq!(code(&v), "unauthorized");
@@ -462,6 +466,10 @@ async fn the_openapi_document_lists_every_route_served() {
         ("/v1/definitions", "post"),
         ("/v1/definitions/{name}", "get"),
         ("/v1/definitions/{name}/current", "post"),
+        ("/v1/runs/{id}/brief", "get"),
+        ("/v1/runs/{id}/verify", "get"),
+        ("/v1/runs/{id}/resolve", "post"),
+        ("/v1/limits", "get"),
     ];
     let paths = doc["paths"].as_object().expect("paths");
     for (path, method) in served {
@@ -504,6 +512,257 @@ async fn the_openapi_document_lists_every_route_served() {
         );
     }
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
+}
+
+/// The schema `schema` names in `doc`, following one `$ref`.
+fn component<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
+    match schema["$ref"].as_str() {
+        Some(r) => &doc["components"]["schemas"][r.trim_start_matches("#/components/schemas/")],
+        None => schema,
+    }
+}
+
+/// The property names of component `name`.
+fn properties(doc: &Value, name: &str) -> std::collections::BTreeSet<String> {
+    doc["components"]["schemas"][name]["properties"]
+        .as_object()
+        .unwrap_or_else(|| panic!("{name} has properties"))
+        .keys()
+        .cloned()
+        .collect()
+}
+
+fn keys(v: &Value) -> std::collections::BTreeSet<String> {
+    v.as_object()
+        .unwrap_or_else(|| panic!("an object: {v}"))
+        .keys()
+        .cloned()
+        .collect()
+}
+
+/// Every schema in `v` that a generator reads as an object without any key
+/// (`Record<string, never>`): `type: object` with neither properties nor additionalProperties.
+fn keyless_objects(v: &Value, at: &str, found: &mut Vec<String>) {
+    match v {
+        Value::Object(o) => {
+            if o.get("type") == Some(&json!("object"))
+                && !o.contains_key("properties")
+                && !o.contains_key("additionalProperties")
+                && !o.contains_key("allOf")
+                && !o.contains_key("oneOf")
+            {
+                found.push(at.to_owned());
+            }
+            for (k, child) in o {
+                keyless_objects(child, &format!("{at}/{k}"), found);
+            }
+        }
+        Value::Array(a) => {
+            for (i, child) in a.iter().enumerate() {
+                keyless_objects(child, &format!("{at}/{i}"), found);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openapi_document_types_what_generated_clients_read() {
+    let api = Api::start("api_openapi_types", &[]).await;
+    let token = api.token("ci", &["read", "enqueue", "approve"]);
+    let (s, doc) = json_of(api.get("/openapi.json", None).send().await.unwrap()).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(doc["servers"][0]["url"], "/", "{}", doc["servers"]);
+
+    // Every operation answers its errors with the error body, 5xx included, and 401 where
+    // it needs a token.
+    let mut operations = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            operations += 1;
+            let public = op["security"] == json!([{}]);
+            let mut statuses = vec!["400", "408", "413", "414", "429", "431", "500", "503"];
+            if !public {
+                statuses.push("401");
+            }
+            for status in statuses {
+                let schema = &op["responses"][status]["content"]["application/json"]["schema"];
+                assert_eq!(
+                    schema["$ref"], "#/components/schemas/ErrorBody",
+                    "{method} {path} documents {status} with the error body"
+                );
+            }
+        }
+    }
+    assert!(operations >= 19);
+    let code = &doc["components"]["schemas"]["ErrorDetail"]["properties"]["code"];
+    let codes = component(&doc, code)["enum"]
+        .as_array()
+        .expect("codes as an enum");
+    for c in [
+        "validation_failed",
+        "not_found",
+        "unauthorized",
+        "internal",
+        "unavailable",
+    ] {
+        assert!(codes.contains(&json!(c)), "{c} in {codes:?}");
+    }
+    assert_eq!(codes.len(), 19);
+    let status = &doc["components"]["schemas"]["RunView"]["properties"]["status"];
+    assert_eq!(
+        component(&doc, status)["enum"],
+        json!(["runnable", "parked", "needs_operator", "terminal"])
+    );
+    let mut keyless = Vec::new();
+    keyless_objects(&doc, "#", &mut keyless);
+    assert!(keyless.is_empty(), "objects without keys: {keyless:?}");
+    // A decision's body is optional, as the handlers take none.
+    for path in ["/v1/approvals/{id}/grant", "/v1/approvals/{id}/deny"] {
+        let body = &doc["paths"][path]["post"]["requestBody"];
+        assert!(
+            body.is_object() && body["required"] != true,
+            "{path}: {body}"
+        );
+        // An object or nothing; not JSON `null`, which no handler takes.
+        assert_eq!(
+            body["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/DecideBody",
+            "{path}: {body}"
+        );
+    }
+    // A new run's response links to the operations on it.
+    let links = &doc["paths"]["/v1/runs"]["post"]["responses"]["201"]["links"];
+    for op in [
+        "get_run",
+        "why_run",
+        "run_events",
+        "send_event",
+        "rerun_run",
+    ] {
+        assert_eq!(
+            links[op]["operationId"], op,
+            "POST /v1/runs links {op}: {links}"
+        );
+        assert_eq!(links[op]["parameters"]["id"], "$response.body#/run_id");
+    }
+
+    // The answers have the documented fields: why, workers, a run.
+    let (s, v) = api
+        .post_json("/v1/runs", &token, &json!({"definition": "research-agent"}))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let run = v["run_id"].as_str().unwrap().to_owned();
+    let (s, why) = api.get_json(&format!("/v1/runs/{run}/why"), &token).await;
+    assert_eq!(s, StatusCode::OK, "{why}");
+    assert_eq!(keys(&why), properties(&doc, "WhyView"), "why: {why}");
+    for (part, name) in [
+        ("since", "WhySince"),
+        ("effects", "WhyEffects"),
+        ("fleet", "WhyFleet"),
+    ] {
+        assert_eq!(keys(&why[part]), properties(&doc, name), "why.{part}");
+    }
+    api.store
+        .heartbeat("w-doc", "worker", json!({}))
+        .await
+        .unwrap();
+    let (s, workers) = api.get_json("/v1/workers", &token).await;
+    assert_eq!(s, StatusCode::OK, "{workers}");
+    assert_eq!(keys(&workers[0]), properties(&doc, "WorkerView"));
+    let (_, got) = api.get_json(&format!("/v1/runs/{run}"), &token).await;
+    assert_eq!(keys(&got), properties(&doc, "RunView"));
+
+    // A status outside the enum is refused, naming the valid ones.
+    let (s, v) = api.get_json("/v1/runs?status=bogus", &token).await;
+    assert_eq!(
+        (s, common::code(&v)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed"),
+        "{v}"
+    );
+    assert_eq!(
+        v["error"]["details"]["allowed"],
+        json!(["runnable", "parked", "needs_operator", "terminal"])
+    );
+    // A decision without a body is taken.
+    let (_, approval) = common::waiting_approval(&api.store).await;
+    let r = api
+        .post(&format!("/v1/approvals/{approval}/deny"), &token)
+        .send()
+        .await
+        .unwrap();
+    let (s, v) = json_of(r).await;
+    assert_eq!((s, &v["status"]), (StatusCode::OK, &json!("denied")), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_carries_its_cursor_in_the_body_when_asked() {
+    let api = Api::start("api_envelope", &[]).await;
+    let token = api.token("ci", &["read", "enqueue"]);
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let (s, v) = api
+            .post_json("/v1/runs", &token, &json!({"definition": "research-agent"}))
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+        runs.push(v["run_id"].as_str().unwrap().to_owned());
+    }
+    // The array, with the cursor in the header, as before.
+    let r = api
+        .get("/v1/runs?limit=2", Some(&token))
+        .send()
+        .await
+        .unwrap();
+    let header = r.headers()["rein-next-cursor"].to_str().unwrap().to_owned();
+    let (_, plain) = json_of(r).await;
+    assert_eq!(plain.as_array().map(Vec::len), Some(2), "{plain}");
+    // The object: the same runs and the same cursor in the body.
+    let r = api
+        .get("/v1/runs?limit=2&envelope=true", Some(&token))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["rein-next-cursor"], header.as_str());
+    let (s, page) = json_of(r).await;
+    assert_eq!(s, StatusCode::OK, "{page}");
+    assert_eq!(page["runs"], plain);
+    assert_eq!(page["next_cursor"], header.as_str());
+    assert_eq!(page["truncated"], false);
+    let (_, last) = api
+        .get_json(
+            &format!("/v1/runs?limit=2&envelope=true&cursor={header}"),
+            &token,
+        )
+        .await;
+    assert_eq!(last["runs"].as_array().map(Vec::len), Some(1), "{last}");
+    assert_eq!(last["runs"][0]["run_id"], runs[0].as_str());
+    assert_eq!(last["next_cursor"], Value::Null);
+
+    // A run's events likewise, with `after`.
+    let run: Uuid = runs[0].parse().unwrap();
+    common::as_the_engine(&api.store, run, &["TASK_ACCEPTED", "PLAN_READY"]).await;
+    let path = format!("/v1/runs/{run}/events?limit=1");
+    let r = api.get(&path, Some(&token)).send().await.unwrap();
+    let after = r.headers()["rein-next-after"].to_str().unwrap().to_owned();
+    let (_, plain) = json_of(r).await;
+    let (s, page) = api.get_json(&format!("{path}&envelope=true"), &token).await;
+    assert_eq!(s, StatusCode::OK, "{page}");
+    assert_eq!(page["events"], plain);
+    assert_eq!(page["next_after"].to_string(), after);
+    let (_, rest) = api
+        .get_json(
+            &format!("/v1/runs/{run}/events?after={after}&limit=1000&envelope=true"),
+            &token,
+        )
+        .await;
+    assert_eq!(rest["next_after"], Value::Null, "{rest}");
+    let total = api.store.history(run).await.unwrap().len();
+    assert!(total >= 2);
+    assert_eq!(
+        rest["events"].as_array().map(Vec::len),
+        Some(total - 1),
+        "{rest}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -910,11 +1169,14 @@ struct Contract {
     run: Uuid,
     /// A registered definition as a JSON document (registering it again is a no-op).
     definition: String,
+    _redis: PrivateRedis,
 }
 
 impl Contract {
     async fn start(prefix: &str) -> Contract {
-        let api = Api::start(prefix, &[]).await;
+        // `GET /v1/limits` reads the API's Redis: without one it answers 503.
+        let redis = PrivateRedis::start(free_port(), &common::tmp_dir(&format!("{prefix}_redis")));
+        let api = Api::start(prefix, &["--redis-url", &redis.url()]).await;
         let token = api.token("contract", &["admin"]);
         let (s, doc) = api.get_json("/openapi.json", &token).await;
         assert_eq!(s, StatusCode::OK);
@@ -931,6 +1193,7 @@ impl Contract {
             doc,
             run,
             definition: v["spec"].to_string(),
+            _redis: redis,
         }
     }
 
@@ -994,6 +1257,8 @@ impl Contract {
             ("post", "/v1/runs") => json(json!({"definition": "research-agent"})),
             ("post", "/v1/runs/{id}/events") => json(json!({"type": "NOT_DECLARED"})),
             ("post", "/v1/approvals/{id}/grant" | "/v1/approvals/{id}/deny") => json(json!({})),
+            // The contract's run has no open call: a well-formed settlement is a conflict.
+            ("post", "/v1/runs/{id}/resolve") => json(json!({"resolution": "not_applied"})),
             ("post", "/v1/definitions") => Some((self.definition.clone(), "application/json")),
             ("post", "/v1/definitions/{name}/current") => {
                 json(json!({"version": rein_core::builtin::research_agent().version()}))

@@ -111,13 +111,13 @@ pub struct ErrorBody {
 
 #[derive(Serialize, ToSchema)]
 pub struct ErrorDetail {
-    /// Stable: validation_failed, invalid_transition, conflict, not_found, unauthorized,
-    /// forbidden, event_not_allowed, payload_too_large, method_not_allowed, bad_request,
-    /// uri_too_long, headers_too_large, unsupported_media_type, request_timeout,
-    /// too_many_requests, quota_exceeded, unavailable, internal.
+    /// Stable: what a client branches on.
+    #[schema(value_type = crate::schema::ErrorCode)]
     pub code: String,
+    /// For a person: what went wrong and what to change.
     pub message: String,
-    #[schema(value_type = Option<Object>)]
+    /// Facts about the refusal, by code (e.g. `field`, `required_scope`, `run_id`).
+    #[schema(value_type = Option<crate::schema::JsonObject>)]
     pub details: Option<Value>,
 }
 

@@ -9,7 +9,9 @@ use serde::Deserialize;
 use utoipa::openapi::link::LinkBuilder;
 use utoipa::openapi::path::{Operation, ParameterIn, PathItem};
 use utoipa::openapi::response::ResponseBuilder;
-use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, Schema, SchemaFormat, Type};
+use utoipa::openapi::schema::{
+    AdditionalProperties, KnownFormat, ObjectBuilder, Schema, SchemaFormat, Type,
+};
 use utoipa::openapi::{Content, ContentBuilder, OpenApi, Ref, RefOr};
 use utoipa::{PartialSchema, ToSchema};
 
@@ -86,8 +88,36 @@ schema_type! {
 }
 
 schema_type! {
-    /// A run status filter: one of [`RunStatus::ALL`].
+    /// A run's status (SPEC M9), apart from its state: one of [`RunStatus::ALL`].
     Status => string().enum_values(Some(RunStatus::ALL.map(RunStatus::as_str)))
+}
+
+schema_type! {
+    /// A JSON object whose keys are the caller's or the definition's (a run's input and
+    /// data, an event's payload, a tool's arguments): any keys, any values.
+    JsonObject => ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .additional_properties(Some(AdditionalProperties::<Schema>::FreeForm(true)))
+}
+
+schema_type! {
+    /// A stable error code: one of [`crate::Code::ALL`].
+    ErrorCode => string().enum_values(Some(crate::Code::ALL.map(crate::Code::as_str)))
+}
+
+schema_type! {
+    /// What became of an event sent from outside or of a decision: `applied` (in the run's
+    /// log) or `queued` (in its inbox, for the worker holding its lease).
+    Outcome => string().enum_values(Some(OUTCOMES))
+}
+
+/// Every [`Outcome`].
+pub const OUTCOMES: [&str; 2] = ["applied", "queued"];
+
+schema_type! {
+    /// An approval request's status: pending, granted, denied, or void (its action changed
+    /// before it was carried out).
+    ApprovalStatus => string().enum_values(Some(["pending", "granted", "denied", "void"]))
 }
 
 schema_type! {
@@ -165,6 +195,31 @@ fn operations(item: &mut PathItem) -> impl Iterator<Item = &mut Operation> {
 const BAD_PATH: &str =
     "A path parameter is malformed (an id that is not a UUID, a name that breaks the name rule)";
 
+/// Documents that `operation` may answer `status` with an error body for `reason`: added
+/// where the route lists no such response; where it lists one for its own reasons, `reason`
+/// joins its description when `distinct`.
+fn document_error(operation: &mut Operation, status: &str, reason: &str, distinct: bool) {
+    let responses = &mut operation.responses.responses;
+    match responses.get_mut(status) {
+        Some(RefOr::T(existing)) => {
+            if distinct && !existing.description.contains(reason) {
+                existing.description = format!("{}; or: {reason}", existing.description);
+            }
+        }
+        Some(RefOr::Ref(_)) => {}
+        None => {
+            let body = ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build();
+            let response = ResponseBuilder::new()
+                .description(reason)
+                .content("application/json", body)
+                .build();
+            responses.insert(status.to_owned(), RefOr::T(response));
+        }
+    }
+}
+
 /// Documents the 422 every operation with a path parameter answers when it is malformed,
 /// in one place rather than in each route's annotation: added where a route lists no 422,
 /// mentioned in the description where it lists one for other reasons.
@@ -175,25 +230,124 @@ pub fn document_bad_path_parameters(doc: &mut OpenApi) {
                 operation.parameters.iter().flatten().any(
                     |p| matches!(p, RefOr::T(p) if matches!(p.parameter_in, ParameterIn::Path)),
                 );
-            if !has_path_parameter {
-                continue;
+            if has_path_parameter {
+                document_error(operation, "422", BAD_PATH, true);
             }
-            let responses = &mut operation.responses.responses;
-            match responses.get_mut("422") {
-                Some(RefOr::T(existing)) => {
-                    existing.description = format!("{}; or: {BAD_PATH}", existing.description);
+        }
+    }
+}
+
+/// The refusals any request may meet whatever its route, made below the handlers (HTTP
+/// parsing, the body and connection limits) or by the server's own failure, as
+/// [`super::ApiError::transport`] and the store's errors answer them: status, reason, and
+/// whether a route's own response for that status is for another reason.
+const ANY_ROUTE: [(&str, &str, bool); 8] = [
+    (
+        "400",
+        "The request is not well-formed HTTP (bad_request)",
+        false,
+    ),
+    (
+        "408",
+        "The request did not arrive whole in time (request_timeout; --body-read-timeout-ms)",
+        false,
+    ),
+    (
+        "413",
+        "The request body is larger than this server accepts (payload_too_large; --body-limit-bytes)",
+        false,
+    ),
+    ("414", "The request URI is too long (uri_too_long)", false),
+    (
+        "429",
+        "Too many connections from this client (too_many_requests; --max-connections-per-client), with Retry-After",
+        true,
+    ),
+    (
+        "431",
+        "The request line and headers are too large (headers_too_large)",
+        false,
+    ),
+    (
+        "500",
+        "Internal error; the server log says more (internal)",
+        false,
+    ),
+    (
+        "503",
+        "The database is unreachable, or the server is at its connection limit (unavailable; --max-connections), with Retry-After for the latter",
+        true,
+    ),
+];
+
+/// Documents on every operation the error responses any request may get ([`ANY_ROUTE`]) and,
+/// on every operation that needs a token, 401, so a generated client reads every error as
+/// the error body instead of as an undocumented status.
+pub fn document_errors(doc: &mut OpenApi) {
+    let needs_token_by_default = doc.security.as_ref().is_some_and(|s| !s.is_empty());
+    for item in doc.paths.paths.values_mut() {
+        for operation in operations(item) {
+            let public = operation
+                .security
+                .as_ref()
+                .map_or(!needs_token_by_default, |s| {
+                    s.iter().any(|requirement| {
+                        serde_json::to_value(requirement).is_ok_and(|v| v == serde_json::json!({}))
+                    })
+                });
+            if !public {
+                document_error(
+                    operation,
+                    "401",
+                    "No token, or one unknown or revoked (unauthorized)",
+                    false,
+                );
+            }
+            for (status, reason, distinct) in ANY_ROUTE {
+                document_error(operation, status, reason, distinct);
+            }
+        }
+    }
+}
+
+/// Documents an optional request body (`request_body = Option<T>`) as what the handlers
+/// take: a `T` or none at all. utoipa states it as `T` or JSON `null`, which no handler takes
+/// (a body is an object) and which generated clients then try to send.
+pub fn optional_bodies_without_null(doc: &mut OpenApi) {
+    for item in doc.paths.paths.values_mut() {
+        for operation in operations(item) {
+            let Some(RefOr::T(body)) = operation.request_body.as_mut() else {
+                continue;
+            };
+            let mut without_null = false;
+            for content in body.content.values_mut() {
+                let RefOr::T(Content {
+                    schema: Some(schema),
+                    ..
+                }) = content
+                else {
+                    continue;
+                };
+                let only = match &*schema {
+                    RefOr::T(Schema::OneOf(one_of)) => {
+                        let mut branches = one_of.items.iter().filter(|b| {
+                            !matches!(b, RefOr::T(Schema::Object(o))
+                                if o.schema_type == Type::Null.into())
+                        });
+                        match (branches.next(), branches.next()) {
+                            (Some(only), None) => Some(only.clone()),
+                            _ => None,
+                        }
+                    }
+                    _ => None,
+                };
+                if let Some(only) = only {
+                    *schema = only;
+                    without_null = true;
                 }
-                Some(RefOr::Ref(_)) => {}
-                None => {
-                    let body = ContentBuilder::new()
-                        .schema(Some(Ref::from_schema_name("ErrorBody")))
-                        .build();
-                    let response = ResponseBuilder::new()
-                        .description(BAD_PATH)
-                        .content("application/json", body)
-                        .build();
-                    responses.insert("422".to_owned(), RefOr::T(response));
-                }
+            }
+            if without_null {
+                body.required = Some(utoipa::openapi::Required::False);
             }
         }
     }

@@ -78,6 +78,7 @@ pub struct EnqueueResponse {
 #[derive(Serialize, ToSchema)]
 pub struct SendResponse {
     /// `applied` (committed at `sequence`) or `queued` (waits in the run's inbox).
+    #[schema(value_type = crate::schema::Outcome)]
     pub outcome: String,
     pub sequence: Option<i64>,
     pub inbox_id: Option<i64>,
@@ -110,7 +111,7 @@ pub struct DefinitionView {
     pub registered_by: Option<String>,
     pub registered_at: DateTime<Utc>,
     /// The validated document, as `rein definitions show --format json` prints it.
-    #[schema(value_type = Object)]
+    #[schema(value_type = crate::schema::JsonObject)]
     pub spec: Value,
 }
 
@@ -127,7 +128,7 @@ pub struct RegisterResponse {
     /// `[{item, reason}]`, absent when there are none; the definition is registered
     /// regardless.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    #[schema(value_type = Vec<Object>)]
+    #[schema(value_type = Vec<crate::schema::JsonObject>)]
     pub warnings: Vec<Value>,
 }
 
@@ -158,6 +159,7 @@ pub struct Publisher<'a> {
 pub struct Delivery {
     /// `applied` (in the run's log at `sequence`) or `queued` (in the run's inbox, for the
     /// worker holding its lease).
+    #[schema(value_type = crate::schema::Outcome)]
     pub outcome: String,
     /// The event the run was sent (its waiting state's granted or denied event).
     pub event: Option<String>,
@@ -240,10 +242,10 @@ pub fn status(value: Option<String>) -> Result<Option<String>, Error> {
     match value {
         Some(v) if !RunStatus::ALL.iter().any(|s| s.as_str() == v) => {
             let all: Vec<&str> = RunStatus::ALL.iter().map(|s| s.as_str()).collect();
-            Err(Error::validation(format!(
-                "status must be one of {}",
-                all.join(", ")
-            )))
+            Err(
+                Error::validation(format!("status must be one of {}", all.join(", ")))
+                    .with_details(json!({ "field": "status", "allowed": all })),
+            )
         }
         other => Ok(other),
     }
