@@ -94,7 +94,7 @@ pub struct LimitsQuery {
 /// Needs `rein api --redis-url`.
 #[utoipa::path(get, path = "/v1/limits", tag = "fleet",
     params(LimitsQuery),
-    responses((status = 200, description = "One entry per key with entries in Redis", body = Vec<Object>),
+    responses((status = 200, description = "One entry per key with entries in Redis", body = Vec<rein_ops::schema::JsonObject>),
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the read scope", body = ErrorBody),
               (status = 422, description = "A key is not a limit key", body = ErrorBody),

@@ -1258,7 +1258,9 @@ impl Contract {
             ("post", "/v1/runs/{id}/events") => json(json!({"type": "NOT_DECLARED"})),
             ("post", "/v1/approvals/{id}/grant" | "/v1/approvals/{id}/deny") => json(json!({})),
             // The contract's run has no open call: a well-formed settlement is a conflict.
-            ("post", "/v1/runs/{id}/resolve") => json(json!({"resolution": "not_applied"})),
+            ("post", "/v1/runs/{id}/resolve") => {
+                json(json!({"resolution": "applied", "event": "TOOL_SUCCEEDED"}))
+            }
             ("post", "/v1/definitions") => Some((self.definition.clone(), "application/json")),
             ("post", "/v1/definitions/{name}/current") => {
                 json(json!({"version": rein_core::builtin::research_agent().version()}))
@@ -1489,9 +1491,10 @@ async fn a_malformed_path_parameter_is_a_documented_422_on_every_operation() {
             checked += 1;
         }
     }
-    // Run, why, events (get and send), rerun, grant, deny, definition, its current version.
+    // Run, why, events (get and send), rerun, grant, deny, definition, its current version,
+    // brief, verify, resolve.
     assert_eq!(
-        checked, 9,
+        checked, 12,
         "every operation with a path parameter was checked"
     );
 }

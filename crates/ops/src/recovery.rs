@@ -23,7 +23,7 @@ pub const LIMIT_KEYS_MAX: usize = 1000;
 pub struct BriefView {
     /// Task, steps done with their results (or references), the pending step, the last
     /// error: what a model is given to pick the run up.
-    #[schema(value_type = Object)]
+    #[schema(value_type = crate::schema::JsonObject)]
     pub brief: ResumeBrief,
     /// Checkpoints that did not match the log: the brief was rebuilt from the log instead.
     pub warnings: Vec<String>,
