@@ -995,7 +995,10 @@ async fn commit_statement(
             crate::metrics::committed(
                 &request.state.definition,
                 request.events.iter().map(|e| e.kind.as_str()),
-                request.left_state.as_deref().zip(row.try_get("left_after_s")?),
+                request
+                    .left_state
+                    .as_deref()
+                    .zip(row.try_get("left_after_s")?),
                 request.retries,
                 request.finish,
             );

@@ -87,11 +87,9 @@ impl Finish {
             Some(TerminalOutcome::Succeeded) => Finish::Succeeded,
             Some(TerminalOutcome::Failed) => Finish::Failed,
             None => {
-                let exhausted = def.states().any(|s| {
-                    s.backoff
-                        .as_ref()
-                        .is_some_and(|b| b.exhausted == kind)
-                });
+                let exhausted = def
+                    .states()
+                    .any(|s| s.backoff.as_ref().is_some_and(|b| b.exhausted == kind));
                 if payload.get("error").is_some() || exhausted {
                     Finish::Failed
                 } else {
