@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 
 use crate::definition::{Definition, DefinitionProblem, DefinitionSpec, StateKind};
 use crate::event::Event;
-use crate::reducer::RejectReason;
+use crate::reject::RejectReason;
 use crate::state::RunState;
 
 /// Accounts `event` into `next.usage`. Does nothing for a definition without a budget, so

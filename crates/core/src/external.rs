@@ -11,18 +11,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::definition::{DefinitionSpec, StateKind, Transition};
+use crate::definition::{Senders, Transition};
 use crate::event::EngineEvent;
-
-/// Who may send what, for one validated definition.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Senders {
-    /// Events accepted from outside callers (besides CANCEL).
-    pub external: BTreeSet<String>,
-    /// The events that deliver an approval decision: each approval policy's granted and
-    /// denied event. Only an approver sends them.
-    pub approval: BTreeSet<String>,
-}
+use crate::spec::{DefinitionSpec, StateKind};
 
 /// Validates `spec.external_events` (reporting each problem through `p`) and resolves who
 /// may send what.

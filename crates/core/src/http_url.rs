@@ -10,8 +10,8 @@
 
 use url::Url;
 
-use crate::definition::{DefinitionProblem, DefinitionSpec};
 use crate::limits;
+use crate::spec::{DefinitionProblem, DefinitionSpec};
 
 /// The stable names of the rules [`parse`] applies; an `egress_refused` event names one.
 pub mod rule {

@@ -22,7 +22,7 @@ use uuid::Uuid;
 use crate::definition::{BranchSpec, Definition, FanOutSpec, JoinPolicy};
 use crate::guard::GuardInput;
 use crate::hash::sha256_hex;
-use crate::reducer::RejectReason;
+use crate::reject::RejectReason;
 use crate::state::{JoinState, RunState};
 
 pub const RUNNING: &str = "running";

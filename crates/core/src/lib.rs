@@ -4,19 +4,26 @@
 //! globals. Workers, schedulers and the API call into this crate to decide where a run may
 //! go; storage and networking live elsewhere.
 //!
-//! Reading order: [`definition`] (what a state machine is and how it is validated),
+//! Reading order: [`definition`] (what a state machine is),
 //! [`state`] and [`event`] (the run projection and the facts that change it), [`reducer`]
 //! (the pure `R(X, e)`), [`guard`], [`retry`], [`hash`], [`checkpoint`], [`builtin`];
 //! [`blob`] (large payloads by reference), [`brief`] (the resume brief), [`join`] (parallel
 //! branches), [`budget`] (usage limits), [`text`] (text PostgreSQL can store) and
 //! [`runaway`] (the ceiling on a run's events); [`http_url`] (what an http node's URL may
 //! name).
+//!
+//! Files import each other downward only, never in a loop: the data format (`spec`, with
+//! `retry_policy`) lies under the validated [`definition`], why an event is refused
+//! (`reject`) under the [`reducer`] and the rules it calls, and validation (`compile`) above
+//! the helpers it runs. The public paths (`definition::StateSpec`, `reducer::RejectReason`,
+//! `retry::RetryPolicy`, ...) re-export what moved down.
 
 pub mod blob;
 pub mod brief;
 pub mod budget;
 pub mod builtin;
 pub mod checkpoint;
+mod compile;
 pub mod decision;
 pub mod definition;
 pub mod event;
@@ -29,8 +36,11 @@ pub mod join;
 pub mod labels;
 pub mod limits;
 pub mod reducer;
+mod reject;
 pub mod retry;
+mod retry_policy;
 pub mod runaway;
+mod spec;
 pub mod state;
 pub mod text;
 pub mod timer;

@@ -56,5 +56,5 @@ pub const RUN_EVENTS_MAX: u64 = 1_000_000;
 /// The lowest: room for one event and the failure that ends the run.
 pub const RUN_EVENTS_MIN: u64 = 2;
 /// Most distinct values one label of one metric family takes; later ones are recorded as
-/// `other` ([`crate::labels`]).
+/// `other` (see the `labels` module).
 pub const METRIC_LABEL_VALUES_MAX: usize = 100;

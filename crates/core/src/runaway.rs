@@ -25,8 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use crate::Definition;
-use crate::definition::{DefinitionProblem, DefinitionSpec, StateKind};
+use crate::definition::{Definition, DefinitionProblem, DefinitionSpec, StateKind};
 use crate::event::EngineEvent;
 use crate::limits;
 use crate::state::RunState;

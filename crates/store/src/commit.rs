@@ -121,6 +121,13 @@ pub struct CommitPlan {
     pub jitter_sample: f64,
 }
 
+/// A deterministic jitter sample from an id (uuid v7 has random low bits).
+pub fn jitter_from(id: Uuid) -> f64 {
+    let bytes = id.as_bytes();
+    let low = u32::from_be_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
+    f64::from(low) / (f64::from(u32::MAX) + 1.0)
+}
+
 /// Applies `events` to `base` with the reducer and derives every row the commit writes.
 /// Fails, writing nothing, on the first event the definition refuses.
 pub fn plan_commit(
@@ -233,7 +240,8 @@ fn settle(
     // A short log replays in no time: its final state needs no snapshot of its own.
     let long_log_ends = request.status == RunStatus::Terminal && state.sequence >= CHECKPOINT_EVERY;
     request.checkpoint = long_log_ends || (!request.events.is_empty() && crossed);
-    request.finish = crate::metrics::Finish::of(def, base_state, &state.state, &request.events);
+    let last = request.events.last().map(|e| (e.kind.as_str(), &e.payload));
+    request.finish = crate::metrics::Finish::of(def, base_state, &state.state, last);
     request.left_state = (state.state != base_state).then(|| base_state.to_owned());
     request.first_try |= rein_core::retry::starts_first_try(def, from, state);
     request.release = plan.release || request.status != RunStatus::Runnable;
@@ -255,7 +263,7 @@ pub(crate) fn refuse_fan_out(
     let plan = CommitPlan {
         writer: request.writer,
         release: true,
-        jitter_sample: crate::send::jitter_from(request.run_id),
+        jitter_sample: jitter_from(request.run_id),
     };
     settle(
         def,
@@ -984,7 +992,16 @@ async fn commit_statement(
         let run_id: Uuid = row.try_get("run_id")?;
         let committed: bool = row.try_get("committed")?;
         if committed && let Some(request) = request_of.get(&run_id) {
-            crate::metrics::committed(request, row.try_get("left_after_s")?);
+            crate::metrics::committed(
+                &request.state.definition,
+                request.events.iter().map(|e| e.kind.as_str()),
+                request
+                    .left_state
+                    .as_deref()
+                    .zip(row.try_get("left_after_s")?),
+                request.retries,
+                request.finish,
+            );
             let token: i64 = row.try_get("new_token")?;
             for (i, e) in request.events.iter().enumerate() {
                 tracing::info!(%run_id, sequence = request.base_sequence + 1 + i as u64,

@@ -37,7 +37,7 @@ pub use bench::{Percentiles, QueueStats};
 pub use blobs::BlobStats;
 pub use commit::{
     ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, Committed, FenceReason, LedgerOp,
-    NewEvent, Renewed, Writer, plan_commit,
+    NewEvent, Renewed, Writer, jitter_from, plan_commit,
 };
 pub use definitions::{
     BUILTIN_PUBLISHER, CurrentMoved, DEFINITION_CACHE_BYTES_MAX, DEFINITION_CACHE_ENTRIES_MAX,
@@ -55,7 +55,7 @@ pub use retention::{ARCHIVE_BATCH_MAX, ArchiveCandidates, ArchivedBatch, EventsT
 pub use scans::{NextLook, SCAN_BACKOFF_MS_MAX, SCAN_BACKOFF_MS_MIN, Seen};
 pub use send::{
     CLIENT_KEY_LEN_MAX, ClientKey, EnqueueRequest, Enqueued, INBOX_READ_MAX, INBOX_TTL_MS_DEFAULT,
-    InboxEntry, SendOutcome, jitter_from, plan_inbox, sent_event_id,
+    InboxEntry, SendOutcome, plan_inbox, sent_event_id,
 };
 pub use sender::{API_SENDER_PREFIX, SENDER_BYTES_MAX, Sender};
 pub use tokens::{

@@ -9,8 +9,6 @@
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use rein_core::labels::LabelValues;
 
-use crate::commit::CommitRequest;
-
 /// The label values this process has recorded: tenant-written names (definitions, states,
 /// events, queues) take at most [`rein_core::limits::METRIC_LABEL_VALUES_MAX`] distinct
 /// values per label of each family; the rest count as `other`.
@@ -68,33 +66,31 @@ pub enum Finish {
 }
 
 impl Finish {
-    /// How a commit that took a run from `base` to the terminal state `end` with `events`
-    /// ended it; `None` when the run does not end with it.
+    /// How a commit that took a run from `base` to the terminal state `end` ended it, where
+    /// `last` is the kind and payload of the commit's last event (the one that ended the run:
+    /// a terminal state takes no more); `None` when the run does not end with it.
     pub fn of(
         def: &rein_core::Definition,
         base: &str,
         end: &str,
-        events: &[crate::NewEvent],
+        last: Option<(&str, &serde_json::Value)>,
     ) -> Option<Finish> {
         use rein_core::definition::TerminalOutcome;
         if !def.is_terminal(end) || def.is_terminal(base) {
             return None;
         }
-        // The last event is the one that ended the run: a terminal state takes no more.
-        let ending = events.last()?;
-        if ending.kind == rein_core::EngineEvent::Cancel.as_str() {
+        let (kind, payload) = last?;
+        if kind == rein_core::EngineEvent::Cancel.as_str() {
             return Some(Finish::Cancelled);
         }
         Some(match def.state(end).and_then(|s| s.outcome) {
             Some(TerminalOutcome::Succeeded) => Finish::Succeeded,
             Some(TerminalOutcome::Failed) => Finish::Failed,
             None => {
-                let exhausted = def.states().any(|s| {
-                    s.backoff
-                        .as_ref()
-                        .is_some_and(|b| b.exhausted == ending.kind)
-                });
-                if ending.payload.get("error").is_some() || exhausted {
+                let exhausted = def
+                    .states()
+                    .any(|s| s.backoff.as_ref().is_some_and(|b| b.exhausted == kind));
+                if payload.get("error").is_some() || exhausted {
                     Finish::Failed
                 } else {
                     Finish::Succeeded
@@ -112,27 +108,33 @@ impl Finish {
     }
 }
 
-/// A commit that landed: its events as transitions, the state it left (with how long the run
-/// was in it, by the database clock), its retries and its ending.
-pub(crate) fn committed(request: &CommitRequest, left_after_s: Option<f64>) {
-    let definition = request.state.definition.as_str();
-    for e in &request.events {
+/// A commit that landed in a run of `definition`: its events (by kind) as transitions, the
+/// state it left with how long the run was in it (by the database clock), its retries and
+/// its ending.
+pub(crate) fn committed<'a>(
+    definition: &str,
+    events: impl IntoIterator<Item = &'a str>,
+    left: Option<(&str, f64)>,
+    retries: u32,
+    finish: Option<Finish>,
+) {
+    for kind in events {
         counter!(TRANSITIONS,
             "definition" => label(TRANSITIONS, "definition", definition),
-            "event" => label(TRANSITIONS, "event", &e.kind))
+            "event" => label(TRANSITIONS, "event", kind))
         .increment(1);
     }
-    if let (Some(state), Some(seconds)) = (&request.left_state, left_after_s) {
+    if let Some((state, seconds)) = left {
         histogram!(TIME_IN_STATE,
             "definition" => label(TIME_IN_STATE, "definition", definition),
             "state" => label(TIME_IN_STATE, "state", state))
         .record(seconds.max(0.0));
     }
-    if request.retries > 0 {
+    if retries > 0 {
         counter!(RETRIES, "definition" => label(RETRIES, "definition", definition))
-            .increment(u64::from(request.retries));
+            .increment(u64::from(retries));
     }
-    if let Some(finish) = request.finish {
+    if let Some(finish) = finish {
         counter!(RUNS_FINISHED,
             "definition" => label(RUNS_FINISHED, "definition", definition),
             "outcome" => finish.as_str())
@@ -283,10 +285,9 @@ mod tests {
     use serde_json::json;
 
     use super::Finish;
-    use crate::NewEvent;
 
-    /// How a lifecycle run that took `path` and then `last` ends.
-    fn finish_after(path: &[&str], last: NewEvent) -> Option<Finish> {
+    /// How a lifecycle run that took `path` and then `last` (kind, payload) ends.
+    fn finish_after(path: &[&str], last: (&str, serde_json::Value)) -> Option<Finish> {
         let def = rein_core::builtin::lifecycle();
         let mut run = RunState::initial(&def, json!({}));
         for kind in path {
@@ -295,36 +296,37 @@ mod tests {
         let end = apply(
             &def,
             &run,
-            &Event::new(run.sequence + 1, last.kind.clone(), last.payload.clone()),
+            &Event::new(run.sequence + 1, last.0, last.1.clone()),
         )
         .unwrap();
-        Finish::of(&def, &run.state, &end.state, &[last])
+        Finish::of(&def, &run.state, &end.state, Some((last.0, &last.1)))
     }
 
     #[test]
     fn a_run_that_ends_in_a_failed_state_failed_even_when_it_is_the_cancel_state() {
-        let fatal = NewEvent::new("fatal_error", json!({ "error": { "class": "fatal" } }));
+        let fatal = ("fatal_error", json!({ "error": { "class": "fatal" } }));
         assert_eq!(finish_after(&["start"], fatal), Some(Finish::Failed));
-        let denied = NewEvent::new("approval_denied", json!({}));
+        let denied = ("approval_denied", json!({}));
         assert_eq!(
             finish_after(&["start", "pause_for_approval"], denied),
             Some(Finish::Failed)
         );
-        let done = NewEvent::new("complete", json!({}));
+        let done = ("complete", json!({}));
         assert_eq!(finish_after(&["start"], done), Some(Finish::Succeeded));
     }
 
     #[test]
     fn only_a_cancel_makes_a_run_cancelled() {
-        let cancel = NewEvent::new("CANCEL", json!({ "reason": "not needed" }));
+        let cancel = ("CANCEL", json!({ "reason": "not needed" }));
         assert_eq!(finish_after(&["start"], cancel), Some(Finish::Cancelled));
     }
 
     #[test]
     fn a_commit_that_does_not_end_the_run_finishes_nothing() {
         let def = rein_core::builtin::lifecycle();
-        let start = [NewEvent::new("start", json!({}))];
-        assert_eq!(Finish::of(&def, "planned", "running", &start), None);
-        assert_eq!(Finish::of(&def, "done", "done", &start), None);
+        let payload = json!({});
+        let start = Some(("start", &payload));
+        assert_eq!(Finish::of(&def, "planned", "running", start), None);
+        assert_eq!(Finish::of(&def, "done", "done", start), None);
     }
 }

@@ -5,7 +5,9 @@ use serde_json::Value;
 use sqlx::Row;
 use uuid::Uuid;
 
-use crate::commit::{CommitOutcome, CommitPlan, NewEvent, Writer, commit_on, plan_commit};
+use crate::commit::{
+    CommitOutcome, CommitPlan, NewEvent, Writer, commit_on, jitter_from, plan_commit,
+};
 use crate::{Sender, Store, StoreError};
 
 /// Longest client idempotency key accepted.
@@ -624,13 +626,6 @@ fn as_event(state: &RunState, event: &NewEvent) -> Event {
         event.kind.clone(),
         event.payload.clone(),
     )
-}
-
-/// A deterministic jitter sample from an id (uuid v7 has random low bits).
-pub fn jitter_from(id: Uuid) -> f64 {
-    let bytes = id.as_bytes();
-    let low = u32::from_be_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
-    f64::from(low) / (f64::from(u32::MAX) + 1.0)
 }
 
 async fn enqueue_on(
