@@ -168,7 +168,7 @@ impl Backend {
     ) -> Result<Value, ApiError> {
         match self {
             Backend::Db(store) => {
-                to_value(service::enqueue(store, body, key, (DB_CALLER, by), None).await?)
+                to_value(service::enqueue(store, body, key, (DB_CALLER, by), None, None).await?)
             }
             Backend::Api(c) => {
                 let mut request = c

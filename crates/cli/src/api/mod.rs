@@ -6,6 +6,7 @@ pub mod error;
 mod routes;
 pub mod schema;
 pub(crate) mod server;
+mod trace_layer;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};
@@ -153,6 +154,7 @@ pub fn router(store: Store, insecure_dev: bool, limits: Limits) -> axum::Router 
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(limits.body_bytes_max))
         .layer(middleware::map_response(json_errors))
+        .layer(middleware::from_fn(trace_layer::trace_request))
         .with_state(app)
 }
 
