@@ -8,6 +8,7 @@ pub mod metrics_endpoint;
 mod recovery;
 mod routes;
 pub mod server;
+mod trace_layer;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};
@@ -165,6 +166,7 @@ pub fn router(
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(limits.body_bytes_max))
         .layer(middleware::map_response(json_errors))
+        .layer(middleware::from_fn(trace_layer::trace_request))
         .with_state(app)
 }
 

@@ -539,6 +539,7 @@ async fn enqueue_run(
         key,
         (&caller_name(&who.subject), &who.subject),
         Some(who),
+        super::trace_layer::traceparent(&headers),
     )
     .await?;
     let status = if done.created {

@@ -175,7 +175,7 @@ impl Backend {
     ) -> Result<Value, Error> {
         match self {
             Backend::Db(store) => {
-                to_value(service::enqueue(store, body, key, (DB_CALLER, by), None).await?)
+                to_value(service::enqueue(store, body, key, (DB_CALLER, by), None, None).await?)
             }
             Backend::Api(c) => {
                 let mut request = c

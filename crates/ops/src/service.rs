@@ -295,13 +295,14 @@ pub fn approver(name: &str) -> Result<&str, String> {
 
 /// Creates a run enqueued by `enqueued_by` (or finds the one `caller`'s `key` already
 /// created for this same body), within `token`'s bounds and quotas when an API token asks
-/// (none on the database).
+/// (none on the database). The run's root span links to the caller's `traceparent`.
 pub async fn enqueue(
     store: &Store,
     body: EnqueueBody,
     key: Option<String>,
     (caller, enqueued_by): (&str, &str),
     token: Option<&TokenInfo>,
+    traceparent: Option<&str>,
 ) -> Result<EnqueueResponse, Error> {
     let definition = name("definition", Some(body.definition))?.unwrap_or_default();
     let def = store.load_definition(&definition, body.version).await?;
@@ -319,6 +320,7 @@ pub async fn enqueue(
     };
     request.priority = body.priority.unwrap_or(0);
     request.enqueued_by = Some(enqueued_by.to_owned());
+    request.traceparent = traceparent.map(str::to_owned);
     let done = store.enqueue_as(token, request).await?;
     Ok(EnqueueResponse {
         run_id: done.run_id,

@@ -180,12 +180,74 @@ where
         resource = resource.with_service_name("rein");
     }
     let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
+        .with_batch_exporter(Reporting::new(exporter))
+        .with_id_generator(rein_store::trace::RunIds::default())
         .with_resource(resource.build())
         .build();
-    let tracer = provider.tracer("rein");
+    let tracer = provider.tracer(rein_store::trace::SCOPE);
+    // Root spans of new runs are sent through the global provider (`rein_store::trace`).
+    opentelemetry::global::set_tracer_provider(provider.clone());
     let _ = TRACER.set(provider);
     Some(tracing_opentelemetry::layer().with_tracer(tracer))
+}
+
+/// An exporter that says when the collector cannot be reached: once at WARN when exports
+/// start failing, once at INFO when they work again, not once per batch.
+#[derive(Debug)]
+struct Reporting<E> {
+    inner: E,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+impl<E> Reporting<E> {
+    fn new(inner: E) -> Reporting<E> {
+        Reporting {
+            inner,
+            failing: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn report(&self, result: &opentelemetry_sdk::error::OTelSdkResult) {
+        use std::sync::atomic::Ordering;
+        match result {
+            Err(e) => {
+                if !self.failing.swap(true, Ordering::AcqRel) {
+                    tracing::warn!(error = %e,
+                        "cannot send traces to the OTLP collector; their spans are lost until it is reachable again");
+                }
+            }
+            Ok(()) => {
+                if self.failing.swap(false, Ordering::AcqRel) {
+                    tracing::info!("traces reach the OTLP collector again");
+                }
+            }
+        }
+    }
+}
+
+impl<E: opentelemetry_sdk::trace::SpanExporter> opentelemetry_sdk::trace::SpanExporter
+    for Reporting<E>
+{
+    async fn export(
+        &self,
+        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        let result = self.inner.export(batch).await;
+        self.report(&result);
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
+    }
 }
 
 /// Sends the spans still buffered (at exit).

@@ -20,7 +20,7 @@ use rein_store::{
 };
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 use uuid::Uuid;
 
 pub use leader::{LEADER_LEASE, LEADER_TTL_MS_DEFAULT, Leadership};
@@ -144,18 +144,27 @@ impl Scheduler {
         let mut done = 0;
         for row in self.store.expired_leases(self.config.batch).await? {
             let seen = row.seen();
-            let look = self.recover(row).await;
+            let span = Scan::Lease.span(seen.run_id);
+            let look = self.recover(row).instrument(span.clone()).await;
+            record_look(&span, &look);
             done += self.settle(Scan::Lease, seen, look).await?;
         }
         // Before timers: a timer's next look never passes a budget still ahead, but one
         // already due is delivered here first.
         for seen in self.store.due_deadlines(self.config.batch).await? {
-            let look = self.deliver_deadline(seen.run_id).await;
+            let span = Scan::Deadline.span(seen.run_id);
+            let look = self
+                .deliver_deadline(seen.run_id)
+                .instrument(span.clone())
+                .await;
+            record_look(&span, &look);
             done += self.settle(Scan::Deadline, seen, look).await?;
         }
         for row in self.store.due_timers(self.config.batch).await? {
             let seen = row.seen();
-            let look = self.fire(row).await;
+            let span = Scan::Timer.span(seen.run_id);
+            let look = self.fire(row).instrument(span.clone()).await;
+            record_look(&span, &look);
             done += self.settle(Scan::Timer, seen, look).await?;
         }
         for run_id in self.store.runs_with_inbox(self.config.batch).await? {
@@ -244,6 +253,8 @@ impl Scheduler {
         ) {
             events.push(NewEvent::new(kind, payload));
         }
+        let fired: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+        tracing::Span::current().record("rein.event", fired.join(",").as_str());
         let recovered = self.commit(&def, &row, events, Vec::new()).await?;
         if recovered == Look::Moved {
             info!(run_id = %row.run_id, worker = ?row.lease_owner, state = %state.state, "recovered expired lease");
@@ -283,6 +294,7 @@ impl Scheduler {
         for (kind, payload) in candidates {
             let event = Event::new(row.projection.sequence + 1, kind.clone(), payload.clone());
             if apply(&def, &row.projection, &event).is_ok() {
+                tracing::Span::current().record("rein.event", kind.as_str());
                 let fired = self
                     .commit(
                         &def,
@@ -411,7 +423,10 @@ impl Scheduler {
             .await?
             .pop()
         {
-            Some(CommitOutcome::Committed(_)) => Ok(Look::Moved),
+            Some(CommitOutcome::Committed(c)) => {
+                tracing::Span::current().record("rein.fencing_token", c.token);
+                Ok(Look::Moved)
+            }
             other => {
                 self.stats.lost_races.fetch_add(1, Ordering::Relaxed);
                 Ok(Look::Stuck {
@@ -421,6 +436,17 @@ impl Scheduler {
             }
         }
     }
+}
+
+/// Records on a firing's span whether it moved the run.
+fn record_look(span: &tracing::Span, look: &Result<Look, StoreError>) {
+    let outcome = match look {
+        Ok(Look::Moved) => "moved",
+        Ok(Look::Gone) => "gone",
+        Ok(Look::Stuck { .. }) => "stuck",
+        Err(_) => "error",
+    };
+    span.record("rein.outcome", outcome);
 }
 
 /// Most pages of due inbox entries one look at a run judges; a run with more is returned by
@@ -437,6 +463,16 @@ enum Scan {
 }
 
 impl Scan {
+    /// The span of one firing on `run_id` (SPEC O3), a child of the run's root span:
+    /// `rein.event` is the event it commits, `rein.fencing_token` the token it took.
+    fn span(self, run_id: Uuid) -> tracing::Span {
+        let span = tracing::info_span!("rein.fire", rein.scan = self.as_str(),
+            rein.run.id = %run_id, rein.event = tracing::field::Empty,
+            rein.fencing_token = tracing::field::Empty, rein.outcome = tracing::field::Empty);
+        rein_store::trace::parent_to_run(&span, run_id);
+        span
+    }
+
     fn as_str(self) -> &'static str {
         match self {
             Scan::Lease => "lease",

@@ -1009,6 +1009,17 @@ async fn commit_statement(
                     token, from = request.left_state.as_deref().unwrap_or(&request.state.state),
                     to = %request.state.state, "transition");
             }
+            // The branches this commit started are runs of their own: each its own trace.
+            let queue: String = row.try_get("queue")?;
+            for child in &request.children {
+                crate::trace::run_root_span(crate::trace::RunRoot {
+                    run_id: child.run_id,
+                    definition: &child.definition,
+                    queue: &queue,
+                    parent_run_id: Some(run_id),
+                    traceparent: None,
+                });
+            }
         }
         let outcome = if committed {
             CommitOutcome::Committed(Committed {

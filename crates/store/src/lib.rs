@@ -24,6 +24,7 @@ mod send;
 mod sender;
 mod sim;
 mod tokens;
+pub mod trace;
 mod why;
 
 use std::time::Duration;

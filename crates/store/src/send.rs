@@ -37,6 +37,9 @@ pub struct EnqueueRequest {
     /// Who enqueues the run (an API token's subject, the CLI's `--as` name), recorded with
     /// it: an approval policy may refuse that person's grants on it.
     pub enqueued_by: Option<String>,
+    /// The W3C `traceparent` of the caller (an API request's header): the run's root span
+    /// links to it ([`crate::trace::RunRoot::traceparent`]).
+    pub traceparent: Option<String>,
 }
 
 /// A client's idempotency key for an enqueue (SPEC I3, Z4), scoped to its caller: the same
@@ -70,6 +73,20 @@ impl EnqueueRequest {
             parent_run_id: None,
             enqueued_token: None,
             enqueued_by: None,
+            traceparent: None,
+        }
+    }
+
+    /// Sends the root span of the run this request created (SPEC O3).
+    pub(crate) fn root_span(&self, done: &Enqueued) {
+        if done.created {
+            crate::trace::run_root_span(crate::trace::RunRoot {
+                run_id: done.run_id,
+                definition: self.definition.name(),
+                queue: &self.queue,
+                parent_run_id: self.parent_run_id,
+                traceparent: self.traceparent.as_deref(),
+            });
         }
     }
 
@@ -161,8 +178,11 @@ impl Store {
         let mut conn = self.pool().acquire().await?;
         let mut out = enqueue_on(&mut conn, std::slice::from_ref(&request)).await?;
         self.woke(Some(&request.queue));
-        out.pop()
-            .ok_or_else(|| StoreError::Corrupt("enqueue returned no row".into()))
+        let done = out
+            .pop()
+            .ok_or_else(|| StoreError::Corrupt("enqueue returned no row".into()))?;
+        request.root_span(&done);
+        Ok(done)
     }
 
     /// Enqueues many runs in one statement.
@@ -172,6 +192,9 @@ impl Store {
     ) -> Result<Vec<Enqueued>, StoreError> {
         let mut conn = self.pool().acquire().await?;
         let out = enqueue_on(&mut conn, requests).await?;
+        for (request, done) in requests.iter().zip(&out) {
+            request.root_span(done);
+        }
         let mut queues: Vec<&str> = requests.iter().map(|r| r.queue.as_str()).collect();
         queues.sort_unstable();
         queues.dedup();
@@ -182,6 +205,8 @@ impl Store {
     }
 
     /// Enqueues inside the caller's transaction, atomically with its own business data.
+    /// The run's root span is the caller's to send once the transaction commits
+    /// ([`crate::trace::run_root_span`]).
     pub async fn enqueue_in(
         tx: &mut sqlx::PgConnection,
         request: EnqueueRequest,
@@ -628,7 +653,7 @@ fn as_event(state: &RunState, event: &NewEvent) -> Event {
     )
 }
 
-async fn enqueue_on(
+pub(crate) async fn enqueue_on(
     conn: &mut sqlx::PgConnection,
     requests: &[EnqueueRequest],
 ) -> Result<Vec<Enqueued>, StoreError> {

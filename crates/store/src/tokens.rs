@@ -399,7 +399,10 @@ impl Store {
             .bind(token.token_id)
             .execute(&mut *tx)
             .await?;
-        let done = Store::enqueue_in(&mut tx, request).await?;
+        let done = crate::send::enqueue_on(&mut tx, std::slice::from_ref(&request))
+            .await?
+            .pop()
+            .ok_or_else(|| StoreError::Corrupt("enqueue returned no row".into()))?;
         if done.created
             && let Some(exceeded) = quota_exceeded(&mut tx, token).await?
         {
@@ -408,6 +411,7 @@ impl Store {
         }
         tx.commit().await?;
         self.woke(Some(&queue));
+        request.root_span(&done);
         Ok(done)
     }
 

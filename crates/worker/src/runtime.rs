@@ -549,15 +549,15 @@ impl Driver {
             steps += 1;
             let span = tracing::info_span!(
                 "rein.step",
-                run_id = %self.run_id,
-                definition = %self.def.name(),
-                state = %self.state.state,
-                sequence = self.state.sequence,
-                attempt = self.state.attempt,
-                worker = %self.inner.config.worker_id,
-                token = self.token,
+                rein.run.id = %self.run_id,
+                rein.definition = %self.def.name(),
+                rein.state = %self.state.state,
+                rein.sequence = self.state.sequence,
+                rein.attempt = self.state.attempt,
+                rein.worker.id = %self.inner.config.worker_id,
+                rein.fencing_token = self.token,
             );
-            crate::trace::link_to_run(&span, self.run_id);
+            crate::trace::parent_to_run(&span, self.run_id);
             let step_result = self.step().instrument(span).await;
             if let Err(stop) = step_result {
                 return stop;
@@ -680,10 +680,11 @@ impl Driver {
             .unwrap_or(Duration::from_secs(3600));
         let cancel = ctx.cancel.clone();
         let in_flight = rein_store::metrics::InFlight::start();
-        let attempt_span = tracing::info_span!("rein.action", node = %node, action = %action,
-            step = self.state.steps_completed + 1, attempt = self.state.attempt);
+        let attempt_span = tracing::info_span!("rein.action", rein.node = %node,
+            rein.action = %action, rein.step = self.state.steps_completed + 1,
+            rein.attempt = self.state.attempt);
         let outcome = tokio::select! {
-            outcome = handler.run(ctx).instrument(attempt_span) => Some(outcome),
+            outcome = handler.run(ctx).instrument(attempt_span.clone()) => Some(outcome),
             _ = self.held.lost.cancelled() => { cancel.cancel(); return Err(Stop::Lost) }
             _ = self.held.interrupt.cancelled() => { cancel.cancel(); None }
             _ = tokio::time::sleep(timeout) => {
@@ -703,6 +704,10 @@ impl Driver {
                 }
             }
         };
+        if let Some(outcome) = &outcome {
+            crate::trace::record_outcome(&attempt_span, outcome);
+        }
+        drop(attempt_span);
         drop(in_flight);
         drop(permit);
         self.inner.stats.steps.fetch_add(1, Ordering::Relaxed);
@@ -1038,10 +1043,10 @@ impl Driver {
         let timeout = Duration::from_millis(call.timeout_ms.unwrap_or(3_600_000));
         let cancel = ctx.cancel.clone();
         let in_flight = rein_store::metrics::InFlight::start();
-        let attempt_span = tracing::info_span!("rein.action", tool = %call.tool,
-            step = self.state.steps_completed + 1, attempt = self.state.attempt);
+        let attempt_span = tracing::info_span!("rein.action", rein.tool = %call.tool,
+            rein.step = self.state.steps_completed + 1, rein.attempt = self.state.attempt);
         let outcome = tokio::select! {
-            outcome = handler.run(ctx).instrument(attempt_span) => outcome,
+            outcome = handler.run(ctx).instrument(attempt_span.clone()) => outcome,
             _ = self.held.lost.cancelled() => { cancel.cancel(); return Err(Stop::Lost) }
             _ = self.held.interrupt.cancelled() => {
                 cancel.cancel();
@@ -1052,6 +1057,8 @@ impl Driver {
                 Outcome::TimedOut(format!("tool `{}` timed out after {} ms", call.tool, timeout.as_millis()))
             }
         };
+        crate::trace::record_outcome(&attempt_span, &outcome);
+        drop(attempt_span);
         drop(in_flight);
         drop(permit);
         self.inner.stats.steps.fetch_add(1, Ordering::Relaxed);

@@ -1,34 +1,56 @@
 //! Traces (SPEC O3): a span per run step (`rein.step`) and per action attempt
-//! (`rein.action`). Every span of a run belongs to one trace whose id is the run id, so the
-//! steps a run took on different workers, before and after a crash, line up in one trace
-//! without passing anything between processes. When no OpenTelemetry layer is installed
-//! these are plain `tracing` spans and cost next to nothing.
+//! (`rein.action`), children of the run's root span `rein.run` (sent when the run was
+//! created, see [`rein_store::trace`]). Every span of a run belongs to one trace whose id is
+//! the run id, so the steps a run took on different workers, before and after a crash, line
+//! up in one tree without passing anything between processes. When no OpenTelemetry layer
+//! is installed these are plain `tracing` spans and cost next to nothing.
 
-use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
+use opentelemetry::KeyValue;
+use opentelemetry::trace::{Status, TraceContextExt};
+use serde_json::Value;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use uuid::Uuid;
 
-/// The trace of `run_id`: its 128 bits are the trace id.
-pub fn trace_id(run_id: Uuid) -> TraceId {
-    TraceId::from_bytes(*run_id.as_bytes())
+use crate::handler::Outcome;
+
+pub use rein_store::trace::{parent_to_run, trace_id};
+
+/// How a failed action attempt ended: its fine error class (`error.kind` of the failure
+/// the handler recorded, or its coarse class when it named none) and message.
+pub fn failure_of(outcome: &Outcome) -> Option<(String, String)> {
+    match outcome {
+        Outcome::Events(candidates) => candidates.iter().find_map(|(_, payload)| {
+            let error = payload.get("error").filter(|e| e.is_object())?;
+            let text = |key: &str| error.get(key).and_then(Value::as_str);
+            let kind = text("kind").or_else(|| text("class")).unwrap_or("error");
+            Some((kind.to_owned(), text("message").unwrap_or("").to_owned()))
+        }),
+        Outcome::InDoubt(reason) => {
+            Some((rein_core::retry::kind::IN_DOUBT.to_owned(), reason.clone()))
+        }
+        Outcome::TimedOut(reason) => {
+            Some((rein_core::retry::kind::TIMEOUT.to_owned(), reason.clone()))
+        }
+        Outcome::Decision(_) => None,
+    }
 }
 
-/// Makes `span` a child of the run's trace (a remote parent standing for the run itself).
-pub fn link_to_run(span: &tracing::Span, run_id: Uuid) {
-    let bytes = run_id.as_bytes();
-    let mut root = [0u8; 8];
-    root.copy_from_slice(&bytes[8..]);
-    if root == [0; 8] {
-        root[7] = 1; // an all-zero span id is invalid
-    }
-    let parent = SpanContext::new(
-        trace_id(run_id),
-        SpanId::from_bytes(root),
-        TraceFlags::SAMPLED,
-        true,
-        TraceState::default(),
+/// Marks an action attempt's span failed when `outcome` is a failure: status `Error` with
+/// its message, `error.type` its class, and an `exception` event (OpenTelemetry semantic
+/// conventions) carrying both.
+pub fn record_outcome(span: &tracing::Span, outcome: &Outcome) {
+    let Some((kind, message)) = failure_of(outcome) else {
+        return;
+    };
+    span.set_attribute("error.type", kind.clone());
+    span.add_event(
+        "exception",
+        vec![
+            KeyValue::new("exception.type", kind),
+            KeyValue::new("exception.message", message.clone()),
+        ],
     );
-    let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(parent));
+    span.set_status(Status::error(message));
 }
 
 /// The W3C `traceparent` of the current span when it is exported, or of the run's trace

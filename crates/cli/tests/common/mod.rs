@@ -205,6 +205,11 @@ impl Fleet {
     /// group, stderr to a file named after `id`, and returns the first line it prints on
     /// stdout (the bound address). Panics with its stderr when it exits first.
     pub fn spawn_server(&mut self, id: &str, args: &[&str]) -> String {
+        self.spawn_server_env(id, args, &[])
+    }
+
+    /// [`Fleet::spawn_server`] with extra environment variables.
+    pub fn spawn_server_env(&mut self, id: &str, args: &[&str], env: &[(&str, &str)]) -> String {
         use std::io::{BufRead, BufReader};
         let err_path = self.log_dir.join(format!("{id}.err"));
         let err = File::create(&err_path).expect("log file");
@@ -212,6 +217,7 @@ impl Fleet {
             .args(args)
             .args(["--database-url", &self.url])
             .env("REIN_LOG", "info,sqlx=warn")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(err)
