@@ -84,6 +84,7 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(store: Store, config: SchedulerConfig) -> Scheduler {
+        register_metrics();
         let leadership = Leadership::new(&config.scheduler_id, config.leader_ttl_ms);
         Scheduler {
             store,
@@ -437,12 +438,31 @@ enum Scan {
 }
 
 impl Scan {
+    const ALL: [Scan; 4] = [Scan::Lease, Scan::Deadline, Scan::Timer, Scan::Inbox];
+
     fn as_str(self) -> &'static str {
         match self {
             Scan::Lease => "lease",
             Scan::Deadline => "deadline",
             Scan::Timer => "timer",
             Scan::Inbox => "inbox",
+        }
+    }
+}
+
+/// Registers at 0 the families a scheduler records, with the label values known at start:
+/// its scans and the events the built-in definitions' timers fire.
+fn register_metrics() {
+    use rein_store::metrics as m;
+    metrics::counter!(m::LEASE_EXPIRIES).increment(0);
+    let _ = metrics::histogram!(m::RECOVERY);
+    for scan in Scan::ALL {
+        metrics::counter!(m::SCAN_BACKOFFS, "scan" => scan.as_str()).increment(0);
+    }
+    for def in m::builtin_definitions() {
+        for kind in rein_core::timer::timer_events(&def) {
+            metrics::counter!(m::TIMERS_FIRED, "kind" => m::label(m::TIMERS_FIRED, "kind", kind))
+                .increment(0);
         }
     }
 }
