@@ -38,6 +38,14 @@ pub fn install(role: &str) -> Option<&'static PrometheusHandle> {
     if HANDLE.get().is_none() {
         let built = PrometheusBuilder::new()
             .set_buckets(&BUCKETS_S)
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Full(
+                        crate::api::http_metrics::HTTP_REQUEST_DURATION.to_owned(),
+                    ),
+                    &crate::api::http_metrics::DURATION_BUCKETS_S,
+                )
+            })
             .map(|b| b.install_recorder());
         match built {
             Ok(Ok(handle)) => {
@@ -51,6 +59,12 @@ pub fn install(role: &str) -> Option<&'static PrometheusHandle> {
     }
     m::describe();
     rein_accel::describe_metrics();
+    crate::api::http_metrics::describe();
+    metrics_process::Collector::default().describe();
+    // Every family at 0 from the start (the role's own register theirs as they start).
+    m::register_engine();
+    rein_accel::register_metrics();
+    crate::api::server::register_metrics();
     gauge!(m::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "role" => role.to_owned())
         .set(1.0);
     HANDLE.get()
@@ -60,6 +74,7 @@ pub fn install(role: &str) -> Option<&'static PrometheusHandle> {
 /// with the pool gauges of `store` read now.
 pub fn render(store: &Store) -> String {
     m::record_pool(store);
+    metrics_process::Collector::default().collect();
     HANDLE
         .get()
         .map(PrometheusHandle::render)
@@ -169,6 +184,7 @@ fn fleet_series(g: &rein_store::FleetGauges) -> BTreeMap<Series, f64> {
 /// Reads the fleet gauges every [`FLEET_GAUGES_EVERY`] until `stop`. A label set that
 /// disappears (no run left in that state) is set to 0 rather than left at its last value.
 pub async fn fleet_gauges(store: Store, stop: CancellationToken) {
+    m::register_fleet();
     let mut seen: BTreeSet<Series> = BTreeSet::new();
     loop {
         match store.fleet_gauges().await {

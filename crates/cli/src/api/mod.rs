@@ -3,6 +3,7 @@
 //! holds the command, authentication, the error shape and the body's limits.
 
 pub mod error;
+pub(crate) mod http_metrics;
 mod routes;
 pub mod schema;
 pub(crate) mod server;
@@ -143,6 +144,7 @@ pub fn router(store: Store, insecure_dev: bool, limits: Limits) -> axum::Router 
         openapi: OnceLock::new(),
     });
     let (router, doc) = routes::router().split_for_parts();
+    http_metrics::register(&doc);
     let _ = app.openapi.set(doc);
     router
         .fallback(|| async { ApiError::not_found("no such route".to_owned()) })
@@ -153,6 +155,7 @@ pub fn router(store: Store, insecure_dev: bool, limits: Limits) -> axum::Router 
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(limits.body_bytes_max))
         .layer(middleware::map_response(json_errors))
+        .layer(middleware::from_fn(http_metrics::record))
         .with_state(app)
 }
 
