@@ -34,6 +34,11 @@ pub fn describe_metrics() {
     limits::describe();
 }
 
+/// Registers at 0 the wake-ups a process publishes (every role whose store publishes them).
+pub fn register_metrics() {
+    metrics::counter!(WAKEUPS_PUBLISHED).increment(0);
+}
+
 /// Where Redis is and how Rein's channels and keys are named.
 #[derive(Debug, Clone)]
 pub struct RedisConfig {

@@ -47,6 +47,28 @@ pub(crate) fn describe() {
     );
     metrics::describe_histogram!(LIMIT_WAIT, "Time actions waited in process for a limit");
 }
+/// Registers at 0 the limiter's families for the keys known at start (the command line's
+/// `--limit`s, each with the kinds of limit it sets; fallbacks only with Redis configured). A
+/// definition's own keys show up when its first action is limited.
+fn register_metrics(with_redis: bool, overrides: &BTreeMap<String, LimitSpec>) {
+    let _ = metrics::histogram!(LIMIT_WAIT);
+    for (key, spec) in overrides {
+        if with_redis {
+            metrics::counter!(LIMIT_FALLBACK, "key" => KEYS.value(LIMIT_FALLBACK, "key", key))
+                .increment(0);
+        }
+        let kinds = [
+            ("concurrency", spec.concurrency.is_some()),
+            ("rate", spec.rate.is_some()),
+        ];
+        for (limit, _) in kinds.iter().filter(|(_, set)| *set) {
+            metrics::counter!(LIMIT_DEFERRED,
+                "key" => KEYS.value(LIMIT_DEFERRED, "key", key), "limit" => *limit)
+            .increment(0);
+        }
+    }
+}
+
 /// How long one Redis call of the limiter may take before it counts as unreachable.
 const CALL_TIMEOUT: Duration = Duration::from_millis(500);
 /// After a failed call, decisions are local for this long before Redis is tried again, so an
@@ -368,6 +390,7 @@ impl Limiter {
         max_wait: Duration,
         slot_ttl_ms: u64,
     ) -> Limiter {
+        register_metrics(redis.is_some(), &overrides);
         Limiter {
             inner: Arc::new(LimiterInner {
                 redis,

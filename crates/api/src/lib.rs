@@ -6,6 +6,7 @@ pub mod error;
 mod extract;
 pub mod metrics_endpoint;
 mod recovery;
+pub(crate) mod http_metrics;
 mod routes;
 pub mod server;
 mod trace_layer;
@@ -156,6 +157,7 @@ pub fn router(
         redis,
     });
     let (router, doc) = routes::router().split_for_parts();
+    http_metrics::register(&doc);
     let _ = app.openapi.set(doc);
     router
         .fallback(|| async { ApiError::from(Error::not_found("no such route".to_owned())) })
@@ -167,6 +169,7 @@ pub fn router(
         .layer(RequestBodyLimitLayer::new(limits.body_bytes_max))
         .layer(middleware::map_response(json_errors))
         .layer(middleware::from_fn(trace_layer::trace_request))
+        .layer(middleware::from_fn(http_metrics::record))
         .with_state(app)
 }
 
@@ -254,7 +257,15 @@ pub async fn serve(args: ApiArgs) -> u8 {
         max_connections = conn_limits.connections_max,
         max_connections_per_client = conn_limits.connections_per_client_max,
         "rein api listening");
-    rein_process::telemetry::install("api");
+    rein_process::telemetry::install_with(
+        "api",
+        &[(
+            http_metrics::HTTP_REQUEST_DURATION,
+            &http_metrics::DURATION_BUCKETS_S,
+        )],
+    );
+    http_metrics::describe();
+    server::register_metrics();
     let store = args
         .redis
         .publishing(store, &stop)

@@ -41,6 +41,7 @@ pub async fn serve(addr: SocketAddr, store: Store, stop: CancellationToken) -> R
         exit::INPUT
     })?;
     tracing::info!(address = %bound, "metrics, /healthz and /readyz listening");
+    crate::server::register_metrics();
     let app = Router::new()
         .route(
             "/metrics",

@@ -139,12 +139,27 @@ pub async fn serve(
     let _ = open.acquire_many(all).await;
 }
 
+/// Metric: connections answered and closed at a limit, by limit (`connections_max`,
+/// `per_client`).
+pub(crate) const CONNECTIONS_REFUSED: &str = "rein_api_connections_refused_total";
+
+/// The help text of the connection metrics, and their series at 0.
+pub fn register_metrics() {
+    metrics::describe_counter!(
+        CONNECTIONS_REFUSED,
+        "Connections refused at a connection limit, by limit"
+    );
+    for limit in ["connections_max", "per_client"] {
+        metrics::counter!(CONNECTIONS_REFUSED, "limit" => limit).increment(0);
+    }
+}
+
 /// Answers a connection over a limit with the API's JSON error and closes it. Whatever the
 /// client already sent is read first, so that closing does not reset the connection before
 /// the answer is read.
 fn refuse(stream: TcpStream, peer: SocketAddr, status: StatusCode, limit: &'static str) {
     tracing::debug!(%peer, limit, "connection refused at a limit");
-    metrics::counter!("rein_api_connections_refused_total", "limit" => limit).increment(1);
+    metrics::counter!(CONNECTIONS_REFUSED, "limit" => limit).increment(1);
     let mut sink = [0u8; 4096];
     for _ in 0..16 {
         match stream.try_read(&mut sink) {

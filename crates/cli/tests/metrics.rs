@@ -508,3 +508,382 @@ async fn a_workers_metrics_endpoint_drops_half_sent_requests_and_caps_one_client
         );
     }
 }
+
+/// The findings of `promtool check metrics` on `text` (empty when it finds nothing), and
+/// whether it exited successfully. promtool comes with Prometheus (Debian's `prometheus`
+/// package, which `scripts/test.sh` installs); without it this check cannot pass.
+fn promtool_check(text: &str) -> (bool, String) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let spawned = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("promtool is missing in CI ({e}): scripts/test.sh installs it")
+        }
+        Err(e) => panic!(
+            "promtool is not on PATH ({e}): install Prometheus' tools \
+             (`apt-get install prometheus` on Debian, `brew install prometheus` on macOS)"
+        ),
+    };
+    let mut stdin = child.stdin.take().expect("promtool's stdin");
+    stdin.write_all(text.as_bytes()).expect("write to promtool");
+    drop(stdin);
+    let out = child.wait_with_output().expect("promtool ran");
+    let findings = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), findings.trim().to_owned())
+}
+
+/// The sample lines of family `name` (its own name, or `name_bucket`, `_sum`, `_count`).
+fn samples<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name).is_some_and(|rest| {
+                let rest = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| rest.strip_prefix(s))
+                    .unwrap_or(rest);
+                rest.starts_with('{') || rest.starts_with(' ')
+            })
+        })
+        .collect()
+}
+
+/// Waits until `url` answers.
+async fn await_up(url: &str) {
+    common::wait_for(
+        "the endpoint to answer",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || async { reqwest::get(url).await.is_ok() },
+    )
+    .await;
+}
+
+/// Starts a worker and a scheduler serving `/metrics` and `rein api`; their base URLs.
+async fn spawn_roles(fleet: &mut Fleet, worker_extra: &[&str]) -> [String; 3] {
+    let w_port = spawn_metrics_worker(fleet, "w1", worker_extra);
+    let s_port = free_port();
+    let s_addr = format!("127.0.0.1:{s_port}");
+    fleet.spawn(
+        "s1",
+        &["scheduler", "--tick-ms", "50", "--metrics-listen", &s_addr],
+    );
+    let api = fleet.spawn_server("api", &["api", "--insecure-dev", "--listen", "127.0.0.1:0"]);
+    let roles = [
+        format!("http://127.0.0.1:{w_port}"),
+        format!("http://127.0.0.1:{s_port}"),
+        api,
+    ];
+    // The API is up once it prints its address; asking it would count a request.
+    for base in &roles[..2] {
+        await_up(&format!("{base}/healthz")).await;
+    }
+    roles
+}
+
+/// The `process_*` families every role exports.
+const PROCESS_FAMILIES: [&str; 6] = [
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
+    "process_virtual_memory_bytes",
+    "process_open_fds",
+    "process_max_fds",
+    "process_start_time_seconds",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_roles_metrics_pass_promtool_after_a_run() {
+    let (url, store) = common::fresh_store("promtool").await;
+    let mut fleet = Fleet::new(&url, "promtool");
+    let [worker, scheduler, api] = spawn_roles(&mut fleet, &[]).await;
+    let http = reqwest::Client::new();
+    // A run through the API (one transient failure: a retry the scheduler fires), and a
+    // path no route matches.
+    let enqueued = http
+        .post(format!("{api}/v1/runs"))
+        .json(&json!({ "definition": "lifecycle",
+                       "input": { "sim": { "work_ms": 5, "transient_failures": 1 } } }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(enqueued.status().as_u16(), 201);
+    let run = enqueued.json::<serde_json::Value>().await.unwrap()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    common::await_all_terminal(&store, Duration::from_secs(60)).await;
+    let got = http
+        .get(format!("{api}/v1/runs/{run}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(got.status().as_u16(), 200);
+    let missing = http
+        .get(format!("{api}/nowhere/{run}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status().as_u16(), 404);
+
+    for (role, base) in [
+        ("worker", &worker),
+        ("scheduler", &scheduler),
+        ("api", &api),
+    ] {
+        let (status, text) = scrape_at(base, "/metrics").await;
+        assert_eq!(status, 200);
+        let (ok, findings) = promtool_check(&text);
+        assert!(
+            ok && findings.is_empty(),
+            "promtool on the {role}'s /metrics:\n{findings}\n\n{text}"
+        );
+        for family in PROCESS_FAMILIES {
+            assert!(
+                text.contains(&format!("# TYPE {family} ")),
+                "{role} lacks {family}:\n{text}"
+            );
+        }
+        assert!(
+            sum(&text, "process_resident_memory_bytes", &[]) > 1e6,
+            "{text}"
+        );
+        assert!(sum(&text, "process_max_fds", &[]) >= 64.0, "{text}");
+        assert!(
+            sum(&text, "process_start_time_seconds", &[]) > 1.6e9,
+            "{text}"
+        );
+    }
+    // The API counted its requests by route template, never by the path sent.
+    let (_, text) = scrape_at(&api, "/metrics").await;
+    let requests = |labels: &[&str]| sum(&text, "rein_http_requests_total", labels);
+    assert_eq!(
+        requests(&["method=\"POST\"", "route=\"/v1/runs\"", "status=\"201\""]),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        requests(&[
+            "method=\"GET\"",
+            "route=\"/v1/runs/{id}\"",
+            "status=\"200\""
+        ]),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        requests(&["method=\"GET\"", "route=\"unmatched\"", "status=\"404\""]),
+        1.0,
+        "{text}"
+    );
+    assert!(!text.contains(&run), "a run id became a label:\n{text}");
+    assert_eq!(
+        sum(
+            &text,
+            "rein_http_request_duration_seconds_count",
+            &["route=\"/v1/runs/{id}\"", "status=\"200\""]
+        ),
+        1.0,
+        "{text}"
+    );
+    // Buckets for an API's latencies, not the engine's (which reach 4 h).
+    let buckets: Vec<&str> = samples(&text, "rein_http_request_duration_seconds")
+        .into_iter()
+        .filter(|l| l.contains("_bucket{") && l.contains("route=\"/v1/runs\""))
+        .collect();
+    assert!(buckets.iter().any(|l| l.contains("le=\"0.005\"")), "{text}");
+    assert!(buckets.iter().any(|l| l.contains("le=\"10\"")), "{text}");
+    assert!(
+        !buckets.iter().any(|l| l.contains("le=\"14400\"")),
+        "{text}"
+    );
+}
+
+/// Families every role exports, idle or not.
+const COMMON_FAMILIES: [&str; 13] = [
+    "rein_transitions_total",
+    "rein_invalid_transitions_total",
+    "rein_fenced_writes_total",
+    "rein_retries_total",
+    "rein_runs_finished_total",
+    "rein_time_in_state_seconds",
+    "rein_definitions_compiled_total",
+    "rein_fan_outs_refused_total",
+    "rein_wakeups_published_total",
+    "rein_api_connections_refused_total",
+    "rein_db_pool_connections",
+    "rein_db_pool_max",
+    "rein_build_info",
+];
+
+const WORKER_FAMILIES: [&str; 8] = [
+    "rein_lease_claims_total",
+    "rein_lease_renewals_total",
+    "rein_leases_lost_total",
+    "rein_claim_latency_seconds",
+    "rein_actions_in_flight",
+    "rein_wakeups_received_total",
+    "rein_limit_wait_seconds",
+    "rein_limit_deferred_total",
+];
+
+const SCHEDULER_FAMILIES: [&str; 11] = [
+    "rein_lease_expiries_total",
+    "rein_recovery_seconds",
+    "rein_timers_fired_total",
+    "rein_scheduler_backoffs_total",
+    "rein_runs",
+    "rein_queue_depth",
+    "rein_queue_oldest_age_seconds",
+    "rein_runs_oldest_in_state_seconds",
+    "rein_runs_retrying",
+    "rein_approvals_pending",
+    "rein_approvals_oldest_pending_age_seconds",
+];
+
+/// Families whose samples an idle process moves.
+const MOVE_WHEN_IDLE: [&str; 4] = [
+    "rein_claim_latency_seconds",
+    "rein_db_pool_connections",
+    "rein_db_pool_max",
+    "rein_build_info",
+];
+
+const API_FAMILIES: [&str; 2] = [
+    "rein_http_requests_total",
+    "rein_http_request_duration_seconds",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_role_exports_every_family_at_zero() {
+    let (url, _store) = common::fresh_store("idle_families").await;
+    let mut fleet = Fleet::new(&url, "idle_families");
+    let [worker, scheduler, api] = spawn_roles(&mut fleet, &["--limit", "tool:search=10/s"]).await;
+    let (_, api_text) = scrape_at(&api, "/metrics").await;
+    let (_, worker_text) = scrape_at(&worker, "/metrics").await;
+    // The fleet gauges are set when the scheduler first reads them.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let scheduler_text = loop {
+        let text = scrape_at(&scheduler, "/metrics").await.1;
+        if text.contains("rein_runs{") || std::time::Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let roles = [
+        ("worker", &worker_text, &WORKER_FAMILIES[..]),
+        ("scheduler", &scheduler_text, &SCHEDULER_FAMILIES[..]),
+        ("api", &api_text, &API_FAMILIES[..]),
+    ];
+    for (role, text, own) in roles {
+        let families = COMMON_FAMILIES.iter().chain(own).chain(&PROCESS_FAMILIES);
+        for family in families {
+            assert!(
+                text.contains(&format!("# TYPE {family} ")) && !samples(text, family).is_empty(),
+                "an idle {role} lacks {family}:\n{text}"
+            );
+            // Nothing happened: every sample is 0 but the gauges of the process itself
+            // and the latency of its idle claim polls.
+            if !MOVE_WHEN_IDLE.contains(family) && !family.starts_with("process_") {
+                for line in samples(text, family) {
+                    assert!(line.ends_with(" 0"), "an idle {role}: {line}");
+                }
+            }
+        }
+    }
+
+    // The label values known at start are there at 0: the built-in definitions' events,
+    // states and outcomes, timer events, scans, the fleet's statuses and default queue, the
+    // `--limit` given, the API's documented operations.
+    let zero = |text: &str, name: &str, labels: &[&str]| {
+        let found: Vec<&str> = samples(text, name)
+            .into_iter()
+            .filter(|l| {
+                l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name}_count{{"))
+            })
+            .filter(|l| !l.contains("_bucket{"))
+            .filter(|l| labels.iter().all(|want| l.contains(want)))
+            .collect();
+        assert!(
+            !found.is_empty() && found.iter().all(|l| l.ends_with(" 0")),
+            "{name} {labels:?} at 0:\n{text}"
+        );
+    };
+    for text in [&worker_text, &scheduler_text, &api_text] {
+        zero(
+            text,
+            "rein_transitions_total",
+            &["definition=\"lifecycle\"", "event=\"complete\""],
+        );
+        zero(
+            text,
+            "rein_transitions_total",
+            &["definition=\"refund-agent\"", "event=\"LEASE_EXPIRED\""],
+        );
+        for outcome in ["succeeded", "failed", "cancelled"] {
+            zero(
+                text,
+                "rein_runs_finished_total",
+                &[
+                    "definition=\"lifecycle\"",
+                    &format!("outcome=\"{outcome}\""),
+                ],
+            );
+        }
+        zero(
+            text,
+            "rein_time_in_state_seconds",
+            &["definition=\"lifecycle\"", "state=\"running\""],
+        );
+        zero(
+            text,
+            "rein_fan_outs_refused_total",
+            &["reason=\"fan_out_depth_exceeded\""],
+        );
+    }
+    zero(
+        &worker_text,
+        "rein_limit_deferred_total",
+        &["key=\"tool:search\"", "limit=\"rate\""],
+    );
+    zero(
+        &scheduler_text,
+        "rein_timers_fired_total",
+        &["kind=\"retry\""],
+    );
+    zero(
+        &scheduler_text,
+        "rein_scheduler_backoffs_total",
+        &["scan=\"lease\""],
+    );
+    zero(
+        &scheduler_text,
+        "rein_runs",
+        &["definition=\"lifecycle\"", "status=\"runnable\""],
+    );
+    zero(&scheduler_text, "rein_queue_depth", &["queue=\"default\""]);
+    zero(
+        &api_text,
+        "rein_http_requests_total",
+        &["method=\"POST\"", "route=\"/v1/runs\"", "status=\"201\""],
+    );
+    zero(
+        &api_text,
+        "rein_http_request_duration_seconds",
+        &[
+            "method=\"GET\"",
+            "route=\"/v1/runs/{id}\"",
+            "status=\"200\"",
+        ],
+    );
+}

@@ -59,6 +59,27 @@ pub fn next_timer(def: &Definition, run: &RunState, jitter_sample: f64) -> Optio
     due.map(|after_ms| Timer { after_ms })
 }
 
+/// Every event a timer of `def` can fire (what [`fired_events`] may offer in some run):
+/// approvals' expiry and reminder events, waiting states' timeouts, backoffs' due and
+/// exhausted events. In name order.
+pub fn timer_events(def: &Definition) -> std::collections::BTreeSet<&str> {
+    let mut events = std::collections::BTreeSet::new();
+    for state in def.states().filter(|s| s.kind == StateKind::Waiting) {
+        if let Some(approval) = &state.approval {
+            events.insert(approval.expiry_event.as_str());
+            events.extend(approval.reminder_event.as_deref());
+        }
+        if let Some(timeout) = &state.timeout {
+            events.insert(timeout.event.as_str());
+        }
+        if let Some(backoff) = &state.backoff {
+            events.insert(backoff.due.as_str());
+            events.insert(backoff.exhausted.as_str());
+        }
+    }
+    events
+}
+
 /// The first time after `elapsed_ms` (from entering the state) at which the state's timers
 /// offer other events than they do at `elapsed_ms`: an approval's reminder or expiry, or a
 /// timeout. `None` when time alone changes nothing (a backoff's events are always offered).
@@ -143,4 +164,31 @@ pub fn fired_events(
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_event_a_timer_fires_is_among_the_definitions_timer_events() {
+        for (name, _) in crate::builtin::ALL {
+            let def = crate::builtin::load(name).unwrap().unwrap();
+            let known = timer_events(&def);
+            for state in def.states().filter(|s| s.kind == StateKind::Waiting) {
+                let mut run = RunState::initial(&def, serde_json::json!({}));
+                run.state = state.name.clone();
+                for elapsed_ms in [0, 1_000, u64::MAX / 2] {
+                    for (event, _) in fired_events(&def, &run, elapsed_ms, elapsed_ms) {
+                        assert!(known.contains(event.as_str()), "{name}: {event}");
+                    }
+                }
+            }
+        }
+        let lifecycle = crate::builtin::lifecycle();
+        let events = timer_events(&lifecycle);
+        for event in ["retry", "max_retries_exceeded", "timeout"] {
+            assert!(events.contains(event), "lifecycle's timers fire {event}");
+        }
+    }
 }

@@ -26,9 +26,25 @@ static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// Installs the process-wide recorder (once) and records `rein_build_info` for `role`.
 pub fn install(role: &str) -> Option<&'static PrometheusHandle> {
+    install_with(role, &[])
+}
+
+/// Like [`install`], with histogram buckets of their own for the named families (seconds).
+pub fn install_with(
+    role: &str,
+    buckets: &[(&str, &[f64])],
+) -> Option<&'static PrometheusHandle> {
     if HANDLE.get().is_none() {
         let built = PrometheusBuilder::new()
             .set_buckets(&BUCKETS_S)
+            .and_then(|builder| {
+                buckets.iter().try_fold(builder, |b, (name, values)| {
+                    b.set_buckets_for_metric(
+                        metrics_exporter_prometheus::Matcher::Full((*name).to_owned()),
+                        values,
+                    )
+                })
+            })
             .map(|b| b.install_recorder());
         match built {
             Ok(Ok(handle)) => {
@@ -42,6 +58,10 @@ pub fn install(role: &str) -> Option<&'static PrometheusHandle> {
     }
     m::describe();
     rein_accel::describe_metrics();
+    metrics_process::Collector::default().describe();
+    // Every family at 0 from the start (the role's own register theirs as they start).
+    m::register_engine();
+    rein_accel::register_metrics();
     gauge!(m::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "role" => role.to_owned())
         .set(1.0);
     HANDLE.get()
@@ -51,6 +71,7 @@ pub fn install(role: &str) -> Option<&'static PrometheusHandle> {
 /// with the pool gauges of `store` read now.
 pub fn render(store: &Store) -> String {
     m::record_pool(store);
+    metrics_process::Collector::default().collect();
     HANDLE
         .get()
         .map(PrometheusHandle::render)
@@ -105,6 +126,7 @@ fn fleet_series(g: &rein_store::FleetGauges) -> BTreeMap<Series, f64> {
 /// Reads the fleet gauges every [`FLEET_GAUGES_EVERY`] until `stop`. A label set that
 /// disappears (no run left in that state) is set to 0 rather than left at its last value.
 pub async fn fleet_gauges(store: Store, stop: CancellationToken) {
+    m::register_fleet();
     let mut seen: BTreeSet<Series> = BTreeSet::new();
     loop {
         match store.fleet_gauges().await {

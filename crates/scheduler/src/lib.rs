@@ -84,6 +84,7 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(store: Store, config: SchedulerConfig) -> Scheduler {
+        register_metrics();
         let leadership = Leadership::new(&config.scheduler_id, config.leader_ttl_ms);
         Scheduler {
             store,
@@ -463,6 +464,8 @@ enum Scan {
 }
 
 impl Scan {
+    const ALL: [Scan; 4] = [Scan::Lease, Scan::Deadline, Scan::Timer, Scan::Inbox];
+
     /// The span of one firing on `run_id` (SPEC O3), a child of the run's root span:
     /// `rein.event` is the event it commits, `rein.fencing_token` the token it took.
     fn span(self, run_id: Uuid) -> tracing::Span {
@@ -479,6 +482,23 @@ impl Scan {
             Scan::Deadline => "deadline",
             Scan::Timer => "timer",
             Scan::Inbox => "inbox",
+        }
+    }
+}
+
+/// Registers at 0 the families a scheduler records, with the label values known at start:
+/// its scans and the events the built-in definitions' timers fire.
+fn register_metrics() {
+    use rein_store::metrics as m;
+    metrics::counter!(m::LEASE_EXPIRIES).increment(0);
+    let _ = metrics::histogram!(m::RECOVERY);
+    for scan in Scan::ALL {
+        metrics::counter!(m::SCAN_BACKOFFS, "scan" => scan.as_str()).increment(0);
+    }
+    for def in m::builtin_definitions() {
+        for kind in rein_core::timer::timer_events(&def) {
+            metrics::counter!(m::TIMERS_FIRED, "kind" => m::label(m::TIMERS_FIRED, "kind", kind))
+                .increment(0);
         }
     }
 }

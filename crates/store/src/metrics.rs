@@ -178,6 +178,14 @@ pub fn describe() {
         SCAN_BACKOFFS,
         "Rows the scheduler could not move and looks at later, by scan"
     );
+    describe_counter!(
+        FAN_OUTS_REFUSED,
+        "Fan-outs refused by the bounds on a tree of runs, by reason"
+    );
+    describe_counter!(
+        DEFINITIONS_COMPILED,
+        "Definition versions this process compiled from their stored rows"
+    );
     describe_histogram!(
         TIME_IN_STATE,
         names("Time a run spent in the state it left, by definition and state")
@@ -217,6 +225,93 @@ pub fn describe() {
         APPROVALS_OLDEST_AGE,
         "Age of the oldest approval request waiting for a decision"
     );
+}
+
+/// The built-in definitions (SPEC M7): their names, states and events are the label values
+/// known before any run.
+pub fn builtin_definitions() -> Vec<rein_core::Definition> {
+    rein_core::builtin::ALL
+        .iter()
+        .filter_map(|(name, _)| rein_core::builtin::load(name)?.ok())
+        .collect()
+}
+
+/// Registers at 0 the families every process that commits records, with the label values
+/// known at start: the built-in definitions' events, states and outcomes, the fan-out
+/// refusals. So `increase()` sees the first event and a dashboard shows 0 rather than no
+/// data. The values go through [`label`], so they take their share of each label's cap.
+pub fn register_engine() {
+    use rein_core::EngineEvent;
+    for def in builtin_definitions() {
+        let definition = def.name();
+        let d = |family| label(family, "definition", definition);
+        let engine = EngineEvent::ALL.iter().map(|e| e.as_str());
+        for event in def.events().map(String::as_str).chain(engine) {
+            counter!(TRANSITIONS, "definition" => d(TRANSITIONS),
+                "event" => label(TRANSITIONS, "event", event))
+            .increment(0);
+        }
+        // What a caller or a node may propose: the definition's events, and CANCEL.
+        let proposed = def.events().map(String::as_str);
+        for event in proposed.chain([EngineEvent::Cancel.as_str()]) {
+            counter!(INVALID_TRANSITIONS, "definition" => d(INVALID_TRANSITIONS),
+                "event" => label(INVALID_TRANSITIONS, "event", event))
+            .increment(0);
+        }
+        // A terminal state is never left, so it has no time in state.
+        for state in def.states().filter(|s| !def.is_terminal(&s.name)) {
+            let _ = histogram!(TIME_IN_STATE, "definition" => d(TIME_IN_STATE),
+                "state" => label(TIME_IN_STATE, "state", &state.name));
+        }
+        counter!(RETRIES, "definition" => d(RETRIES)).increment(0);
+        for finish in [Finish::Succeeded, Finish::Failed, Finish::Cancelled] {
+            counter!(RUNS_FINISHED, "definition" => d(RUNS_FINISHED),
+                "outcome" => finish.as_str())
+            .increment(0);
+        }
+    }
+    counter!(FENCED_WRITES).increment(0);
+    counter!(DEFINITIONS_COMPILED).increment(0);
+    for reason in [
+        rein_core::join::DEPTH_EXCEEDED,
+        rein_core::join::DESCENDANTS_EXCEEDED,
+    ] {
+        counter!(FAN_OUTS_REFUSED, "reason" => reason).increment(0);
+    }
+}
+
+/// The run statuses of [`RUNS`] ([`crate::FleetGauges::runs`]).
+pub const RUN_STATUSES: [&str; 5] = [
+    "runnable",
+    "running",
+    "parked",
+    "needs_operator",
+    "terminal",
+];
+
+/// Registers the fleet gauges a scheduler exports at 0, for the built-in definitions in
+/// every status and for the `default` queue, so an empty fleet reads 0 rather than no data.
+pub fn register_fleet() {
+    for def in builtin_definitions() {
+        let definition = def.name();
+        let d = |family| label(family, "definition", definition);
+        for status in RUN_STATUSES {
+            gauge!(RUNS, "definition" => d(RUNS), "status" => label(RUNS, "status", status))
+                .set(0.0);
+            // Only runs still waiting for something have an age worth alerting on.
+            if status != "runnable" && status != "terminal" {
+                gauge!(RUNS_OLDEST_IN_STATE, "definition" => d(RUNS_OLDEST_IN_STATE),
+                    "status" => label(RUNS_OLDEST_IN_STATE, "status", status))
+                .set(0.0);
+            }
+        }
+        gauge!(RUNS_RETRYING, "definition" => d(RUNS_RETRYING)).set(0.0);
+    }
+    let queue = |family| label(family, "queue", "default");
+    gauge!(QUEUE_DEPTH, "queue" => queue(QUEUE_DEPTH)).set(0.0);
+    gauge!(QUEUE_OLDEST_AGE, "queue" => queue(QUEUE_OLDEST_AGE)).set(0.0);
+    gauge!(APPROVALS_PENDING).set(0.0);
+    gauge!(APPROVALS_OLDEST_AGE).set(0.0);
 }
 
 /// A commit refused because the writer's token or lease is no longer current.
@@ -313,6 +408,36 @@ mod tests {
         );
         let done = ("complete", json!({}));
         assert_eq!(finish_after(&["start"], done), Some(Finish::Succeeded));
+    }
+
+    #[test]
+    fn the_values_registered_at_start_leave_room_for_tenants_names() {
+        use super::*;
+        register_engine();
+        register_fleet();
+        let labelled = [
+            (TRANSITIONS, "definition"),
+            (TRANSITIONS, "event"),
+            (INVALID_TRANSITIONS, "event"),
+            (TIME_IN_STATE, "state"),
+            (RUNS_FINISHED, "definition"),
+            (RUNS, "status"),
+            (QUEUE_DEPTH, "queue"),
+        ];
+        for (family, name) in labelled {
+            assert_eq!(
+                label(family, name, "a-tenants-own-name"),
+                "a-tenants-own-name",
+                "{family} {name}"
+            );
+        }
+        // The built-in definitions' values were admitted as themselves.
+        assert_eq!(label(TRANSITIONS, "event", "complete"), "complete");
+        assert_eq!(
+            label(TRANSITIONS, "event", "LEASE_EXPIRED"),
+            "LEASE_EXPIRED"
+        );
+        assert_eq!(label(TIME_IN_STATE, "state", "running"), "running");
     }
 
     #[test]

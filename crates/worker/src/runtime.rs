@@ -221,8 +221,21 @@ struct Inner {
     limiter: rein_accel::limits::Limiter,
 }
 
+/// Registers at 0 the families a worker records (the limiter registers its own), so an idle
+/// worker exports them all.
+fn register_metrics() {
+    use rein_store::metrics as m;
+    for family in [m::LEASE_CLAIMS, m::LEASE_RENEWALS, m::LEASES_LOST] {
+        metrics::counter!(family).increment(0);
+    }
+    metrics::counter!(rein_accel::WAKEUPS_RECEIVED).increment(0);
+    let _ = metrics::histogram!(m::CLAIM_LATENCY);
+    metrics::gauge!(m::ACTIONS_IN_FLIGHT).increment(0.0);
+}
+
 impl Worker {
     pub fn new(store: Store, config: WorkerConfig, registry: Registry) -> Worker {
+        register_metrics();
         let (tx, rx) = mpsc::channel(4096);
         let limiter = rein_accel::limits::Limiter::new(
             config.redis.clone(),
