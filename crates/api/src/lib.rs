@@ -4,9 +4,9 @@
 
 pub mod error;
 mod extract;
+pub(crate) mod http_metrics;
 pub mod metrics_endpoint;
 mod recovery;
-pub(crate) mod http_metrics;
 mod routes;
 pub mod server;
 mod trace_layer;

@@ -381,3 +381,99 @@ async fn failures_exit_with_the_same_codes_through_the_api_as_from_the_database(
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("http://"), "{}", stderr(&out));
 }
+
+/// `rein brief`, `rein runs verify`, `rein resolve` and `rein limits` have a second door:
+/// through `REIN_URL` they print what they print from the database (and Redis), and refuse
+/// with the same exit codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brief_verify_resolve_and_limits_answer_the_same_through_the_api() {
+    let redis =
+        common::PrivateRedis::start(common::free_port(), &common::tmp_dir("remote_doors_redis"));
+    let (url, store) = common::fresh_store("remote_doors").await;
+    let mut fleet = Fleet::new(&url, "remote_doors");
+    let base = fleet.spawn_server(
+        "api",
+        &[
+            "api",
+            "--listen",
+            "127.0.0.1:0",
+            "--redis-url",
+            &redis.url(),
+        ],
+    );
+    let both = Both {
+        fleet,
+        url,
+        base,
+        token: String::new(),
+        store,
+    };
+    let both = Both {
+        token: common::token(&both.url, "ops-bot", &["admin"]),
+        ..both
+    };
+    let run = both.new_run();
+
+    // The brief: the same canonical JSON either way.
+    let (db, api) = (
+        both.db(&["brief", &run, "--json"]),
+        both.api(&["brief", &run, "--json"]),
+    );
+    assert_eq!(db.status.code(), Some(0), "{}", stderr(&db));
+    assert_eq!(api.status.code(), Some(0), "{}", stderr(&api));
+    assert_eq!(stdout(&db), stdout(&api), "the brief through the API");
+    assert!(stdout(&api).contains("\"task\""), "{}", stdout(&api));
+    let human = both.api(&["brief", &run]);
+    assert_eq!(human.status.code(), Some(0), "{}", stderr(&human));
+
+    // Verify: the same verdict, and a mismatch exits 2 either way.
+    let (db, api) = both.both_json(&["runs", "verify", &run]);
+    assert_eq!(db, api);
+    assert_eq!(api["ok"], json!(true), "{api}");
+    sqlx::query("UPDATE rein_runs SET projection = jsonb_set(projection, '{attempt}', '99') WHERE run_id = $1")
+        .bind(run.parse::<Uuid>().unwrap())
+        .execute(both.store.pool())
+        .await
+        .expect("plant a projection that the log does not replay to");
+    for out in [
+        both.db(&["runs", "verify", &run]),
+        both.api(&["runs", "verify", &run]),
+    ] {
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(stderr(&out).contains("integrity error"), "{}", stderr(&out));
+    }
+
+    // Resolve: a run with no open call is refused (2); `applied` without its result event
+    // is bad input (1); a read-only token may not (4).
+    let resolve = |event: Option<&str>| {
+        let mut args = vec!["resolve", run.as_str(), "applied", "--as", "ops"];
+        if let Some(e) = event {
+            args.extend(["--event", e]);
+        }
+        args.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let args = resolve(Some("TOOL_SUCCEEDED"));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    for out in [both.db(&args), both.api(&args)] {
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(stderr(&out).contains("no open call"), "{}", stderr(&out));
+    }
+    let no_event = resolve(None);
+    let no_event: Vec<&str> = no_event.iter().map(String::as_str).collect();
+    for out in [both.db(&no_event), both.api(&no_event)] {
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        assert!(stderr(&out).contains("--event"), "{}", stderr(&out));
+    }
+    let reader = common::token(&both.url, "reader", &["read"]);
+    let out = both.api_as(&reader, &args);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+
+    // Limits: what Redis holds, the same through the API's Redis as read directly.
+    let direct = rein_with(&["limits", "--json", "--redis-url", &redis.url()], &[]);
+    let through = both.api(&["limits", "--json"]);
+    assert_eq!(direct.status.code(), Some(0), "{}", stderr(&direct));
+    assert_eq!(through.status.code(), Some(0), "{}", stderr(&through));
+    assert_eq!(stdout(&direct), stdout(&through));
+    let bad = both.api(&["limits", "not a key!"]);
+    assert_eq!(bad.status.code(), Some(1), "{}", stderr(&bad));
+}

@@ -30,10 +30,7 @@ pub fn install(role: &str) -> Option<&'static PrometheusHandle> {
 }
 
 /// Like [`install`], with histogram buckets of their own for the named families (seconds).
-pub fn install_with(
-    role: &str,
-    buckets: &[(&str, &[f64])],
-) -> Option<&'static PrometheusHandle> {
+pub fn install_with(role: &str, buckets: &[(&str, &[f64])]) -> Option<&'static PrometheusHandle> {
     if HANDLE.get().is_none() {
         let built = PrometheusBuilder::new()
             .set_buckets(&BUCKETS_S)
