@@ -546,8 +546,8 @@ check_shellcheck() {
 # be added there. .dockerignore must not drop what the build reads.
 check_dockerfile() {
   local member members missing=0 dir
-  # The workspace's `members = [...]` list (one line in Cargo.toml).
-  members=$(sed -n 's/^members *= *\[\(.*\)\]/\1/p' Cargo.toml | tr -d '",')
+  # The workspace's `members = [...]` list, on one line or over several.
+  members=$(sed -n '/^members *= *\[/,/\]/p' Cargo.toml | sed 's/^members *= *//' | tr -d '",[]')
   [[ -n $members ]] || {
     echo "cannot read the workspace members from Cargo.toml"
     return 1
