@@ -517,14 +517,8 @@ pub async fn cancel(args: CancelArgs) -> u8 {
 /// the API when REIN_URL is set, from Redis itself otherwise.
 pub async fn limits(args: LimitsArgs) -> u8 {
     init_logging(false);
-    if let Some(problem) = args
-        .keys
-        .iter()
-        .find_map(|k| rein_core::limit_key_problem(k))
-    {
-        eprintln!("error: {problem}");
-        return exit::INPUT;
-    }
+    // The keys are checked where the operation is defined (`rein_ops::recovery::limits`),
+    // on either route.
     let (states, prefix) = match args.api.client() {
         Err(code) => return code,
         Ok(Some(client)) => (client.limits(&args.keys).await, None),
