@@ -4,6 +4,7 @@
 //! have been lost: rescan now".
 
 pub mod limits;
+pub mod stream;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -32,6 +33,7 @@ pub fn describe_metrics() {
     metrics::describe_counter!(WAKEUPS_PUBLISHED, "Wake-ups published, after coalescing");
     metrics::describe_counter!(WAKEUPS_RECEIVED, "Wake-ups received by this worker");
     limits::describe();
+    stream::describe();
 }
 
 /// Registers at 0 the wake-ups a process publishes (every role whose store publishes them).

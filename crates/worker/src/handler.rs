@@ -35,6 +35,9 @@ pub struct ActionContext {
     pub worker_id: String,
     /// Fires when the lease is lost, the run is cancelled, or the worker shuts down hard.
     pub cancel: CancellationToken,
+    /// Where the action sends live deltas for watchers of the run (a model's tokens); goes
+    /// nowhere without Redis. Never the record: only committed events are.
+    pub deltas: rein_accel::stream::Deltas,
 }
 
 impl ActionContext {

@@ -219,6 +219,7 @@ struct Inner {
     wakeups: Arc<tokio::sync::Notify>,
     /// Fleet-wide rate and concurrency limits on actions (SPEC K1).
     limiter: rein_accel::limits::Limiter,
+    deltas: rein_accel::stream::Deltas,
 }
 
 /// Registers at 0 the families a worker records (the limiter registers its own), so an idle
@@ -243,9 +244,15 @@ impl Worker {
             Duration::from_millis(config.limit_wait_max_ms),
             config.lease_ttl_ms,
         );
+        let hard_stop = CancellationToken::new();
+        let deltas = match &config.redis {
+            Some(redis) => rein_accel::stream::Deltas::start(redis.clone(), hard_stop.clone()),
+            None => rein_accel::stream::Deltas::none(),
+        };
         Worker {
             inner: Arc::new(Inner {
                 limiter,
+                deltas,
                 store,
                 config,
                 registry,
@@ -255,7 +262,7 @@ impl Worker {
                 commit_rx: Mutex::new(Some(rx)),
                 stats: WorkerStats::default(),
                 draining: CancellationToken::new(),
-                hard_stop: CancellationToken::new(),
+                hard_stop,
                 wakeups: Arc::new(tokio::sync::Notify::new()),
             }),
         }
@@ -825,6 +832,7 @@ impl Driver {
             fencing_token: self.token,
             worker_id: self.inner.config.worker_id.clone(),
             cancel: self.held.lost.child_token(),
+            deltas: self.inner.deltas.clone(),
         }
     }
 
