@@ -198,13 +198,26 @@ pub fn init_logging_at(json: bool, default_filter: &str) {
             .json()
             .with_writer(std::io::stderr)
     });
-    let fmt_text = (!json).then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr));
+    let fmt_text = (!json).then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_ansi(colours(
+                std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                std::env::var_os("NO_COLOR").is_some(),
+            ))
+            .with_writer(std::io::stderr)
+    });
     let _ = tracing_subscriber::registry()
         .with(filter)
         .with(fmt_json)
         .with(fmt_text)
         .with(telemetry::otel_layer())
         .try_init();
+}
+
+/// Whether text logs carry ANSI colours: only on a terminal, and never when `NO_COLOR` is
+/// set (<https://no-color.org>), so a log file or a pipe gets plain text.
+fn colours(terminal: bool, no_color: bool) -> bool {
+    terminal && !no_color
 }
 
 #[cfg(test)]
