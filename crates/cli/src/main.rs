@@ -91,6 +91,12 @@ enum Command {
     /// Event history retention: archive the logs of runs that finished long ago.
     #[command(subcommand)]
     Retention(retention::RetentionCommand),
+    /// Print a shell completion script: `source <(rein completions bash)`, or save it where
+    /// your shell loads completions from (see README).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 impl Command {
@@ -121,6 +127,14 @@ fn end_on_a_closed_pipe() {
     }
 }
 
+/// Writes `shell`'s completion script for every command and flag, generated from the same
+/// definitions clap parses with, so it cannot drift from the binary.
+fn completions(shell: clap_complete::Shell) -> u8 {
+    let mut command = <Cli as clap::CommandFactory>::command();
+    clap_complete::generate(shell, &mut command, "rein", &mut std::io::stdout());
+    exit::OK
+}
+
 fn main() -> ExitCode {
     // Usage errors exit 1 like every other input error (clap's own code, 2, means "refused").
     let cli = match Cli::try_parse() {
@@ -140,6 +154,7 @@ fn main() -> ExitCode {
     let code = match cli.command {
         Command::Definitions(cmd) if !cmd.needs_service() => offline::definitions(cmd),
         Command::Replay(args) => offline::replay(args),
+        Command::Completions { shell } => completions(shell),
         other => {
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -177,7 +192,7 @@ fn main() -> ExitCode {
                     Command::Bench(args) => bench::bench(args).await,
                     Command::Chaos(args) => chaos::chaos(args).await,
                     Command::Retention(cmd) => retention::retention(cmd).await,
-                    Command::Replay(_) => exit::INPUT,
+                    Command::Replay(_) | Command::Completions { .. } => exit::INPUT,
                 }
             })
         }
