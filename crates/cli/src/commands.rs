@@ -1,5 +1,6 @@
 //! Commands against the database: roles (worker, scheduler) and operator commands.
 
+use rein_core::RunStatus;
 use rein_scheduler::{Scheduler, SchedulerConfig};
 use rein_store::RunFilter;
 use rein_worker::{Worker, WorkerConfig};
@@ -255,8 +256,8 @@ pub enum RunsCommand {
     List {
         #[command(flatten)]
         conn: Conn,
-        /// runnable, parked, needs_operator or terminal.
-        #[arg(long)]
+        /// Only runs with this status.
+        #[arg(long, value_parser = run_status_parser())]
         status: Option<String>,
         #[arg(long)]
         definition: Option<String>,
@@ -287,6 +288,12 @@ pub enum RunsCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `--status` takes exactly the statuses a run can have: anything else is a usage error
+/// (exit 1) that lists them, not a filter that matches nothing.
+fn run_status_parser() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(RunStatus::ALL.map(RunStatus::as_str))
 }
 
 /// Connects, mapping failures to exit codes. With `migrate` (roles that start work) the

@@ -2,7 +2,10 @@
 
 use std::io::{BufRead, Read};
 
-use rein_core::{Definition, Event, Format, GuardRegistry, RunState, apply, builtin};
+use rein_core::{
+    Definition, DefinitionError, DefinitionProblem, Event, Format, GuardRegistry, RunState, apply,
+    builtin,
+};
 use rein_ops::{load_definition, read_file_limited};
 use serde_json::{Value, json};
 
@@ -16,7 +19,13 @@ const REPLAY_BYTES_MAX: usize = 64 * 1024 * 1024;
 #[derive(clap::Subcommand)]
 pub enum DefinitionsCommand {
     /// Validate a definition file: exit 0 with a summary, or 1 with every problem.
-    Check { file: String },
+    Check {
+        file: String,
+        /// The verdict as JSON on stdout: `ok`, the summary and `warnings`, or `problems`
+        /// (each `{item, reason}`); the exit code is the same.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print a definition (built-in name or file, or a registered one with --registered or
     /// REIN_URL) as a mermaid diagram or normalised JSON.
     Show {
@@ -118,6 +127,34 @@ impl DefinitionsCommand {
     }
 }
 
+/// What `definitions check --json` prints: the same facts as the text form, for a script.
+fn check_verdict(file: &str, verdict: &Result<Definition, DefinitionError>) -> Value {
+    let items = |list: &[DefinitionProblem]| -> Vec<Value> {
+        list.iter()
+            .map(|p| json!({"item": p.item, "reason": p.reason}))
+            .collect()
+    };
+    match verdict {
+        Ok(def) => json!({
+            "ok": true,
+            "file": file,
+            "name": def.name(),
+            "version": def.version(),
+            "states": def.states().count(),
+            "events": def.events().count(),
+            "transitions": def.transitions().len(),
+            "initial_state": def.initial_state(),
+            "cancel_state": def.cancel_state(),
+            "warnings": items(def.warnings()),
+        }),
+        Err(e) => json!({
+            "ok": false,
+            "file": file,
+            "problems": items(&e.problems()),
+        }),
+    }
+}
+
 #[derive(clap::ValueEnum, Clone, Copy)]
 pub enum ShowFormat {
     Mermaid,
@@ -138,7 +175,7 @@ pub struct ReplayArgs {
 
 pub fn definitions(cmd: DefinitionsCommand) -> u8 {
     match cmd {
-        DefinitionsCommand::Check { file } => {
+        DefinitionsCommand::Check { file, json } => {
             let text = match read_file_limited(&file, rein_core::limits::DEFINITION_BYTES_MAX) {
                 Ok(t) => t,
                 Err(e) => {
@@ -146,7 +183,16 @@ pub fn definitions(cmd: DefinitionsCommand) -> u8 {
                     return exit::INPUT;
                 }
             };
-            match Definition::parse(&text, Format::from_path(&file), &GuardRegistry::new()) {
+            let verdict = Definition::parse(&text, Format::from_path(&file), &GuardRegistry::new());
+            if json {
+                print_json(&check_verdict(&file, &verdict));
+                return if verdict.is_ok() {
+                    exit::OK
+                } else {
+                    exit::INPUT
+                };
+            }
+            match verdict {
                 Ok(def) => {
                     println!(
                         "ok: {} v{}: {} states, {} events, {} transitions, initial {}, cancel state {}",
