@@ -1,17 +1,35 @@
-//! `rein tokens create`: API bearer tokens with scopes (SPEC Z1), made against the database
-//! directly. The secret is printed once, alone on stdout; only its hash is stored.
+//! `rein tokens create|list|revoke`: API bearer tokens with scopes (SPEC Z1), managed against
+//! the database directly (an admin's job, so not through a token). The secret is printed
+//! once, alone on stdout; only its hash is stored, and no command shows that.
 
 use rein_store::{SCOPES, TOKEN_QUOTA_MAX, TokenBounds, check_token_request};
 
 use rein_process::{DbArgs, exit};
 
+use crate::print::{print_json, printable};
+
 #[derive(clap::Subcommand)]
 pub enum TokensCommand {
     /// Create a token; prints its secret alone on stdout (shown only this once).
     Create(CreateArgs),
+    /// The live tokens (with --revoked, the revoked ones too): id, subject, scopes, bounds,
+    /// created and revoked times. Never a secret or its hash.
+    List(ListArgs),
     /// Revoke a token by its id (printed on stderr when it was created): the API refuses it
     /// from now on.
     Revoke(RevokeArgs),
+}
+
+#[derive(clap::Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Revoked tokens too.
+    #[arg(long)]
+    revoked: bool,
+    /// A JSON array of the tokens.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -90,8 +108,52 @@ fn describe(bounds: &TokenBounds) -> String {
 pub async fn tokens(cmd: TokensCommand) -> u8 {
     match cmd {
         TokensCommand::Create(args) => create(args).await,
+        TokensCommand::List(args) => list(args).await,
         TokensCommand::Revoke(args) => revoke(args).await,
     }
+}
+
+async fn list(args: ListArgs) -> u8 {
+    let store = match rein_process::connect(&args.db, false).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let tokens = match store.list_tokens(args.revoked).await {
+        Ok(t) => t,
+        Err(e) => return rein_process::report(&e),
+    };
+    if args.json {
+        print_json(&serde_json::to_value(&tokens).unwrap_or_default());
+        return exit::OK;
+    }
+    println!(
+        "{:<36}  {:<20}  {:<19}  {:<19}  {:<28}  BOUNDS",
+        "TOKEN", "SUBJECT", "CREATED", "REVOKED", "SCOPES"
+    );
+    for t in &tokens {
+        let time = |t: &chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%d %H:%M:%S").to_string();
+        let bounds = describe(&t.bounds);
+        println!(
+            "{:<36}  {:<20}  {:<19}  {:<19}  {:<28}  {}",
+            t.token_id,
+            printable(&t.subject),
+            time(&t.created_at),
+            t.revoked_at.as_ref().map_or_else(|| "-".to_owned(), time),
+            t.scopes.join(","),
+            bounds.strip_prefix(", bound to ").unwrap_or("-"),
+        );
+    }
+    eprintln!(
+        "{} token{}{}",
+        tokens.len(),
+        if tokens.len() == 1 { "" } else { "s" },
+        if args.revoked {
+            ""
+        } else {
+            " live (--revoked for all)"
+        }
+    );
+    exit::OK
 }
 
 async fn revoke(args: RevokeArgs) -> u8 {

@@ -61,7 +61,8 @@ pub use send::{
 pub use sender::{API_SENDER_PREFIX, SENDER_BYTES_MAX, Sender};
 pub use tokens::{
     IN_FLIGHT_RETRY_AFTER_S, OutOfBounds, Quota, QuotaExceeded, SCOPES, SUBJECT_BYTES_MAX, Scope,
-    TOKEN_QUEUES_MAX, TOKEN_QUOTA_MAX, TokenBounds, TokenInfo, check_token_request,
+    TOKEN_QUEUES_MAX, TOKEN_QUOTA_MAX, TOKENS_LIST_MAX, TokenBounds, TokenInfo, TokenListing,
+    check_token_request,
 };
 pub use why::{
     HEARTBEAT_FRESH_MS, WHY_ROWS_MAX, WhyAction, WhyApproval, WhyEvent, WhyFacts, WhyFleet,

@@ -117,6 +117,66 @@ impl TokenInfo {
     }
 }
 
+/// A token as `rein tokens list` shows it: everything but its secret, which is never stored,
+/// and its hash, which is nobody's business.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TokenListing {
+    pub token_id: Uuid,
+    pub subject: String,
+    pub scopes: Vec<String>,
+    #[serde(flatten)]
+    pub bounds: TokenBounds,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    /// When it was revoked; `None` while it is live.
+    pub revoked_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl TokenListing {
+    fn info(self) -> TokenInfo {
+        TokenInfo {
+            token_id: self.token_id,
+            subject: self.subject,
+            scopes: self.scopes,
+            bounds: self.bounds,
+        }
+    }
+}
+
+/// A row of `rein_tokens` as stored (its hash left out).
+#[derive(sqlx::FromRow)]
+struct TokenRow {
+    token_id: Uuid,
+    subject: String,
+    scopes: Vec<String>,
+    queues: Option<Vec<String>>,
+    priority_max: Option<i32>,
+    in_flight_max: Option<i32>,
+    enqueue_per_minute_max: Option<i32>,
+    created_at: chrono::DateTime<chrono::Utc>,
+    revoked_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl TokenRow {
+    fn listing(self) -> TokenListing {
+        TokenListing {
+            token_id: self.token_id,
+            subject: self.subject,
+            scopes: self.scopes,
+            bounds: TokenBounds {
+                queues: self.queues,
+                priority_max: self.priority_max,
+                in_flight_max: self.in_flight_max.map(|n| n as u32),
+                enqueue_per_minute_max: self.enqueue_per_minute_max.map(|n| n as u32),
+            },
+            created_at: self.created_at,
+            revoked_at: self.revoked_at,
+        }
+    }
+}
+
+/// The most tokens one `list_tokens` returns.
+pub const TOKENS_LIST_MAX: i64 = 10_000;
+
 /// What a token may reach beyond its scopes (SPEC Z4). `None` leaves that bound off, so a
 /// token without bounds reaches what its scopes allow everywhere.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -325,37 +385,15 @@ impl Store {
         if !secret.starts_with(SECRET_PREFIX) || secret.len() > SECRET_BYTES_MAX {
             return Ok(None);
         }
-        type Row = (
-            Uuid,
-            String,
-            Vec<String>,
-            Option<Vec<String>>,
-            Option<i32>,
-            Option<i32>,
-            Option<i32>,
-        );
-        let row: Option<Row> = sqlx::query_as(
+        let row: Option<TokenRow> = sqlx::query_as(
             "SELECT token_id, subject, scopes, queues, priority_max, in_flight_max,
-                    enqueue_per_minute_max
-             FROM rein_tokens
-             WHERE token_hash = $1 AND revoked_at IS NULL",
+                    enqueue_per_minute_max, created_at, revoked_at
+             FROM rein_tokens WHERE token_hash = $1 AND revoked_at IS NULL",
         )
         .bind(hash_secret(secret))
         .fetch_optional(self.pool())
         .await?;
-        Ok(row.map(
-            |(token_id, subject, scopes, queues, priority_max, in_flight, per_minute)| TokenInfo {
-                token_id,
-                subject,
-                scopes,
-                bounds: TokenBounds {
-                    queues,
-                    priority_max,
-                    in_flight_max: in_flight.map(|n| n as u32),
-                    enqueue_per_minute_max: per_minute.map(|n| n as u32),
-                },
-            },
-        ))
+        Ok(row.map(|r| r.listing().info()))
     }
 
     /// The queue run `run_id` is in.
@@ -413,6 +451,22 @@ impl Store {
         self.woke(Some(&queue));
         request.root_span(&done);
         Ok(done)
+    }
+
+    /// The tokens, oldest first; the revoked ones too with `revoked`. At most
+    /// [`TOKENS_LIST_MAX`].
+    pub async fn list_tokens(&self, revoked: bool) -> Result<Vec<TokenListing>, StoreError> {
+        let rows: Vec<TokenRow> = sqlx::query_as(
+            "SELECT token_id, subject, scopes, queues, priority_max, in_flight_max,
+                    enqueue_per_minute_max, created_at, revoked_at
+             FROM rein_tokens WHERE $1 OR revoked_at IS NULL
+             ORDER BY created_at, token_id LIMIT $2",
+        )
+        .bind(revoked)
+        .bind(TOKENS_LIST_MAX)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows.into_iter().map(TokenRow::listing).collect())
     }
 
     /// Revokes a token; false when it was unknown or already revoked.
