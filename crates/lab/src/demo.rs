@@ -58,16 +58,68 @@ pub async fn demo(args: DemoArgs) -> u8 {
         && code == exit::OK
         && let Some(api) = api
     {
+        // A scheduler and a worker keep serving, so a run enqueued now (through the API,
+        // the CLI or the Python client) moves and ends like the demo's own.
+        let stop = CancellationToken::new();
+        let mut fleet = match Store::connect_within(&url, 8, args.db.db_connect_timeout_ms).await {
+            Ok(store) => start_fleet(&store, 1, 1, &stop),
+            Err(e) => {
+                eprintln!("warning: no worker kept serving: {e}");
+                tokio::task::JoinSet::new()
+            }
+        };
         eprintln!(
-            "\nkeeping the database and the API up; explore through the API:\n  export REIN_URL={} REIN_TOKEN={}\n  rein runs list\n  rein runs show RUN\n  rein why RUN\n  rein approvals list --all\nor the database directly: export DATABASE_URL={url}\nCtrl-C to stop.",
+            "\nkeeping the database, the API, a worker and a scheduler up; explore through the API:\n  export REIN_URL={} REIN_TOKEN={}\n  rein runs list\n  rein runs show RUN\n  rein why RUN\n  rein approvals list --all\nor the database directly: export DATABASE_URL={url}\nCtrl-C to stop.",
             api.url, api.token
         );
         let _ = tokio::signal::ctrl_c().await;
+        stop.cancel();
+        while fleet.join_next().await.is_some() {}
+    } else if code == exit::OK && api.is_some() {
+        eprintln!(
+            "\nthe demo's API has stopped with it; run `rein demo --keep` to keep the API and the database up and explore them"
+        );
     }
     if let Some(pg) = private {
         crate::privdb::finish(pg, code == exit::OK).await;
     }
     code
+}
+
+/// Starts `schedulers` schedulers and `workers` workers in this process; they stop with
+/// `stop`.
+fn start_fleet(
+    store: &Store,
+    schedulers: usize,
+    workers: usize,
+    stop: &CancellationToken,
+) -> tokio::task::JoinSet<()> {
+    let mut fleet = tokio::task::JoinSet::new();
+    for i in 0..schedulers {
+        let mut config = SchedulerConfig::new(format!("demo-scheduler-{i}"));
+        config.tick_ms = 50;
+        let mut scheduler = Scheduler::new(store.clone(), config);
+        let stop = stop.clone();
+        fleet.spawn(async move {
+            let _ = scheduler.run(stop).await;
+        });
+    }
+    for i in 0..workers {
+        let mut config = WorkerConfig::new(format!("demo-worker-{i}"));
+        config.concurrency = 16;
+        config.lease_ttl_ms = 5_000;
+        config.poll_interval_ms = 20;
+        let worker = Worker::new(
+            store.clone(),
+            config,
+            rein_worker::builtin_registry(store.clone()),
+        );
+        let stop = stop.clone();
+        fleet.spawn(async move {
+            let _ = worker.run(stop).await;
+        });
+    }
+    fleet
 }
 
 /// Runs the workload; returns the exit code and the API it served.
@@ -93,31 +145,7 @@ async fn drive(args: &DemoArgs, url: &str, store: &Store, api: &DemoApi) -> u8 {
     let store = store.clone();
     eprintln!("API on {} (token for this demo: {})", api.url, api.token);
     let stop = CancellationToken::new();
-    let mut fleet = tokio::task::JoinSet::new();
-    for i in 0..2 {
-        let mut config = SchedulerConfig::new(format!("demo-scheduler-{i}"));
-        config.tick_ms = 50;
-        let mut scheduler = Scheduler::new(store.clone(), config);
-        let stop = stop.clone();
-        fleet.spawn(async move {
-            let _ = scheduler.run(stop).await;
-        });
-    }
-    for i in 0..4 {
-        let mut config = WorkerConfig::new(format!("demo-worker-{i}"));
-        config.concurrency = 16;
-        config.lease_ttl_ms = 5_000;
-        config.poll_interval_ms = 20;
-        let worker = Worker::new(
-            store.clone(),
-            config,
-            rein_worker::builtin_registry(store.clone()),
-        );
-        let stop = stop.clone();
-        fleet.spawn(async move {
-            let _ = worker.run(stop).await;
-        });
-    }
+    let mut fleet = start_fleet(&store, 2, 4, &stop);
 
     let (lifecycle, research, refund) = match (
         store.load_definition("lifecycle", None).await,
