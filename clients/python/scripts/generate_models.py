@@ -32,7 +32,7 @@ ARGS = [
     "--target-python-version", "3.10",
     "--use-standard-collections",
     "--use-union-operator",
-    "--use-subclass-enum",
+    "--enum-field-as-literal", "all",
     "--use-schema-description",
     "--use-field-description",
     "--field-constraints",

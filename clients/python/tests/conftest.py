@@ -151,8 +151,8 @@ def _with_database(url: str, name: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
 
 
-@pytest.fixture(scope="session")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fresh_database() -> tuple[str, Callable[[], None]]:
+    """A new, empty database's URL, and what drops it."""
     binary = rein_binary()
     if not binary.is_file():
         raise RuntimeError(f"no rein binary at {binary}: run `cargo build --bin rein` or set REIN_BIN")
@@ -160,8 +160,20 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             or "postgres://postgres@127.0.0.1:5432/postgres")
     name = f"rein_py_{secrets.token_hex(6)}"
     _psql(base, f"CREATE DATABASE {name}")
-    tmp = tmp_path_factory.mktemp("fleet")
-    fleet = Fleet(tmp, _with_database(base, name))
+
+    def drop() -> None:
+        try:
+            _psql(base, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        except subprocess.CalledProcessError:
+            pass
+
+    return _with_database(base, name), drop
+
+
+@pytest.fixture(scope="session")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    url, drop = fresh_database()
+    fleet = Fleet(tmp_path_factory.mktemp("fleet"), url)
     try:
         fleet.rein("migrate", "--database-url", fleet.database_url)
         _, fleet.api_url = fleet.spawn_rein("api", "api", "--listen", "127.0.0.1:0", first_line=True)
@@ -171,10 +183,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         yield fleet
     finally:
         fleet.stop()
-        try:
-            _psql(base, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        except subprocess.CalledProcessError:
-            pass
+        drop()
 
 
 ALL_SCOPES = ("read", "enqueue", "operate", "approve", "publish", "admin")

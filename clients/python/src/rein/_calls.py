@@ -477,7 +477,7 @@ def stream_headers(last_event_id: str | None) -> dict[str, str]:
 
 
 def is_terminal(run: models.RunView) -> bool:
-    return str(getattr(run.status, "value", run.status)) == "terminal"
+    return run.status == "terminal"
 
 
 def encode(call: Call[Any]) -> dict[str, Any]:

@@ -4,18 +4,10 @@
 
 from __future__ import annotations
 
-from enum import Enum
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, RootModel
-
-
-class ApprovalStatus(str, Enum):
-    pending = "pending"
-    granted = "granted"
-    denied = "denied"
-    void = "void"
 
 
 class ApprovalView(BaseModel):
@@ -39,7 +31,7 @@ class ApprovalView(BaseModel):
     requested_at: AwareDatetime
     risk: str
     run_id: UUID
-    status: ApprovalStatus
+    status: Literal["pending", "granted", "denied", "void"]
     tool: str
 
 
@@ -110,28 +102,6 @@ class EnqueueResponse(BaseModel):
     run_id: UUID
 
 
-class ErrorCode(str, Enum):
-    validation_failed = "validation_failed"
-    invalid_transition = "invalid_transition"
-    fenced = "fenced"
-    conflict = "conflict"
-    not_found = "not_found"
-    unauthorized = "unauthorized"
-    forbidden = "forbidden"
-    event_not_allowed = "event_not_allowed"
-    payload_too_large = "payload_too_large"
-    method_not_allowed = "method_not_allowed"
-    quota_exceeded = "quota_exceeded"
-    bad_request = "bad_request"
-    uri_too_long = "uri_too_long"
-    headers_too_large = "headers_too_large"
-    unsupported_media_type = "unsupported_media_type"
-    request_timeout = "request_timeout"
-    too_many_requests = "too_many_requests"
-    unavailable = "unavailable"
-    internal = "internal"
-
-
 class EventView(BaseModel):
     """
     One event of a run's log.
@@ -172,11 +142,6 @@ class Name(RootModel[str]):
     root: str = Field(..., max_length=64, min_length=1, pattern="^[A-Za-z0-9_.-]+$")
 
 
-class Outcome(str, Enum):
-    applied = "applied"
-    queued = "queued"
-
-
 class Priority(RootModel[int]):
     root: int = Field(..., ge=-2147483648, le=2147483647)
 
@@ -212,15 +177,6 @@ class RerunResponse(BaseModel):
     """
 
 
-class Resolution(str, Enum):
-    """
-    Whether an in-doubt call took effect.
-    """
-
-    applied = "applied"
-    not_applied = "not_applied"
-
-
 class ResolveBody(BaseModel):
     """
     How an operator settles a run's in-doubt call.
@@ -234,7 +190,10 @@ class ResolveBody(BaseModel):
     """
     `applied` only: the result event's payload, a JSON object (default `{}`).
     """
-    resolution: Resolution
+    resolution: Literal["applied", "not_applied"]
+    """
+    Whether an in-doubt call took effect.
+    """
 
 
 class ResolveResponse(BaseModel):
@@ -277,7 +236,7 @@ class SendBody(BaseModel):
 
 class SendResponse(BaseModel):
     inbox_id: int | None = None
-    outcome: Outcome
+    outcome: Literal["applied", "queued"]
     """
     `applied` (committed at `sequence`) or `queued` (waits in the run's inbox).
     """
@@ -286,13 +245,6 @@ class SendResponse(BaseModel):
 
 class Sequence(RootModel[int]):
     root: int = Field(..., ge=0, le=9223372036854775807)
-
-
-class Status(str, Enum):
-    runnable = "runnable"
-    parked = "parked"
-    needs_operator = "needs_operator"
-    terminal = "terminal"
 
 
 class VerifyView(BaseModel):
@@ -408,7 +360,7 @@ class WhyView(BaseModel):
     sequence: int
     since: WhySince
     state: str
-    status: Status
+    status: Literal["runnable", "parked", "needs_operator", "terminal"]
     terminal_reason: str | None = None
     timer: WhyTimer | None = None
     version: int = Field(..., ge=0)
@@ -519,7 +471,7 @@ class Delivery(BaseModel):
     """
     The event the run was sent (its waiting state's granted or denied event).
     """
-    outcome: Outcome
+    outcome: Literal["applied", "queued"]
     """
     `applied` (in the run's log at `sequence`) or `queued` (in the run's inbox, for the
     worker holding its lease).
@@ -556,7 +508,27 @@ class EnqueueBody(BaseModel):
 
 
 class ErrorDetail(BaseModel):
-    code: ErrorCode
+    code: Literal[
+        "validation_failed",
+        "invalid_transition",
+        "fenced",
+        "conflict",
+        "not_found",
+        "unauthorized",
+        "forbidden",
+        "event_not_allowed",
+        "payload_too_large",
+        "method_not_allowed",
+        "quota_exceeded",
+        "bad_request",
+        "uri_too_long",
+        "headers_too_large",
+        "unsupported_media_type",
+        "request_timeout",
+        "too_many_requests",
+        "unavailable",
+        "internal",
+    ]
     """
     Stable: what a client branches on.
     """
@@ -605,7 +577,7 @@ class RunView(BaseModel):
     The state of its definition it is in (the definition's own names).
     """
     state_entered_at: AwareDatetime
-    status: Status
+    status: Literal["runnable", "parked", "needs_operator", "terminal"]
     steps_completed: int = Field(..., ge=0)
     terminal_reason: str | None = None
     updated_at: AwareDatetime
