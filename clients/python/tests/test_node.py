@@ -193,3 +193,68 @@ def test_a_cancelled_call_does_not_start_its_side_effect() -> None:
     reply = call(nodes.app(), "/nodes/SLOW", context())
     assert reply.status_code == 422 and "was not started" in reply.json()["error"]
     assert ran == []
+
+
+def test_a_call_rein_drops_is_cancelled_under_a_real_server() -> None:
+    """Served by uvicorn: when the caller gives up, an async node is cancelled and a sync
+    node's next side-effecting tool call does not start."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    nodes = node.Nodes()
+    seen: list[str] = []
+    started = threading.Event()
+
+    @nodes.node("ASYNC")
+    async def slow_async(ctx: node.NodeContext) -> node.Reply:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            seen.append("async cancelled")
+            raise
+        return "LATE"
+
+    @nodes.node("SYNC")
+    def slow_sync(ctx: node.NodeContext) -> node.Reply:
+        started.set()
+        deadline = time.monotonic() + 60
+        while not ctx.cancelled and time.monotonic() < deadline:
+            time.sleep(0.01)
+        try:
+            ctx.tool("act")
+        except node.Cancelled:
+            seen.append("sync tool not started")
+            raise
+        return "LATE"
+
+    @nodes.tool("act", side_effect=True)
+    def act(ctx: node.ToolContext) -> None:
+        seen.append("act ran")
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(nodes.app(), log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.01)
+        for name, wanted in (("ASYNC", "async cancelled"), ("SYNC", "sync tool not started")):
+            started.clear()
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"http://127.0.0.1:{port}/nodes/{name}", json=context(),
+                           headers={"Idempotency-Key": name}, timeout=httpx.Timeout(5, read=0.5))
+            assert started.is_set()
+            deadline = time.monotonic() + 30
+            while wanted not in seen and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert wanted in seen, seen
+        assert "act ran" not in seen
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -21,6 +21,8 @@ POLL_START_S = 0.1
 POLL_MAX_S = 1.0
 # `stream` reconnects at most this many times in a row without receiving anything.
 STREAM_RECONNECTS_MAX = 5
+# A stream silent for this long (no event, no keep-alive comment) is taken as dropped.
+STREAM_SILENCE_MAX_S = 90.0
 
 
 class Client:
@@ -64,6 +66,9 @@ class Client:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    def _stream_timeout(self) -> httpx.Timeout:
+        return httpx.Timeout(self._settings.timeout_s, read=STREAM_SILENCE_MAX_S)
 
     def _do(self, call: Call[T]) -> T:
         attempt = 0
@@ -203,7 +208,8 @@ class Client:
             got_any = False
             try:
                 with self._http.stream(
-                    "GET", path, headers=calls.stream_headers(last_event_id), timeout=None
+                    "GET", path, headers=calls.stream_headers(last_event_id),
+                    timeout=self._stream_timeout()
                 ) as response:
                     if not response.is_success:
                         response.read()
@@ -217,7 +223,6 @@ class Client:
                             yield item
                             if isinstance(item, sse.End):
                                 return
-                        last_event_id = parser.last_event_id
             except (httpx.TransportError, httpx.RemoteProtocolError):
                 pass
             last_event_id = parser.last_event_id
@@ -314,6 +319,9 @@ class AsyncClient:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+    def _stream_timeout(self) -> httpx.Timeout:
+        return httpx.Timeout(self._settings.timeout_s, read=STREAM_SILENCE_MAX_S)
 
     async def _do(self, call: Call[T]) -> T:
         attempt = 0
@@ -446,7 +454,8 @@ class AsyncClient:
             got_any = False
             try:
                 async with self._http.stream(
-                    "GET", path, headers=calls.stream_headers(last_event_id), timeout=None
+                    "GET", path, headers=calls.stream_headers(last_event_id),
+                    timeout=self._stream_timeout()
                 ) as response:
                     if not response.is_success:
                         await response.aread()
