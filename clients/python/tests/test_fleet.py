@@ -201,3 +201,38 @@ def test_definitions_register_once_and_read_back(client: rein.Client, desk: Node
     assert "refund-desk" in {d.name for d in client.definitions()}
     with pytest.raises(rein.ValidationFailed):
         client.register_definition('name = "broken"\nversion = 1\n')
+
+
+def test_a_send_with_a_key_is_applied_once(client: rein.Client, fleet: Fleet) -> None:
+    script = [
+        {"decision": "call_tool", "tool": "refund", "args": {"order_id": "C3", "amount": 999}},
+        {"decision": "FINISH"},
+    ]
+    run = client.enqueue("refund-agent", {"agent": {"script": script}})
+    eventually("the approval request", lambda: client.approvals(run=run), fleet)
+    key = f"cancel-{uuid.uuid4()}"
+    first = client.cancel(run, key=key)
+    again = client.cancel(run, key=key)
+    assert (again.outcome, again.sequence, again.inbox_id) == (
+        first.outcome, first.sequence, first.inbox_id)
+    done = client.wait(run, timeout=60)
+    assert done.status == "terminal"
+    assert types_of(client.history(run)).count("CANCEL") == 1
+
+
+def test_rerun_verify_and_brief(client: rein.Client, fleet: Fleet) -> None:
+    run = client.enqueue("lifecycle", {"sim": {"work_ms": 1}})
+    first = client.wait(run, timeout=60)
+    again = client.rerun(first)
+    assert again.parent_run_id == first.run_id and again.run_id != first.run_id
+    second = client.wait(again, timeout=60)
+    assert second.state == first.state
+    assert client.verify(second).ok
+    assert client.brief(first).brief
+    # A run that has not finished cannot be rerun.
+    script = [{"decision": "call_tool", "tool": "refund", "args": {"order_id": "D4", "amount": 500}}]
+    parked = client.enqueue("refund-agent", {"agent": {"script": script}})
+    eventually("the approval request", lambda: client.approvals(run=parked), fleet)
+    with pytest.raises(errors.Conflict):
+        client.rerun(parked)
+    client.cancel(parked)

@@ -9,7 +9,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Generic, Literal, Mapping, TypeVar, Union
+from typing import Any, Callable, Generic, Literal, Mapping, Protocol, TypeVar, Union
 from uuid import UUID
 
 import httpx
@@ -59,7 +59,14 @@ RETRY_WAIT_DEFAULT_S = 0.5
 DEFINITION_BYTES_MAX = 1024 * 1024
 PAGE_LIMIT_MAX = 1000
 
-RunRef = Union[str, UUID, "models.RunView", "models.EnqueueResponse"]
+class HasRunId(Protocol):
+    """Anything naming a run: a run, an enqueue's or rerun's answer, a diagnosis."""
+
+    @property
+    def run_id(self) -> UUID: ...
+
+
+RunRef = Union[str, UUID, HasRunId]
 ApprovalRef = Union[str, UUID, "models.ApprovalView"]
 
 
@@ -170,9 +177,9 @@ def text(response: httpx.Response) -> str:
 
 
 def run_id(run: RunRef) -> str:
-    if isinstance(run, (models.RunView, models.EnqueueResponse)):
-        return str(run.run_id)
-    return _uuid(run, "run")
+    if isinstance(run, (str, UUID)):
+        return _uuid(run, "run")
+    return _uuid(run.run_id, "run")
 
 
 def approval_id(approval: ApprovalRef) -> str:
