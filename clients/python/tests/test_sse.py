@@ -126,3 +126,30 @@ def test_a_refused_stream_raises_the_api_error() -> None:
     with rein.Client("http://rein.test", "t", transport=httpx.MockTransport(handler)) as c:
         with pytest.raises(rein.NotFound):
             list(c.stream(EVENT["run_id"]))
+
+
+def test_the_async_stream_resumes_the_same_way() -> None:
+    import asyncio
+
+    sent: list[str | None] = []
+    first = b"event: committed\nid: 7\ndata: " + json.dumps(EVENT).encode() + b"\n\n"
+    second = b'event: delta\ndata: {"type":"delta","content":"x"}\n\nevent: end\ndata: {"status":"terminal"}\n\n'
+
+    class AsyncDropping(httpx.AsyncByteStream):
+        async def __aiter__(self):  # type: ignore[no-untyped-def,override]
+            yield first
+            raise httpx.ReadError("connection reset")
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers.get("last-event-id"))
+        if len(sent) == 1:
+            return httpx.Response(200, stream=AsyncDropping())
+        return httpx.Response(200, content=second)
+
+    async def read() -> list[str]:
+        transport = httpx.MockTransport(handler)
+        async with rein.AsyncClient("http://rein.test", "t", transport=transport) as c:
+            return [type(i).__name__ async for i in c.stream(EVENT["run_id"], last_event_id="3")]
+
+    assert asyncio.run(read()) == ["Committed", "Delta", "End"]
+    assert sent == ["3", "7"]
