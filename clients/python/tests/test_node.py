@@ -258,3 +258,19 @@ def test_a_call_rein_drops_is_cancelled_under_a_real_server() -> None:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def test_the_module_level_decorators_fill_the_default_set() -> None:
+    name = "MODULE_LEVEL_NODE"
+
+    @node.node(name)
+    def answer(ctx: node.NodeContext) -> node.Reply:
+        return node.Event("OK", payload={"key": ctx.idempotency_key, "run": ctx.run_id})
+
+    try:
+        reply = call(node.app(), f"/nodes/{name}", context(), key="mk")
+        assert reply.json() == {"events": [{"type": "OK", "payload": {"key": "mk", "run": "r1"}}]}
+        with pytest.raises(ValueError, match="twice"):
+            node.node(name)(answer)
+    finally:
+        del node.default.nodes[name]

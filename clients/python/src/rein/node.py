@@ -483,6 +483,8 @@ class NodeApp:
             await _respond(send, 404, {"error": f"no route {method} {path}"})
             return
         body = await _read_body(scope, receive)
+        if body is _GONE:
+            return  # the caller left before its request was whole: nothing to answer
         if body is None:
             await _respond(send, 413, {"error": f"the body is larger than {BODY_BYTES_MAX} bytes"})
             return
@@ -618,7 +620,11 @@ async def _lifespan(receive: Receive, send: Send) -> None:
             return
 
 
+_GONE = b"\0gone"
+
+
 async def _read_body(scope: Scope, receive: Receive) -> bytes | None:
+    """The whole body; None when it is too large; `_GONE` when the caller disconnected."""
     for name, value in scope["headers"]:
         if name.lower() == b"content-length" and value.isdigit() and int(value) > BODY_BYTES_MAX:
             return None
@@ -627,7 +633,7 @@ async def _read_body(scope: Scope, receive: Receive) -> bytes | None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            return b""
+            return _GONE
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > BODY_BYTES_MAX:
