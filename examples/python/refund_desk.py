@@ -2,7 +2,10 @@
 """The refund desk's nodes (examples/python/refund-desk.toml) written with the rein.node SDK.
 
     pip install './clients/python[serve]'
-    python examples/python/refund_desk.py --port 8710          # next to `rein worker`
+    python examples/python/refund_desk.py --register           # next to `rein worker`
+
+--register registers refund-desk.toml with this server's port through the API (REIN_URL,
+REIN_TOKEN with the publish scope) before serving.
 
 Prints `listening on http://HOST:PORT` once it serves. The payment provider is a stand-in:
 a SQLite file of refunds (--payments) that records every refund it is asked for, even a
@@ -19,8 +22,10 @@ import argparse
 import sqlite3
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
+import rein
 from rein import node
 
 AMOUNT_MAX = 10_000
@@ -105,9 +110,18 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8710)
     parser.add_argument("--journal", default="refund-desk-journal.sqlite3")
     parser.add_argument("--payments", default="refund-desk-payments.sqlite3")
+    parser.add_argument("--register", action="store_true",
+                        help="register refund-desk.toml (with this port) through REIN_URL")
     args = parser.parse_args()
     app = build(Payments(args.payments)).app(journal=args.journal)
-    node.serve(app, args.host, args.port)
+    node.serve(app, args.host, args.port, on_bound=register if args.register else None)
+
+
+def register(host: str, port: int) -> None:
+    text = (Path(__file__).parent / "refund-desk.toml").read_text()
+    with rein.Client() as client:
+        done = client.register_definition(text.replace("{{PORT}}", str(port)), make_current=True)
+    print(f"registered {done.name} v{done.version} (created: {done.created})", flush=True)
 
 
 if __name__ == "__main__":

@@ -91,13 +91,14 @@ class Fleet:
             raise AssertionError(f"rein {' '.join(args)} exited {done.returncode}:\n{done.stderr}")
         return done.stdout
 
-    def spawn(self, name: str, argv: list[str], first_line: bool = False) -> tuple[Proc, str]:
+    def spawn(self, name: str, argv: list[str], first_line: bool = False,
+              env: dict[str, str] | None = None, lines: int = 1) -> tuple[Proc, str]:
         """Starts `argv` in its own process group, stderr (and stdout) to NAME.log; with
-        `first_line`, returns the first line it prints on stdout."""
+        `first_line`, returns the first `lines` lines it prints on stdout."""
         log = self.tmp / f"{name}.log"
         out: IO[bytes] = open(log, "ab")
         popen = subprocess.Popen(
-            argv, env=self.env(), stdin=subprocess.DEVNULL,
+            argv, env={**self.env(), **(env or {})}, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE if first_line else out, stderr=out,
             start_new_session=True, preexec_fn=_die_with_parent,
         )
@@ -106,8 +107,8 @@ class Fleet:
         line = ""
         if first_line:
             assert popen.stdout is not None
-            line = popen.stdout.readline().decode().strip()
-            if not line:
+            line = "\n".join(popen.stdout.readline().decode().strip() for _ in range(lines))
+            if not line.strip():
                 popen.wait(timeout=10)
                 raise AssertionError(f"{name} printed nothing and exited; its log:\n{proc.tail()}")
             stdout = popen.stdout
@@ -218,12 +219,20 @@ class NodeServer:
         self.proc: Proc | None = None
         self.starts = 0
 
-    def start(self) -> None:
+    def start(self, register_with: str | None = None) -> None:
+        """Starts the server; with a token, it registers its definition through the API."""
         self.starts += 1
         argv = [sys.executable, str(EXAMPLE / "refund_desk.py"), "--port", str(self.port),
                 "--journal", str(self.journal), "--payments", str(self.payments)]
-        self.proc, line = self.fleet.spawn(f"refund-desk-{self.starts}", argv, first_line=True)
-        assert line == f"listening on http://127.0.0.1:{self.port}", line
+        env = {}
+        if register_with is not None:
+            argv.append("--register")
+            env = {"REIN_URL": self.fleet.api_url, "REIN_TOKEN": register_with}
+        self.proc, lines = self.fleet.spawn(f"refund-desk-{self.starts}", argv, first_line=True,
+                                            env=env, lines=2 if env else 1)
+        assert lines.splitlines()[0] == f"listening on http://127.0.0.1:{self.port}", lines
+        if env:
+            assert lines.splitlines()[1].startswith("registered refund-desk v1"), lines
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -253,9 +262,7 @@ class NodeServer:
 @pytest.fixture(scope="session")
 def desk(fleet: Fleet, admin_token: str) -> NodeServer:
     server = NodeServer(fleet)
-    server.start()
-    with rein.Client(fleet.api_url, admin_token) as c:
-        c.register_definition(server.definition(), make_current=True)
+    server.start(register_with=fleet.token("py-publisher", "publish"))
     return server
 
 

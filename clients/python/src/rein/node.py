@@ -659,9 +659,15 @@ async def _respond(send: Send, status: int, body: dict[str, Any], headers: dict[
     await send({"type": "http.response.body", "body": data})
 
 
-def serve(app: NodeApp, host: str = "127.0.0.1", port: int = 8700) -> None:
+def serve(
+    app: NodeApp,
+    host: str = "127.0.0.1",
+    port: int = 8700,
+    on_bound: Callable[[str, int], None] | None = None,
+) -> None:
     """Runs `app` with uvicorn (`pip install rein-client[serve]`) until interrupted; prints
-    `listening on http://HOST:PORT` once bound (port 0 picks a free one)."""
+    `listening on http://HOST:PORT` once it listens (port 0 picks a free one), then calls
+    `on_bound(host, port)` (e.g. to register a definition naming the port)."""
     import socket
 
     try:
@@ -674,7 +680,12 @@ def serve(app: NodeApp, host: str = "127.0.0.1", port: int = 8700) -> None:
     bound = sock.getsockname()
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_keep_alive=30)
     server = uvicorn.Server(config)
+    # Listening before the line is printed: a call that comes before uvicorn runs waits in
+    # the backlog instead of being refused.
+    sock.listen(2048)
     print(f"listening on http://{bound[0]}:{bound[1]}", flush=True)
+    if on_bound is not None:
+        on_bound(bound[0], bound[1])
     server.run(sockets=[sock])
 
 
