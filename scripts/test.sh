@@ -4,8 +4,8 @@
 #   scripts/test.sh                 # everything
 #   scripts/test.sh -p rein-core    # extra args go to `cargo test`
 #
-# Phases: tools, services, openapi, fmt, clippy, test, deploy. Each prints its duration;
-# a summary follows at the end. fmt/clippy/test/deploy keep going after a
+# Phases: tools, services, openapi, fmt, clippy, test, python, deploy. Each prints its
+# duration; a summary follows at the end. fmt/clippy/test/python/deploy keep going after a
 # failure so one run shows every problem; tools/services failures stop the run
 # because nothing after them could pass. Exit status is non-zero if any phase
 # failed.
@@ -332,6 +332,45 @@ phase_test() {
   fi
 }
 
+# ---------------------------------------------------------------- python
+# The Python client and node SDK (clients/python): a venv in target/python-venv with the
+# package's pinned test tools (made again when pyproject.toml changes), the package itself
+# installed fresh from its sources each run, mypy --strict on it, then pytest against a real
+# fleet of the debug `rein` the test phase built (REIN_BIN) on the services' PostgreSQL.
+# Without python3 the phase is skipped, except in CI, where that is a failure.
+PYTHON_MIN=3.10
+phase_python() {
+  local venv=$TARGET_DIR/python-venv rein_bin=$TARGET_DIR/debug/rein want
+  if ! command -v python3 >/dev/null; then
+    note "python3 is not on PATH (Debian: apt-get install python3 python3-venv)"
+    [[ $CI == true ]] && return 1
+    return "$SKIPPED"
+  fi
+  if ! python3 -c "import sys; sys.exit(sys.version_info < tuple(map(int, '$PYTHON_MIN'.split('.'))))"; then
+    note "python3 is $(python3 -V 2>&1); the client needs $PYTHON_MIN or newer"
+    [[ $CI == true ]] && return 1
+    return "$SKIPPED"
+  fi
+  if [[ ! -x $rein_bin ]]; then
+    note "building $rein_bin for the fleet the tests start"
+    cargo build --bin rein || return 1
+  fi
+  want=$(python3 -V 2>&1)-$(sha256sum clients/python/pyproject.toml | cut -d' ' -f1)
+  if [[ ! -f $venv/installed || $(cat "$venv/installed") != "$want" ]]; then
+    note "creating $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv" || return 1
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "./clients/python[test]" ||
+      return 1
+    echo "$want" >"$venv/installed"
+  fi
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall \
+    ./clients/python || return 1
+  (cd clients/python && "$venv/bin/mypy" src) || return 1
+  (cd clients/python && REIN_BIN=$rein_bin "$venv/bin/pytest" -q -p no:cacheprovider) ||
+    return 1
+}
+
 # ---------------------------------------------------------------- deploy
 # Alert rules (promtool check + unit tests), compose file, Kubernetes manifests, dashboard
 # and scripts under deploy/: scripts/validate-deploy.sh prints one line per check.
@@ -350,6 +389,7 @@ main() {
     run_phase fmt phase_fmt
     run_phase clippy phase_clippy
     run_phase test phase_test "$@"
+    run_phase python phase_python
     run_phase deploy phase_deploy
   fi
   summary
