@@ -265,6 +265,36 @@ async fn a_request_made_void_by_a_changed_action_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_of_a_run_that_ended_is_void_and_no_longer_asked() {
+    let (url, store) = common::fresh_store("cli_approve_ended").await;
+    let run = waiting_run(&store).await;
+    let id = ask(&store, run, "h1", 60_000).await;
+    assert!(find(&listed(&url, &[]), id).is_some(), "open while the run waits");
+
+    let out = rein(&[
+        "cancel",
+        &run.to_string(),
+        "--reason",
+        "customer withdrew",
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(store.run(run).await.expect("run").status, "terminal");
+
+    assert!(
+        find(&listed(&url, &[]), id).is_none(),
+        "a request of an ended run is still listed as waiting for a person"
+    );
+    let all = listed(&url, &["--all"]);
+    let request = find(&all, id).expect("listed with --all");
+    assert_eq!(request["status"], "void", "{request}");
+    let out = rein(&["approve", &id.to_string(), "--as", "alice", "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("void"), "{}", stderr(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_with_a_clear_error() {
     let (url, store) = common::fresh_store("cli_approve_bad").await;
     let run = waiting_run(&store).await;
