@@ -91,6 +91,9 @@ enum Command {
     /// Event history retention: archive the logs of runs that finished long ago.
     #[command(subcommand)]
     Retention(retention::RetentionCommand),
+    /// A stand-in OpenAI-compatible model server for tests and the demo.
+    #[command(hide = true)]
+    StandInModel(rein_lab::model_standin::StandInArgs),
 }
 
 impl Command {
@@ -106,6 +109,7 @@ impl Command {
                 | Command::Demo(_)
                 | Command::Bench(_)
                 | Command::Chaos(_)
+                | Command::StandInModel(_)
         )
     }
 }
@@ -177,6 +181,9 @@ fn main() -> ExitCode {
                     Command::Bench(args) => bench::bench(args).await,
                     Command::Chaos(args) => chaos::chaos(args).await,
                     Command::Retention(cmd) => retention::retention(cmd).await,
+                    Command::StandInModel(args) => {
+                        rein_lab::model_standin::stand_in_model(args).await
+                    }
                     Command::Replay(_) => exit::INPUT,
                 }
             })
