@@ -65,6 +65,20 @@ pub struct WorkerArgs {
     /// every `read` token can see (off: only its status, type, length and hash).
     #[arg(long, env = "REIN_HTTP_QUOTE_ERROR_BODIES")]
     http_quote_error_bodies: bool,
+    /// An environment variable a `model` state may name as its `api_key_env` (repeat or
+    /// comma-separate). DATABASE_URL, REIN_* (but REIN_MODEL_KEY), AWS_*, GOOGLE_*, AZURE_*
+    /// are refused whatever is listed.
+    #[arg(
+        long = "model-key-env",
+        value_name = "VAR",
+        value_delimiter = ',',
+        default_value = "OPENAI_API_KEY,REIN_MODEL_KEY"
+    )]
+    model_key_env: Vec<String>,
+    /// The Chat Completions base URL of `model` states that give no `base_url`, e.g.
+    /// `https://api.openai.com/v1`.
+    #[arg(long, env = "REIN_MODEL_URL", value_name = "URL")]
+    model_url: Option<String>,
 }
 
 /// `KEY=SPEC` of `--limit`.
@@ -348,6 +362,7 @@ pub async fn worker(args: WorkerArgs) -> u8 {
     config.limits = args.limit.into_iter().collect();
     config.limit_wait_max_ms = args.limit_wait_max_ms;
     config.redis = args.redis.config();
+    config.model_key_envs = args.model_key_env;
     if let Err(e) = config.validate() {
         eprintln!("error: {e}");
         return exit::INPUT;
@@ -381,7 +396,11 @@ pub async fn worker(args: WorkerArgs) -> u8 {
         egress,
         quote_error_bodies: args.http_quote_error_bodies,
     };
-    let registry = rein_worker::builtin_registry_with(store.clone(), http);
+    let model = rein_worker::model::ModelOptions {
+        key_envs: config.model_key_envs.clone(),
+        default_base_url: args.model_url.filter(|u| !u.is_empty()),
+    };
+    let registry = rein_worker::builtin_registry_full(store.clone(), http, model);
     let worker = Worker::new(store, config, registry);
     args.redis.subscribe(&worker, &queues, &stop);
     match worker.run(stop).await {

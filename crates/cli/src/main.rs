@@ -97,6 +97,9 @@ enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// A stand-in OpenAI-compatible model server for tests and the demo.
+    #[command(hide = true)]
+    StandInModel(rein_lab::model_standin::StandInArgs),
 }
 
 impl Command {
@@ -112,6 +115,7 @@ impl Command {
                 | Command::Demo(_)
                 | Command::Bench(_)
                 | Command::Chaos(_)
+                | Command::StandInModel(_)
         )
     }
 }
@@ -192,6 +196,9 @@ fn main() -> ExitCode {
                     Command::Bench(args) => bench::bench(args).await,
                     Command::Chaos(args) => chaos::chaos(args).await,
                     Command::Retention(cmd) => retention::retention(cmd).await,
+                    Command::StandInModel(args) => {
+                        rein_lab::model_standin::stand_in_model(args).await
+                    }
                     Command::Replay(_) | Command::Completions { .. } => exit::INPUT,
                 }
             })

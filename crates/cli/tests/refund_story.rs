@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Fleet, rein, stderr, stdout, wait_for};
+use common::{Fleet, rein, stderr, wait_for};
 use rein_store::EnqueueRequest;
 use serde_json::{Value, json};
 
@@ -59,14 +59,7 @@ async fn a_denied_refund_is_never_applied_even_across_a_worker_crash() {
     fleet.spawn("story-w2", &worker_args);
 
     // The approver finds the request and denies it from the CLI.
-    let out = rein(&["approvals", "list", "--json", "--database-url", &url]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let open: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
-    let request = open
-        .as_array()
-        .and_then(|a| a.iter().find(|r| r["run_id"] == json!(run)))
-        .unwrap_or_else(|| panic!("no open request for {run}: {open}"))
-        .clone();
+    let request = common::open_request(&url, run);
     assert_eq!(request["tool"], "refund");
     assert_eq!(request["args"]["amount"], json!(150));
     let id = request["approval_id"].as_str().expect("id").to_owned();

@@ -7,13 +7,15 @@ pub const LIFECYCLE: &str = include_str!("../../../definitions/lifecycle.toml");
 pub const RESEARCH_AGENT: &str = include_str!("../../../definitions/research-agent.toml");
 pub const CHAIN4: &str = include_str!("../../../definitions/chain4.toml");
 pub const REFUND_AGENT: &str = include_str!("../../../definitions/refund-agent.toml");
+pub const SUPPORT_AGENT: &str = include_str!("../../../definitions/support-agent.toml");
 
 /// Name and source of every built-in definition.
-pub const ALL: [(&str, &str); 4] = [
+pub const ALL: [(&str, &str); 5] = [
     ("lifecycle", LIFECYCLE),
     ("research-agent", RESEARCH_AGENT),
     ("chain4", CHAIN4),
     ("refund-agent", REFUND_AGENT),
+    ("support-agent", SUPPORT_AGENT),
 ];
 
 pub fn source(name: &str) -> Option<&'static str> {

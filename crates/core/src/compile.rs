@@ -621,6 +621,9 @@ impl Definition {
                 ),
                 (None, _) => {}
             }
+            for (item, reason) in crate::model::problems(&item, state, &leaves) {
+                p(item, reason);
+            }
         }
 
         let mut join_guards: HashMap<String, Arc<crate::guard::Expr>> = HashMap::new();

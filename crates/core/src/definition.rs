@@ -17,8 +17,8 @@ use crate::retry_policy::RetryPolicy;
 pub use crate::spec::{
     ApprovalPolicy, BackoffSpec, BranchSpec, BudgetSpec, DefinitionError, DefinitionProblem,
     DefinitionSpec, Effect, FanOutSpec, Format, HttpSpec, JoinPolicy, JoinSpec, LimitSpec,
-    NAME_PATTERN, PolicySpec, StateKind, StateSpec, TerminalOutcome, TimeoutSpec, ToolSpec,
-    TransitionSpec, limit_key_problem, name_problem,
+    ModelPrice, ModelSpec, NAME_PATTERN, PolicySpec, StateKind, StateSpec, TerminalOutcome,
+    TimeoutSpec, ToolSpec, TransitionSpec, limit_key_problem, name_problem,
 };
 
 /// A transition after validation: guards compiled, names checked.

@@ -65,10 +65,14 @@ pub enum EngineEvent {
     /// max_events, state}`. Moves the run to the cancel state; accepted only at a sequence at
     /// or past the ceiling.
     StepLimitReached,
+    /// A `model` action's reply (SPEC D1, E5): `{requested_model, model?, prompt: {messages,
+    /// sha256, parent, new: [message hashes]}, reply, finish_reason?, usage?}`. Changes
+    /// nothing but the sequence and the run's usage; the decision it carried follows.
+    ModelReplied,
 }
 
 impl EngineEvent {
-    pub const ALL: [EngineEvent; 16] = [
+    pub const ALL: [EngineEvent; 17] = [
         EngineEvent::Cancel,
         EngineEvent::ActionDispatched,
         EngineEvent::ActionResultInDoubt,
@@ -85,6 +89,7 @@ impl EngineEvent {
         EngineEvent::BranchRejected,
         EngineEvent::ActionDeferred,
         EngineEvent::StepLimitReached,
+        EngineEvent::ModelReplied,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -105,6 +110,7 @@ impl EngineEvent {
             EngineEvent::BranchRejected => "BRANCH_REJECTED",
             EngineEvent::ActionDeferred => "ACTION_DEFERRED",
             EngineEvent::StepLimitReached => "STEP_LIMIT_REACHED",
+            EngineEvent::ModelReplied => "MODEL_REPLIED",
         }
     }
 

@@ -371,7 +371,8 @@ fn apply_engine(
         | EngineEvent::ApprovalDecided
         | EngineEvent::LeaseExpired
         | EngineEvent::InboxExpired
-        | EngineEvent::BranchRejected => {}
+        | EngineEvent::BranchRejected
+        | EngineEvent::ModelReplied => {}
         EngineEvent::BranchSucceeded | EngineEvent::BranchFailed => {
             if def.is_terminal(&run.state) {
                 return Err(RejectReason::Terminal);

@@ -344,6 +344,9 @@ pub struct StateSpec {
     /// Where an `http` action posts the run context (SPEC I2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpSpec>,
+    /// The model a `model` action asks (an OpenAI-compatible Chat Completions endpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelSpec>,
     /// Committed after DECISION_REJECTED when a model's decision here fails validation;
     /// without it the run waits for an operator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -394,6 +397,61 @@ impl HttpSpec {
     }
 }
 
+/// A `model` node (`[states.model]`): Rein asks an OpenAI-compatible Chat Completions
+/// endpoint what to do next, offering the state's tools and decisions as function tools.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// The endpoint's base, e.g. `https://api.openai.com/v1`; `{base_url}/chat/completions`
+    /// is called. Absent: the worker's `REIN_MODEL_URL`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// The model name sent in the request.
+    pub model: String,
+    /// The environment variable of the worker holding the API key (never the key itself);
+    /// it must be on the worker's `--model-key-env` allow-list. Absent: no key is sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// The system prompt: a template where `{{input.x}}` / `{{data.x}}` name run data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// How long one model call may take before it counts as a transient failure.
+    #[serde(default = "ModelSpec::default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Price per token, for the run's cost budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<ModelPrice>,
+    /// Read the reply as server-sent events and publish its deltas to watchers of the run.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub stream: bool,
+    /// Committed on a transient failure (connect error, timeout, 429, 5xx, a stream cut
+    /// short) with the error and any Retry-After; absent: the run waits for an operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transient_event: Option<String>,
+    /// Committed on a fatal failure (400, 401, 403, 404, a key the worker does not have);
+    /// absent: the run waits for an operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fatal_event: Option<String>,
+}
+
+impl ModelSpec {
+    fn default_timeout_ms() -> u64 {
+        60_000
+    }
+}
+
+/// Price per token of a model, in the currency of the run's cost budget.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPrice {
+    pub input: f64,
+    pub output: f64,
+}
+
 fn is_false(value: &bool) -> bool {
     !*value
 }
@@ -416,6 +474,9 @@ pub struct TimeoutSpec {
 #[serde(deny_unknown_fields)]
 pub struct ToolSpec {
     pub name: String,
+    /// What the tool does, in words a model reads (offered with a `model` action).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
     /// JSON Schema of the tool's arguments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema: Option<serde_json::Value>,

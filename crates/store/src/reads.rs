@@ -645,7 +645,7 @@ impl Store {
     }
 
     /// The input a run was enqueued with: its `X_0` business data.
-    async fn run_input(&self, run_id: Uuid) -> Result<Value, StoreError> {
+    pub async fn run_input(&self, run_id: Uuid) -> Result<Value, StoreError> {
         Ok(
             sqlx::query_scalar("SELECT input FROM rein_runs WHERE run_id = $1")
                 .bind(run_id)

@@ -65,6 +65,20 @@ pub enum Outcome {
     /// "payload": {..}?}`. The engine validates it before anything moves; a failed step
     /// commits DECISION_REJECTED.
     Decision(Value),
+    /// A `model` action's reply: the decision it carried (or why none could be read, a
+    /// rejection at step `parse`), recorded first as MODEL_REPLIED with the messages it was
+    /// asked, each stored once by hash (SPEC E5).
+    Model(ModelReply),
+}
+
+/// What a `model` action brings back: see [`Outcome::Model`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelReply {
+    pub decision: Result<Value, String>,
+    /// The MODEL_REPLIED payload ([`rein_core::model::replied_payload`]).
+    pub replied: Value,
+    /// Messages of the prompt not stored before.
+    pub blobs: Vec<rein_core::blob::Blob>,
 }
 
 impl Outcome {

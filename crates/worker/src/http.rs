@@ -87,6 +87,11 @@ impl Http {
         Http::with_options(HttpOptions::default())
     }
 
+    /// The egress policy and pooled clients, for another action that calls out the same way.
+    pub(crate) fn parts(&self) -> (Arc<Policy>, Arc<Mutex<HashMap<u16, reqwest::Client>>>) {
+        (self.egress.clone(), self.clients.clone())
+    }
+
     pub fn with_options(options: HttpOptions) -> Http {
         Http {
             egress: Arc::new(options.egress),
@@ -97,7 +102,7 @@ impl Http {
 }
 
 /// Checks `text` against the egress policy and picks the client for its port.
-async fn admit(
+pub(crate) async fn admit(
     egress: &Arc<Policy>,
     clients: &Mutex<HashMap<u16, reqwest::Client>>,
     text: &str,
@@ -128,7 +133,7 @@ async fn admit(
 }
 
 /// Why a call cannot start.
-enum Admission {
+pub(crate) enum Admission {
     Refused(Refused),
     NoClient(String),
 }
@@ -401,7 +406,7 @@ async fn exchange(
     }
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

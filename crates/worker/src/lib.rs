@@ -4,16 +4,19 @@ pub mod agent;
 pub mod egress;
 pub mod handler;
 pub mod http;
+pub mod model;
 pub mod runtime;
 pub mod sim;
 pub mod trace;
 
-pub use handler::{ActionContext, BoxFuture, NodeHandler, Outcome, Reconciled, Registry};
+pub use handler::{
+    ActionContext, BoxFuture, ModelReply, NodeHandler, Outcome, Reconciled, Registry,
+};
 pub use runtime::{Worker, WorkerConfig, WorkerStats};
 
 /// Names of the actions [`builtin_registry`] handles.
 pub fn builtin_registry_actions() -> &'static [&'static str] {
-    &["sim", "noop", "http", "agent"]
+    &["sim", "noop", "http", "agent", "model"]
 }
 
 /// The handlers every `rein worker` has: `sim`, `noop` and `http` (SPEC I2), and the
@@ -30,7 +33,18 @@ pub fn builtin_registry(store: rein_store::Store) -> Registry {
 
 /// [`builtin_registry`] with http nodes configured by `options`; the store's database is added
 /// to the services its egress policy protects.
-pub fn builtin_registry_with(store: rein_store::Store, mut options: http::HttpOptions) -> Registry {
+pub fn builtin_registry_with(store: rein_store::Store, options: http::HttpOptions) -> Registry {
+    builtin_registry_full(store, options, model::ModelOptions::default())
+}
+
+/// [`builtin_registry_with`] with `model` actions configured by `model_options` (the key
+/// variables definitions may name, the default endpoint); they call out through the same
+/// egress policy as http nodes.
+pub fn builtin_registry_full(
+    store: rein_store::Store,
+    mut options: http::HttpOptions,
+    model_options: model::ModelOptions,
+) -> Registry {
     if let Some((host, port)) = store.database_address() {
         options.egress = options.egress.protect(egress::rule::DATABASE, &host, port);
     }
@@ -52,8 +66,18 @@ pub fn builtin_registry_with(store: rein_store::Store, mut options: http::HttpOp
             side_effect: false,
         },
     );
-    registry.register("sim", sim::Sim { store });
+    registry.register(
+        "sim",
+        sim::Sim {
+            store: store.clone(),
+        },
+    );
     registry.register("noop", sim::Noop);
-    registry.register("http", http::Http::with_options(options));
+    let http = http::Http::with_options(options);
+    registry.register(
+        "model",
+        model::Model::new(store, http.clone(), model_options),
+    );
+    registry.register("http", http);
     registry
 }

@@ -49,6 +49,8 @@ pub struct WorkerConfig {
     pub limit_wait_max_ms: u64,
     /// Where fleet-wide limits are kept; without it each process applies them on its own.
     pub redis: Option<rein_accel::RedisConfig>,
+    /// Environment variables a `model` state may name as its `api_key_env`.
+    pub model_key_envs: Vec<String>,
 }
 
 impl WorkerConfig {
@@ -67,6 +69,10 @@ impl WorkerConfig {
             limits: Default::default(),
             limit_wait_max_ms: 2_000,
             redis: None,
+            model_key_envs: rein_core::model::KEY_ENV_DEFAULTS
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect(),
         }
     }
 
@@ -97,6 +103,11 @@ impl WorkerConfig {
         if self.limit_wait_max_ms > 60_000 {
             return Err("the longest wait for a limit must be 0..=60000 ms".into());
         }
+        crate::model::ModelOptions {
+            key_envs: self.model_key_envs.clone(),
+            default_base_url: None,
+        }
+        .validate()?;
         if self.limits.len() > 256 {
             return Err("give at most 256 limits".into());
         }
@@ -494,6 +505,8 @@ struct Driver {
     /// The next commit goes straight to the database instead of queueing behind other
     /// runs' batch: a dispatch a rate limit timed lands when the limit said (SPEC K1).
     direct: bool,
+    /// Content-addressed values (a model's prompt messages) stored with the next commit.
+    blobs: Vec<rein_core::blob::Blob>,
 }
 
 async fn drive(inner: Arc<Inner>, claimed: ClaimedRun) {
@@ -526,6 +539,7 @@ async fn drive(inner: Arc<Inner>, claimed: ClaimedRun) {
         state: claimed.state,
         held,
         direct: false,
+        blobs: Vec::new(),
     };
     debug!(%run_id, token = driver.token, queued_ms = claimed.queued_ms, "claimed");
     let _ = driver.run().await;
@@ -747,6 +761,10 @@ impl Driver {
                 self.commit_model_decision(decision, &node, step, &action_id)
                     .await
             }
+            Outcome::Model(reply) => {
+                self.commit_model_reply(reply, &node, step, &action_id)
+                    .await
+            }
             Outcome::InDoubt(reason) => {
                 self.answer_lost(side_effect, &call_id, retry_kind::IN_DOUBT, &reason)
                     .await
@@ -912,38 +930,7 @@ impl Driver {
             });
         }
         let call = match validated {
-            Err(rejection) => {
-                warn!(run_id = %self.run_id, step = rejection.step.as_str(), reason = %rejection.reason, "decision rejected");
-                let next = self
-                    .def
-                    .state(&self.state.state)
-                    .and_then(|s| s.on_rejected_decision.clone());
-                let reason = format!(
-                    "the model's decision failed at `{}`: {}",
-                    rejection.step.as_str(),
-                    rejection.reason
-                );
-                let follow = match next {
-                    Some(event) => NewEvent::new(
-                        event,
-                        json!({ "reason": reason, "error": { "class": "decision", "step": rejection.step.as_str() } }),
-                    ),
-                    None => NewEvent::new(
-                        EngineEvent::OperatorRequired.as_str(),
-                        json!({ "reason": reason }),
-                    ),
-                };
-                return self
-                    .commit(vec![
-                        NewEvent::new(
-                            EngineEvent::DecisionRejected.as_str(),
-                            rejection.payload(&decision),
-                        )
-                        .at_node(Some(node)),
-                        follow.at_node(Some(node)),
-                    ])
-                    .await;
-            }
+            Err(rejection) => return self.commit_rejection(&rejection, &decision, node).await,
             Ok(Valid::Event { kind, payload }) => {
                 return self
                     .commit_decision(vec![(kind, payload)], Some(node))
@@ -968,6 +955,79 @@ impl Driver {
             }
         }
         self.call_tool(call, node, step, action_id, approval).await
+    }
+
+    /// Records a refused decision (DECISION_REJECTED with its step), then the state's
+    /// `on_rejected_decision` or an operator request.
+    async fn commit_rejection(
+        &mut self,
+        rejection: &rein_core::decision::Rejection,
+        decision: &Value,
+        node: &str,
+    ) -> Result<(), Stop> {
+        warn!(run_id = %self.run_id, step = rejection.step.as_str(), reason = %rejection.reason, "decision rejected");
+        let next = self
+            .def
+            .state(&self.state.state)
+            .and_then(|s| s.on_rejected_decision.clone());
+        let reason = format!(
+            "the model's decision failed at `{}`: {}",
+            rejection.step.as_str(),
+            rejection.reason
+        );
+        let follow = match next {
+            Some(event) => NewEvent::new(
+                event,
+                json!({ "reason": reason, "error": { "class": "decision", "step": rejection.step.as_str() } }),
+            ),
+            None => NewEvent::new(
+                EngineEvent::OperatorRequired.as_str(),
+                json!({ "reason": reason }),
+            ),
+        };
+        self.commit(vec![
+            NewEvent::new(
+                EngineEvent::DecisionRejected.as_str(),
+                rejection.payload(decision),
+            )
+            .at_node(Some(node)),
+            follow.at_node(Some(node)),
+        ])
+        .await
+    }
+
+    /// A `model` action's reply: MODEL_REPLIED first (prompt by hash, reply, model, usage —
+    /// the run's budgets see the usage there, and a budget it exhausts ends the step), then
+    /// the decision it carried on the one decision path, or its rejection at step `parse`.
+    async fn commit_model_reply(
+        &mut self,
+        reply: crate::handler::ModelReply,
+        node: &str,
+        step: u32,
+        action_id: &str,
+    ) -> Result<(), Stop> {
+        self.blobs = reply.blobs;
+        let said = reply.replied.get("reply").cloned().unwrap_or(Value::Null);
+        self.commit(vec![
+            NewEvent::new(EngineEvent::ModelReplied.as_str(), reply.replied).at_node(Some(node)),
+        ])
+        .await?;
+        if self.state.state != node || self.state.status(&self.def) != RunStatus::Runnable {
+            return Ok(());
+        }
+        match reply.decision {
+            Ok(decision) => {
+                self.commit_model_decision(decision, node, step, action_id)
+                    .await
+            }
+            Err(reason) => {
+                let rejection = rein_core::decision::Rejection {
+                    step: rein_core::decision::Step::Parse,
+                    reason,
+                };
+                self.commit_rejection(&rejection, &said, node).await
+            }
+        }
     }
 
     /// Opens (or reuses) a request for exactly this call and takes the run to its approval
@@ -1105,7 +1165,7 @@ impl Driver {
                 self.answer_lost(dispatched, &call_id, retry_kind::TIMEOUT, &reason)
                     .await
             }
-            Outcome::Decision(_) => {
+            Outcome::Decision(_) | Outcome::Model(_) => {
                 self.operator_required(&format!(
                     "tool `{}` answered with a decision; tools answer with events",
                     call.tool
@@ -1250,6 +1310,11 @@ impl Driver {
             Ok(mut r) => {
                 r.approval = approval;
                 r.blobs = blobs;
+                for b in std::mem::take(&mut self.blobs) {
+                    if !r.blobs.iter().any(|x| x.sha256 == b.sha256) {
+                        r.blobs.push(b);
+                    }
+                }
                 r.defer_ms = defer_ms;
                 r
             }

@@ -31,7 +31,7 @@ pub fn failure_of(outcome: &Outcome) -> Option<(String, String)> {
         Outcome::TimedOut(reason) => {
             Some((rein_core::retry::kind::TIMEOUT.to_owned(), reason.clone()))
         }
-        Outcome::Decision(_) => None,
+        Outcome::Decision(_) | Outcome::Model(_) => None,
     }
 }
 

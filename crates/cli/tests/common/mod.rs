@@ -731,3 +731,14 @@ pub async fn cancel(store: &rein_store::Store, run: uuid::Uuid) {
         .await
         .unwrap();
 }
+
+/// The open approval request of `run`, as `rein approvals list --json` shows it.
+pub fn open_request(url: &str, run: uuid::Uuid) -> serde_json::Value {
+    let out = rein(&["approvals", "list", "--json", "--database-url", url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let open: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    open.as_array()
+        .and_then(|a| a.iter().find(|r| r["run_id"] == serde_json::json!(run)))
+        .unwrap_or_else(|| panic!("no open request for {run}: {open}"))
+        .clone()
+}

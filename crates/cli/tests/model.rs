@@ -1,0 +1,608 @@
+//! The built-in `model` action against a stand-in OpenAI-compatible server (a model API is an
+//! external party, so a fake is allowed; it speaks the published wire format): real
+//! PostgreSQL, real `rein worker` and `rein scheduler` processes.
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::time::Duration;
+
+use common::{Fleet, rein, stderr, stdout, wait_for};
+use rein_lab::model_standin::StandIn;
+use rein_store::{EnqueueRequest, Store};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+const KEY: &str = "sk-test-very-secret-key-0123456789";
+
+/// A stand-in serving on a free port of this test's runtime; its `base_url`.
+async fn standin(script: Value) -> (StandIn, String) {
+    let standin = StandIn::with_script(&script).expect("a valid script");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(standin.clone().serve(listener));
+    (standin, format!("http://{addr}/v1"))
+}
+
+fn start(fleet: &mut Fleet, base_url: &str, worker: &str, extra: &[&str]) {
+    let mut args = vec![
+        "worker",
+        "--lease-ttl-ms",
+        "1000",
+        "--poll-interval-ms",
+        "20",
+    ];
+    args.extend_from_slice(extra);
+    fleet.spawn_env(
+        worker,
+        &args,
+        &[("REIN_MODEL_URL", base_url), ("OPENAI_API_KEY", KEY)],
+    );
+}
+
+async fn enqueue(store: &Store, definition: &str, input: Value) -> Uuid {
+    let def = store
+        .load_definition(definition, None)
+        .await
+        .unwrap_or_else(|e| panic!("{definition}: {e}"));
+    store
+        .enqueue(EnqueueRequest::new(def, input))
+        .await
+        .expect("enqueue")
+        .run_id
+}
+
+/// The run once it ended, and its log.
+async fn finished(store: &Store, run: Uuid) -> (rein_store::RunRow, Vec<rein_store::StoredEvent>) {
+    wait_for(
+        "the run to end",
+        Duration::from_secs(90),
+        Duration::from_millis(20),
+        || async { store.run(run).await.is_ok_and(|r| r.status == "terminal") },
+    )
+    .await;
+    let row = store.run(run).await.expect("run");
+    (row, store.history(run).await.expect("history"))
+}
+
+/// Registers a variant of the built-in support agent: `name`, with `edit` applied.
+async fn register_variant(store: &Store, name: &str, edit: impl Fn(String) -> String) {
+    let text = rein_core::builtin::SUPPORT_AGENT.replacen(
+        "name = \"support-agent\"",
+        &format!("name = \"{name}\""),
+        1,
+    );
+    let def = rein_core::Definition::parse(
+        &edit(text),
+        rein_core::Format::Toml,
+        &rein_core::GuardRegistry::new(),
+    )
+    .expect("a valid variant");
+    store.register_definition(&def).await.expect("register");
+}
+
+fn kinds(history: &[rein_store::StoredEvent]) -> Vec<&str> {
+    history.iter().map(|e| e.kind.as_str()).collect()
+}
+
+async fn applied_effects(store: &Store, run: Uuid) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM rein_sim_effects WHERE run_id = $1")
+        .bind(run)
+        .fetch_one(store.pool())
+        .await
+        .expect("effects")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_over_100_waits_for_approval_then_is_applied_once_across_a_worker_kill() {
+    let (url, store) = common::fresh_store("model_refund").await;
+    let (standin, base_url) = standin(json!([])).await;
+    let run = enqueue(
+        &store,
+        "support-agent",
+        json!({"order_id": "A7", "amount": 150}),
+    )
+    .await;
+    let mut fleet = Fleet::new(&url, "model_refund");
+    start(&mut fleet, &base_url, "model-w1", &[]);
+    fleet.spawn("model-s1", &["scheduler", "--tick-ms", "50"]);
+    wait_for(
+        "the run to wait for approval",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || async {
+            store
+                .run(run)
+                .await
+                .is_ok_and(|r| r.state == "WAITING_APPROVAL")
+        },
+    )
+    .await;
+    fleet.kill("model-w1");
+    start(&mut fleet, &base_url, "model-w2", &[]);
+
+    let request = common::open_request(&url, run);
+    assert_eq!(request["tool"], "refund");
+    assert_eq!(request["args"], json!({"order_id": "A7", "amount": 150}));
+    let id = request["approval_id"].as_str().expect("id").to_owned();
+    let out = rein(&["approve", &id, "--as", "carol", "--database-url", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    let (row, history) = finished(&store, run).await;
+    assert_eq!(row.state, "DONE", "{:?}", row.terminal_reason);
+    assert_eq!(
+        applied_effects(&store, run).await,
+        1,
+        "the refund is applied once"
+    );
+    let replies: Vec<&rein_store::StoredEvent> = history
+        .iter()
+        .filter(|e| e.kind == "MODEL_REPLIED")
+        .collect();
+    // lookup, refund (asks for approval), refund again after the grant, finish.
+    assert_eq!(replies.len(), 4, "{:?}", kinds(&history));
+    for r in &replies {
+        assert_eq!(r.payload["requested_model"], "gpt-4o-mini");
+        assert_eq!(r.payload["model"], "gpt-4o-mini-standin-2026-01");
+        assert!(
+            r.payload["usage"]["tokens"].as_u64().unwrap_or(0) > 0,
+            "{}",
+            r.payload
+        );
+        assert!(r.payload["usage"]["cost"].as_f64().unwrap_or(0.0) > 0.0);
+        // Every message of the prompt is stored once, by its hash.
+        for hash in r.payload["prompt"]["new"].as_array().expect("hashes") {
+            let stored: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM rein_blobs WHERE sha256 = $1")
+                    .bind(hash.as_str().expect("hash"))
+                    .fetch_one(store.pool())
+                    .await
+                    .expect("blobs");
+            assert_eq!(stored, 1, "{hash}");
+        }
+    }
+    assert_eq!(
+        replies[2].payload["prompt"]["parent"],
+        replies[1].payload["prompt"]["sha256"]
+    );
+    assert_eq!(
+        replies[3].payload["reply"]["tool_calls"][0]["function"]["name"],
+        "FINISH"
+    );
+    // The request the stand-in got: tools, decisions, one call, the grant said in words.
+    let requests = standin.requests();
+    let last = requests.last().expect("requests");
+    let names: Vec<&str> = last["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(names, ["lookup_order", "refund", "FINISH", "GIVE_UP"]);
+    assert_eq!(last["tool_choice"], "required");
+    assert_eq!(last["parallel_tool_calls"], false);
+    let said = last["messages"].to_string();
+    assert!(said.contains("carol approved the call refund"), "{said}");
+    // The key never reaches the log or the worker's output.
+    for e in &history {
+        assert!(
+            !e.payload.to_string().contains(KEY),
+            "{}: {}",
+            e.kind,
+            e.payload
+        );
+    }
+    for name in ["model-w1", "model-w2"] {
+        for ext in ["out", "err"] {
+            let log = std::fs::read_to_string(fleet.log_dir.join(format!("{name}.{ext}")))
+                .unwrap_or_default();
+            assert!(!log.contains(KEY), "{name}.{ext} holds the key");
+        }
+    }
+    let report = store.audit().await.expect("audit");
+    assert_eq!(report.violations(), 0, "{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_answers_garbage_ends_on_the_rejected_decision_path() {
+    let (url, store) = common::fresh_store("model_garbage").await;
+    let dir = common::tmp_dir("model_garbage");
+    let script = dir.join("script.json");
+    std::fs::write(
+        &script,
+        json!([{"raw": "{this is not json"}, {"text": "I would rather chat"}]).to_string(),
+    )
+    .expect("script");
+    let mut fleet = Fleet::new(&url, "model_garbage");
+    // The stand-in as its own process, the way the demo runs it.
+    let log = std::fs::File::create(dir.join("standin.err")).expect("log");
+    let mut child = std::process::Command::new(common::REIN)
+        .args(["stand-in-model", "--listen", "127.0.0.1:0", "--script"])
+        .arg(&script)
+        .stdout(std::process::Stdio::piped())
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .expect("spawn the stand-in");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("its address");
+    fleet.procs.push(common::Proc {
+        name: "standin".into(),
+        child,
+    });
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .expect(&line)
+        .to_owned();
+    let base_url = format!("http://{addr}/v1");
+    let first = enqueue(
+        &store,
+        "support-agent",
+        json!({"order_id": "A1", "amount": 5}),
+    )
+    .await;
+    start(&mut fleet, &base_url, "garbage-w1", &[]);
+    let (row, history) = finished(&store, first).await;
+    assert_eq!(row.state, "FAILED");
+    let rejected = history
+        .iter()
+        .find(|e| e.kind == "DECISION_REJECTED")
+        .unwrap_or_else(|| panic!("{:?}", kinds(&history)));
+    assert_eq!(rejected.payload["step"], "parse");
+    assert!(
+        rejected.payload["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not JSON")
+    );
+    assert!(history.iter().any(|e| e.kind == "DECISION_FAILED"));
+
+    let second = enqueue(
+        &store,
+        "support-agent",
+        json!({"order_id": "A2", "amount": 5}),
+    )
+    .await;
+    let (row, history) = finished(&store, second).await;
+    assert_eq!(row.state, "FAILED");
+    let rejected = history
+        .iter()
+        .find(|e| e.kind == "DECISION_REJECTED")
+        .expect("rejected");
+    assert_eq!(rejected.payload["step"], "parse");
+    assert!(
+        rejected.payload["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no tool call"),
+        "{}",
+        rejected.payload
+    );
+    // The raw reply is kept for a later judge.
+    let replied = history
+        .iter()
+        .find(|e| e.kind == "MODEL_REPLIED")
+        .expect("reply");
+    assert_eq!(replied.payload["reply"]["content"], "I would rather chat");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_storm_is_waited_out_with_retry_after() {
+    let (url, store) = common::fresh_store("model_429").await;
+    let (standin, base_url) = standin(json!([
+        {"status": 429, "retry_after_s": 1, "repeat": 3},
+        {"status": 500},
+    ]))
+    .await;
+    let run = enqueue(
+        &store,
+        "support-agent",
+        json!({"order_id": "A3", "amount": 20}),
+    )
+    .await;
+    let mut fleet = Fleet::new(&url, "model_429");
+    start(&mut fleet, &base_url, "storm-w1", &[]);
+    fleet.spawn("storm-s1", &["scheduler", "--tick-ms", "50"]);
+    let (row, history) = finished(&store, run).await;
+    assert_eq!(row.state, "DONE", "{:?}", row.terminal_reason);
+    let failures: Vec<&rein_store::StoredEvent> = history
+        .iter()
+        .filter(|e| e.kind == "MODEL_RETRYABLE_FAILED")
+        .collect();
+    assert_eq!(failures.len(), 4, "{:?}", kinds(&history));
+    for f in &failures[..3] {
+        assert_eq!(f.payload["error"]["kind"], "http_429");
+        assert_eq!(f.payload["retry_after_ms"], 1000);
+    }
+    assert_eq!(failures[3].payload["error"]["kind"], "http_5xx");
+    // Each retry came no sooner than the endpoint asked.
+    for f in &failures[..3] {
+        let due = history
+            .iter()
+            .find(|e| e.kind == "RETRY_DUE" && e.sequence > f.sequence)
+            .expect("a retry");
+        let waited = (due.occurred_at - f.occurred_at).num_milliseconds();
+        assert!(
+            waited >= 1000,
+            "retried after {waited} ms, Retry-After said 1000"
+        );
+    }
+    assert_eq!(applied_effects(&store, run).await, 1);
+    assert_eq!(standin.requests().len(), 4 + 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_budget_stops_a_chatty_model() {
+    let (url, store) = common::fresh_store("model_budget").await;
+    register_variant(&store, "chatty-agent", |t| {
+        t.replacen(
+            "[retry]",
+            "[budget]\ntokens = 500\nevent = \"GIVE_UP\"\n\n[retry]",
+            1,
+        )
+    })
+    .await;
+    let chatty = json!({"tool_call": {"name": "lookup_order", "arguments": {"order_id": "A4"}},
+                        "usage": {"prompt_tokens": 200, "completion_tokens": 10}, "repeat": 50});
+    let (standin, base_url) = standin(json!([chatty])).await;
+    let run = enqueue(
+        &store,
+        "chatty-agent",
+        json!({"order_id": "A4", "amount": 5}),
+    )
+    .await;
+    let mut fleet = Fleet::new(&url, "model_budget");
+    start(&mut fleet, &base_url, "budget-w1", &[]);
+    let (row, history) = finished(&store, run).await;
+    assert_eq!(row.state, "FAILED");
+    let replies = history.iter().filter(|e| e.kind == "MODEL_REPLIED").count();
+    assert_eq!(
+        replies,
+        3,
+        "210 tokens a reply against 500: {:?}",
+        kinds(&history)
+    );
+    let last = history.last().expect("events");
+    assert_eq!(last.kind, "GIVE_UP");
+    assert_eq!(last.payload["budget"], "tokens");
+    assert_eq!(standin.requests().len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_definition_naming_database_url_as_its_key_is_refused() {
+    let dir = common::tmp_dir("model_key_env");
+    let file = dir.join("steal.toml");
+    std::fs::write(
+        &file,
+        rein_core::builtin::SUPPORT_AGENT.replace(
+            "api_key_env = \"OPENAI_API_KEY\"",
+            "api_key_env = \"DATABASE_URL\"",
+        ),
+    )
+    .expect("write");
+    let out = rein(&["definitions", "check", file.to_str().expect("path")]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let said = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(
+        said.contains("api_key_env") && said.contains("DATABASE_URL"),
+        "{said}"
+    );
+    // Nor may a worker allow it.
+    let (url, _store) = common::fresh_store("model_key_env").await;
+    let out = rein(&[
+        "worker",
+        "--model-key-env",
+        "DATABASE_URL",
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("DATABASE_URL"), "{}", stderr(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_variable_off_the_allow_list_is_fatal_with_a_reason() {
+    let (url, store) = common::fresh_store("model_allow").await;
+    register_variant(&store, "own-key-agent", |t| {
+        t.replace(
+            "api_key_env = \"OPENAI_API_KEY\"",
+            "api_key_env = \"TEAM_LLM_KEY\"",
+        )
+    })
+    .await;
+    let (standin, base_url) = standin(json!([])).await;
+    let run = enqueue(
+        &store,
+        "own-key-agent",
+        json!({"order_id": "A5", "amount": 5}),
+    )
+    .await;
+    let mut fleet = Fleet::new(&url, "model_allow");
+    fleet.spawn_env(
+        "allow-w1",
+        &["worker", "--poll-interval-ms", "20"],
+        &[("REIN_MODEL_URL", &base_url), ("TEAM_LLM_KEY", KEY)],
+    );
+    let (row, history) = finished(&store, run).await;
+    assert_eq!(row.state, "FAILED");
+    let failed = history
+        .iter()
+        .find(|e| e.kind == "MODEL_FATAL_FAILED")
+        .expect("fatal");
+    let message = failed.payload["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("--model-key-env TEAM_LLM_KEY"),
+        "{message}"
+    );
+    assert!(
+        standin.requests().is_empty(),
+        "nothing is sent without an allowed key"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_grows_by_about_the_same_bytes_each_model_step() {
+    let (url, store) = common::fresh_store("model_linear").await;
+    let lookup = json!({"tool_call": {"name": "lookup_order", "arguments": {"order_id": "A6"}},
+                        "usage": {"prompt_tokens": 100, "completion_tokens": 10}, "repeat": 9});
+    let (_standin, base_url) = standin(json!([
+        lookup,
+        {"tool_call": {"name": "FINISH", "arguments": {}}, "usage": {"prompt_tokens": 100, "completion_tokens": 10}},
+    ]))
+    .await;
+    let run = enqueue(
+        &store,
+        "support-agent",
+        json!({"order_id": "A6", "amount": 5}),
+    )
+    .await;
+    let mut fleet = Fleet::new(&url, "model_linear");
+    start(&mut fleet, &base_url, "linear-w1", &[]);
+    let (row, _) = finished(&store, run).await;
+    assert_eq!(row.state, "DONE");
+    let sizes: Vec<i32> = sqlx::query_scalar(
+        "SELECT octet_length(payload::text) FROM rein_events WHERE run_id = $1 AND type = 'MODEL_REPLIED' ORDER BY sequence",
+    )
+    .bind(run)
+    .fetch_all(store.pool())
+    .await
+    .expect("sizes");
+    assert_eq!(sizes.len(), 10);
+    let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+    assert!(
+        hi - lo < 120,
+        "bytes per step should stay about constant: {sizes:?}"
+    );
+    let blobs: i64 = sqlx::query_scalar("SELECT count(*) FROM rein_blobs")
+        .fetch_one(store.pool())
+        .await
+        .expect("blobs");
+    // system + task, then each later step's reply and result once: 2 + 2 * 9.
+    assert!(blobs <= 20, "{blobs} blobs for 10 steps");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_reply_commits_the_final_message_and_publishes_its_deltas() {
+    use futures_util::StreamExt;
+    let (url, store) = common::fresh_store("model_stream").await;
+    register_variant(&store, "streaming-agent", |t| {
+        t.replacen("timeout_ms = 30000", "timeout_ms = 30000\nstream = true", 1)
+    })
+    .await;
+    let (_standin, base_url) = standin(json!([
+        {"cut_stream": true, "tool_call": {"name": "lookup_order", "arguments": {"order_id": "A8"}}},
+        {"text": "Looking it up", "tool_call": {"name": "lookup_order", "arguments": {"order_id": "A8"}}},
+    ]))
+    .await;
+    let dir = common::tmp_dir("model_stream");
+    let redis = common::PrivateRedis::start(common::free_port(), &dir);
+    let run = enqueue(
+        &store,
+        "streaming-agent",
+        json!({"order_id": "A8", "amount": 5}),
+    )
+    .await;
+    let config = rein_accel::RedisConfig::new(redis.url());
+    let deltas = rein_accel::stream::subscribe_run(&config, &run.to_string())
+        .await
+        .expect("subscribe");
+    let mut fleet = Fleet::new(&url, "model_stream");
+    start(
+        &mut fleet,
+        &base_url,
+        "stream-w1",
+        &["--redis-url", &redis.url()],
+    );
+    fleet.spawn("stream-s1", &["scheduler", "--tick-ms", "50"]);
+    let (row, history) = finished(&store, run).await;
+    assert_eq!(row.state, "DONE", "{:?}", row.terminal_reason);
+    let cut = history
+        .iter()
+        .find(|e| e.kind == "MODEL_RETRYABLE_FAILED")
+        .unwrap_or_else(|| panic!("{:?}", kinds(&history)));
+    assert_eq!(cut.payload["error"]["kind"], "stream_cut");
+    let replied = history
+        .iter()
+        .find(|e| e.kind == "MODEL_REPLIED")
+        .expect("reply");
+    assert_eq!(replied.payload["reply"]["content"], "Looking it up");
+    assert_eq!(
+        replied.payload["reply"]["tool_calls"][0]["function"]["arguments"],
+        r#"{"order_id":"A8"}"#
+    );
+    let got: Vec<Value> = tokio::time::timeout(
+        Duration::from_secs(30),
+        deltas
+            .map(|d| serde_json::from_str::<Value>(&d).unwrap_or(Value::Null))
+            .take_while(|d| {
+                let done = d["type"] == "reply_done";
+                async move { !done }
+            })
+            .collect::<Vec<_>>(),
+    )
+    .await
+    .expect("deltas up to reply_done");
+    let text: String = got
+        .iter()
+        .filter(|d| d["type"] == "delta")
+        .filter_map(|d| d["content"].as_str())
+        .collect();
+    assert!(text.contains("Looking it up"), "{got:?}");
+    let arguments: String = got
+        .iter()
+        .filter(|d| d["type"] == "tool_call_delta")
+        .filter_map(|d| d["arguments"].as_str())
+        .collect();
+    assert!(arguments.contains(r#"{"order_id":"A8"}"#), "{got:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fatal_replies_end_the_run_with_what_to_fix() {
+    let (url, store) = common::fresh_store("model_fatal").await;
+    let (standin, base_url) = standin(json!([
+        {"status": 401},
+        {"status": 400, "code": "context_length_exceeded"},
+    ]))
+    .await;
+    let mut fleet = Fleet::new(&url, "model_fatal");
+    start(&mut fleet, &base_url, "fatal-w1", &[]);
+    for (order, kind, says) in [
+        ("A9", "unauthorized", "unauthorized: check OPENAI_API_KEY"),
+        (
+            "A10",
+            "context_length_exceeded",
+            "context_length_exceeded: the conversation is longer",
+        ),
+    ] {
+        let run = enqueue(
+            &store,
+            "support-agent",
+            json!({"order_id": order, "amount": 5}),
+        )
+        .await;
+        let (row, history) = finished(&store, run).await;
+        assert_eq!(row.state, "FAILED");
+        let failed = history
+            .iter()
+            .find(|e| e.kind == "MODEL_FATAL_FAILED")
+            .unwrap_or_else(|| panic!("{:?}", kinds(&history)));
+        assert_eq!(failed.payload["error"]["kind"], kind);
+        let message = failed.payload["error"]["message"].as_str().unwrap_or("");
+        assert!(message.starts_with(says), "{message}");
+        assert!(
+            !history.iter().any(|e| e.kind == "RETRY_DUE"),
+            "a fatal failure is not retried"
+        );
+    }
+    // The key went to the endpoint as a bearer token, never into a request body.
+    assert_eq!(standin.requests().len(), 2);
+    assert!(!standin.requests()[0].to_string().contains(KEY));
+    assert_eq!(standin.authorizations()[0], Some(format!("Bearer {KEY}")));
+}
