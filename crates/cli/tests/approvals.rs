@@ -269,7 +269,10 @@ async fn a_request_of_a_run_that_ended_is_void_and_no_longer_asked() {
     let (url, store) = common::fresh_store("cli_approve_ended").await;
     let run = waiting_run(&store).await;
     let id = ask(&store, run, "h1", 60_000).await;
-    assert!(find(&listed(&url, &[]), id).is_some(), "open while the run waits");
+    assert!(
+        find(&listed(&url, &[]), id).is_some(),
+        "open while the run waits"
+    );
 
     let out = rein(&[
         "cancel",
@@ -289,7 +292,14 @@ async fn a_request_of_a_run_that_ended_is_void_and_no_longer_asked() {
     let all = listed(&url, &["--all"]);
     let request = find(&all, id).expect("listed with --all");
     assert_eq!(request["status"], "void", "{request}");
-    let out = rein(&["approve", &id.to_string(), "--as", "alice", "--database-url", &url]);
+    let out = rein(&[
+        "approve",
+        &id.to_string(),
+        "--as",
+        "alice",
+        "--database-url",
+        &url,
+    ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("void"), "{}", stderr(&out));
 }

@@ -11,8 +11,39 @@ fn summary_of(out: &std::process::Output) -> Value {
     serde_json::from_str(&stdout(out)).unwrap_or_else(|e| panic!("{e}: {}", stdout(out)))
 }
 
-fn assert_adds_up(summary: &Value, runs: i64) {
+/// The runs of the real agent (`support-agent`, a model node) the demo adds to `--runs`.
+const MODEL_AGENT_RUNS: i64 = 2;
+
+/// The model agent's runs talked to the stand-in model (no REIN_MODEL_URL in the tests),
+/// chose their tools, waited for the approver on the refund over 100, and ended done.
+fn assert_the_model_agent_finished(summary: &Value) {
+    let agent = &summary["model_agent"];
+    assert_eq!(agent["stand_in"], true, "{agent}");
+    let runs = agent["runs"].as_array().expect("the model agent's runs");
+    assert_eq!(runs.len() as i64, MODEL_AGENT_RUNS, "{agent}");
+    for run in runs {
+        assert_eq!(run["state"], "DONE", "{run}");
+        assert!(run["tokens"].as_u64() > Some(0), "usage is recorded: {run}");
+        let log = run["log"].as_array().expect("its log");
+        let chose: Vec<&str> = log
+            .iter()
+            .filter_map(|l| l["model_chose"].as_str())
+            .collect();
+        assert_eq!(chose.first(), Some(&"lookup_order"), "{run}");
+        assert_eq!(chose.last(), Some(&"FINISH"), "{run}");
+        let approved = log.iter().any(|l| l["type"] == "APPROVED");
+        assert_eq!(
+            approved,
+            run["input"]["amount"].as_f64() > Some(100.0),
+            "only the refund over 100 waits for a person: {run}"
+        );
+    }
+}
+
+fn assert_adds_up(summary: &Value, workload: i64) {
+    let runs = workload + MODEL_AGENT_RUNS;
     assert_eq!(summary["runs"], runs, "{summary}");
+    assert_the_model_agent_finished(summary);
     let by_state: i64 = summary["runs_by_final_state"]
         .as_object()
         .expect("runs_by_final_state")
@@ -70,7 +101,7 @@ async fn demo_against_a_given_database_leaves_no_broken_invariant() {
     assert_adds_up(&summary, 60);
     let store = rein_store::Store::connect(&url, 2).await.expect("connect");
     let report = store.audit().await.expect("audit");
-    assert_eq!(report.runs, 60);
+    assert_eq!(report.runs, 60 + MODEL_AGENT_RUNS);
     assert_eq!(report.violations(), 0, "{report:?}");
     assert_eq!(
         summary["fenced_writes_rejected"], report.fenced_writes_rejected,

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use rein_scheduler::{Scheduler, SchedulerConfig};
 use rein_store::{EnqueueRequest, Sender, Store, counters};
+use rein_worker::model::ModelOptions;
 use rein_worker::{Worker, WorkerConfig};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -25,7 +26,8 @@ const EXPIRING_VERSION_OFFSET: u32 = 100;
 pub struct DemoArgs {
     #[command(flatten)]
     db: DbArgs,
-    /// Runs to enqueue.
+    /// Runs of the built-in sim and scripted definitions to enqueue; two runs of the
+    /// model agent (`support-agent`) come on top.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     runs: u32,
     /// Print the summary as one JSON object.
@@ -53,7 +55,7 @@ pub async fn demo(args: DemoArgs) -> u8 {
             Err(code) => return code,
         },
     };
-    let (code, api) = run_demo(&args, &url).await;
+    let (code, api, model_options) = run_demo(&args, &url).await;
     if args.keep
         && code == exit::OK
         && let Some(api) = api
@@ -62,7 +64,7 @@ pub async fn demo(args: DemoArgs) -> u8 {
         // the CLI or the Python client) moves and ends like the demo's own.
         let stop = CancellationToken::new();
         let mut fleet = match Store::connect_within(&url, 8, args.db.db_connect_timeout_ms).await {
-            Ok(store) => start_fleet(&store, 1, 1, &stop),
+            Ok(store) => start_fleet(&store, 1, 1, &stop, &model_options),
             Err(e) => {
                 eprintln!("warning: no worker kept serving: {e}");
                 tokio::task::JoinSet::new()
@@ -93,6 +95,7 @@ fn start_fleet(
     schedulers: usize,
     workers: usize,
     stop: &CancellationToken,
+    model: &ModelOptions,
 ) -> tokio::task::JoinSet<()> {
     let mut fleet = tokio::task::JoinSet::new();
     for i in 0..schedulers {
@@ -112,7 +115,14 @@ fn start_fleet(
         let worker = Worker::new(
             store.clone(),
             config,
-            rein_worker::builtin_registry(store.clone()),
+            rein_worker::builtin_registry_full(
+                store.clone(),
+                rein_worker::http::HttpOptions {
+                    egress: rein_worker::egress::Policy::new(),
+                    quote_error_bodies: false,
+                },
+                model.clone(),
+            ),
         );
         let stop = stop.clone();
         fleet.spawn(async move {
@@ -123,29 +133,42 @@ fn start_fleet(
 }
 
 /// Runs the workload; returns the exit code and the API it served.
-async fn run_demo(args: &DemoArgs, url: &str) -> (u8, Option<DemoApi>) {
+async fn run_demo(args: &DemoArgs, url: &str) -> (u8, Option<DemoApi>, ModelOptions) {
     let store = match Store::connect_within(url, 24, args.db.db_connect_timeout_ms).await {
         Ok(s) => s,
-        Err(e) => return (report(&e), None),
+        Err(e) => return (report(&e), None, ModelOptions::default()),
     };
     if let Err(e) = store.migrate().await {
-        return (report(&e), None);
+        return (report(&e), None, ModelOptions::default());
     }
     // The API serves this database for the demo's lifetime (and with --keep, after it), with
     // a token made for the demo.
     let api = match start_api(&store).await {
         Ok(api) => api,
-        Err(code) => return (code, None),
+        Err(code) => return (code, None, ModelOptions::default()),
     };
-    let code = drive(args, url, &store, &api).await;
-    (code, Some(api))
+    let model = match crate::demo_model::setup(&store).await {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return (exit::INPUT, Some(api), ModelOptions::default());
+        }
+    };
+    let code = drive(args, url, &store, &api, &model).await;
+    (code, Some(api), model.options)
 }
 
-async fn drive(args: &DemoArgs, url: &str, store: &Store, api: &DemoApi) -> u8 {
+async fn drive(
+    args: &DemoArgs,
+    url: &str,
+    store: &Store,
+    api: &DemoApi,
+    model: &crate::demo_model::ModelSetup,
+) -> u8 {
     let store = store.clone();
     eprintln!("API on {} (token for this demo: {})", api.url, api.token);
     let stop = CancellationToken::new();
-    let mut fleet = start_fleet(&store, 2, 4, &stop);
+    let mut fleet = start_fleet(&store, 2, 4, &stop, &model.options);
 
     let (lifecycle, research, refund) = match (
         store.load_definition("lifecycle", None).await,
@@ -192,6 +215,12 @@ async fn drive(args: &DemoArgs, url: &str, store: &Store, api: &DemoApi) -> u8 {
         };
         requests.push(EnqueueRequest::new(def, json!({ "sim": sim })));
     }
+    // Two runs of a real agent: a model picks the tools; the refund over 100 waits for the
+    // demo's approver.
+    let support_first = requests.len();
+    for input in crate::demo_model::inputs() {
+        requests.push(EnqueueRequest::new(model.definition.clone(), input));
+    }
     let started = Instant::now();
     let mut run_ids = Vec::new();
     for chunk in requests.chunks(1000) {
@@ -201,9 +230,17 @@ async fn drive(args: &DemoArgs, url: &str, store: &Store, api: &DemoApi) -> u8 {
         }
     }
     eprintln!(
-        "enqueued {} runs (lifecycle and research-agent with sim actions; refund-agent with a scripted model)",
-        run_ids.len()
+        "enqueued {} runs (lifecycle and research-agent with sim actions; refund-agent with a scripted model; {} with a model at {}{})",
+        run_ids.len(),
+        crate::demo_model::DEFINITION,
+        model.endpoint,
+        if model.stand_in {
+            ", a local stand-in because REIN_MODEL_URL is not set"
+        } else {
+            ""
+        }
     );
+    let support_runs: Vec<uuid::Uuid> = run_ids.get(support_first..).unwrap_or(&[]).to_vec();
     let cancel_target = run_ids.get(7).copied();
     let mut cancelled = false;
     let mut approvals = BTreeMap::<&str, u64>::new();
@@ -243,7 +280,9 @@ async fn drive(args: &DemoArgs, url: &str, store: &Store, api: &DemoApi) -> u8 {
             .await
         {
             for row in waiting {
-                if row.definition == "refund-agent" {
+                if row.definition == "refund-agent"
+                    || row.definition == crate::demo_model::DEFINITION
+                {
                     continue; // decided above, through its request
                 }
                 let Some((event, deny)) =
@@ -362,11 +401,17 @@ async fn drive(args: &DemoArgs, url: &str, store: &Store, api: &DemoApi) -> u8 {
         "events_per_s": events_total as f64 / elapsed,
         "database_url": url,
         "api": { "url": api.url, "token": api.token },
+        "model_agent": {
+            "endpoint": model.endpoint,
+            "stand_in": model.stand_in,
+            "runs": crate::demo_model::report(&store, &support_runs).await,
+        },
     });
     if args.json {
         println!("{summary}");
     } else {
         print_summary(&summary);
+        crate::demo_model::print_report(&summary["model_agent"], &summary["model_agent"]["runs"]);
     }
     if integrity_errors > 0 {
         exit::REFUSED

@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod chaos;
 pub mod demo;
+pub mod demo_model;
 pub mod model_standin;
 pub mod privdb;
 pub mod privredis;
