@@ -85,6 +85,17 @@ pub struct BenchArgs {
     /// claim queries. Needs `--redis-url` (or REDIS_URL) and `--rate`.
     #[arg(long)]
     compare_redis: bool,
+    /// Measure what Rein adds to each step of a model agent instead: `support-agent` runs
+    /// against a stand-in model that answers at once (enqueue → first model request, reply →
+    /// next request, p50/p99), next to one durable commit measured in the same run.
+    #[arg(long)]
+    model: bool,
+    /// With --model: runs to drive.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    model_runs: u32,
+    /// With --model: runs enqueued per second (open loop).
+    #[arg(long, default_value_t = 20.0)]
+    model_rate: f64,
 }
 
 /// The benchmark's poll interval: short, so a closed-loop point measures the database
@@ -240,6 +251,12 @@ pub async fn bench(args: BenchArgs) -> u8 {
         return exit::INPUT;
     }
 
+    if args.model
+        && !(args.model_rate.is_finite() && args.model_rate > 0.0 && args.model_rate <= 1000.0)
+    {
+        eprintln!("error: --model-rate must be a number of runs per second in (0, 1000]");
+        return exit::INPUT;
+    }
     let mut private = None;
     let url = match args.db.database_url.clone() {
         Some(url) => url,
@@ -273,7 +290,11 @@ pub async fn bench(args: BenchArgs) -> u8 {
         }),
         redis: args.redis.clone(),
     };
-    let code = run(&args, &plan, private.is_some()).await;
+    let code = if args.model {
+        run_model(&args, &plan.url, private.is_some()).await
+    } else {
+        run(&args, &plan, private.is_some()).await
+    };
     if let Some(pg) = private {
         crate::privdb::finish(pg, code == exit::OK).await;
     }
@@ -283,6 +304,41 @@ pub async fn bench(args: BenchArgs) -> u8 {
         eprintln!("worker logs are kept in {}", plan.log_dir.display());
     }
     code
+}
+
+/// `--model`: the model-step overhead (see [`crate::bench_model`]).
+async fn run_model(args: &BenchArgs, url: &str, private: bool) -> u8 {
+    let store = match Store::connect_within(url, 8, args.db.db_connect_timeout_ms).await {
+        Ok(s) => s,
+        Err(e) => return report(&e),
+    };
+    let checked = if private {
+        store.migrate().await
+    } else {
+        store.check_schema().await
+    };
+    if let Err(e) = checked {
+        return report(&e);
+    }
+    let bench = crate::bench_model::ModelBench {
+        runs: args.model_runs,
+        rate: args.model_rate,
+        timeout: Duration::from_secs(args.duration_s.max(60) + u64::from(args.model_runs)),
+    };
+    match crate::bench_model::run(&store, &bench).await {
+        Ok(figures) if args.json => {
+            println!("{figures}");
+            exit::OK
+        }
+        Ok(figures) => {
+            crate::bench_model::print(&figures);
+            exit::OK
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            exit::REFUSED
+        }
+    }
 }
 
 async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {

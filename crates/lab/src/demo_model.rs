@@ -45,33 +45,8 @@ pub async fn setup(store: &Store) -> Result<ModelSetup, String> {
             definition: builtin,
         });
     }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| format!("cannot open a port for the stand-in model: {e}"))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| format!("cannot read the stand-in model's address: {e}"))?;
-    // Serves until the demo's process exits; with an empty script it plays the support
-    // agent's policy: look the order up, refund it, finish.
-    tokio::spawn(StandIn::default().serve(listener));
-    let endpoint = format!("http://{addr}/v1");
-    let mut spec = builtin.spec().clone();
-    spec.version += STAND_IN_VERSION_OFFSET;
-    spec.description = format!(
-        "{} (demo: a local stand-in model, no key)",
-        spec.description
-    );
-    for state in &mut spec.states {
-        if let Some(model) = &mut state.model {
-            model.api_key_env = None;
-        }
-    }
-    let copy = Definition::from_spec(spec, &rein_core::GuardRegistry::new())
-        .map_err(|e| format!("the demo's copy of {DEFINITION}: {e}"))?;
-    store
-        .register_definition(&copy)
-        .await
-        .map_err(|e| format!("register the demo's copy of {DEFINITION}: {e}"))?;
+    let (_, endpoint) = start_stand_in().await?;
+    let copy = keyless_copy(store).await?;
     Ok(ModelSetup {
         options: ModelOptions {
             default_base_url: Some(endpoint.clone()),
@@ -81,6 +56,45 @@ pub async fn setup(store: &Store) -> Result<ModelSetup, String> {
         stand_in: true,
         definition: copy,
     })
+}
+
+/// Starts the stand-in model server in this process on a free port, serving until the process
+/// exits; with no script it plays the support agent's policy (look the order up, refund it,
+/// finish). It, and its base URL.
+pub async fn start_stand_in() -> Result<(StandIn, String), String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| format!("cannot open a port for the stand-in model: {e}"))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| format!("cannot read the stand-in model's address: {e}"))?;
+    let standin = StandIn::default();
+    tokio::spawn(standin.clone().serve(listener));
+    Ok((standin, format!("http://{addr}/v1")))
+}
+
+/// Registers (once) and returns a copy of the support agent that sends no key: the stand-in
+/// needs none, and a demo or benchmark must not need one either.
+pub async fn keyless_copy(store: &Store) -> Result<Definition, String> {
+    let builtin = store
+        .load_definition(DEFINITION, None)
+        .await
+        .map_err(|e| format!("the built-in {DEFINITION}: {e}"))?;
+    let mut spec = builtin.spec().clone();
+    spec.version += STAND_IN_VERSION_OFFSET;
+    spec.description = format!("{} (a local stand-in model, no key)", spec.description);
+    for state in &mut spec.states {
+        if let Some(model) = &mut state.model {
+            model.api_key_env = None;
+        }
+    }
+    let copy = Definition::from_spec(spec, &rein_core::GuardRegistry::new())
+        .map_err(|e| format!("the key-less copy of {DEFINITION}: {e}"))?;
+    store
+        .register_definition(&copy)
+        .await
+        .map_err(|e| format!("register the key-less copy of {DEFINITION}: {e}"))?;
+    Ok(copy)
 }
 
 /// The support runs' inputs: a refund the agent may make, and one over 100 that waits for

@@ -3,6 +3,7 @@
 //! child processes, and the private PostgreSQL and Redis servers they start.
 
 pub mod bench;
+pub mod bench_model;
 pub mod chaos;
 pub mod demo;
 pub mod demo_model;

@@ -47,6 +47,8 @@ struct Inner {
     script: Mutex<VecDeque<Value>>,
     requests: Mutex<Vec<Value>>,
     authorizations: Mutex<Vec<Option<String>>>,
+    /// When each kept request arrived (for `rein bench --model`).
+    arrivals: Mutex<Vec<std::time::Instant>>,
 }
 
 /// A running stand-in's shared state.
@@ -95,6 +97,15 @@ impl StandIn {
             .clone()
     }
 
+    /// When each request received arrived, in order (parallel to [`StandIn::requests`]).
+    pub fn arrivals(&self) -> Vec<std::time::Instant> {
+        self.inner
+            .arrivals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// The `Authorization` header of each request received, in order.
     pub fn authorizations(&self) -> Vec<Option<String>> {
         self.inner
@@ -137,6 +148,7 @@ async fn completions(
     headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
+    let arrived = std::time::Instant::now();
     let Ok(request) = serde_json::from_slice::<Value>(&body) else {
         return error(
             StatusCode::BAD_REQUEST,
@@ -148,6 +160,11 @@ async fn completions(
         let mut kept = s.inner.requests.lock().unwrap_or_else(|e| e.into_inner());
         if kept.len() < REQUESTS_KEPT_MAX {
             kept.push(request.clone());
+            s.inner
+                .arrivals
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(arrived);
             let auth = headers
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
