@@ -1298,7 +1298,17 @@ impl Contract {
         if let Some((text, content_type)) = body {
             req = req.header("content-type", content_type).body(text);
         }
-        json_of(req.send().await.unwrap()).await
+        let response = req.send().await.unwrap();
+        // A run's stream lasts as long as the run: that it opened is the answer.
+        let streams = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if streams {
+            return (response.status(), Value::Null);
+        }
+        json_of(response).await
     }
 
     /// The operation's JSON body with `property` set to `value`.
