@@ -10,7 +10,10 @@ use rein_ops::recovery::ResolveBody;
 use rein_ops::service::EnqueueBody;
 use rein_process::{DbArgs, RedisArgs, connect, exit, init_logging, open, report, shutdown_signal};
 
-use crate::print::{answer, cell, fail, print_json, printable, short_time, text};
+use crate::print::{
+    answer, cell, fail, print_history_header, print_history_row, print_json, printable, short_time,
+    text,
+};
 use crate::remote::{ApiConn, Backend, Conn};
 
 #[derive(clap::Args)]
@@ -846,27 +849,6 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
             if verdict.ok { exit::OK } else { exit::REFUSED }
         }
     }
-}
-
-/// The header of `rein runs history`'s table (and `rein runs watch`'s).
-pub fn print_history_header() {
-    println!(
-        "{:>5}  {:<26}  {:>5}  {:<28}  {:<28}  occurred_at",
-        "seq", "type", "token", "worker", "sender"
-    );
-}
-
-/// One event as a row of `rein runs history`'s table.
-pub fn print_history_row(e: &Value) {
-    println!(
-        "{:>5}  {:<26}  {:>5}  {:<28}  {:<28}  {}",
-        cell(e, "sequence"),
-        text(e, "type"),
-        cell(e, "token"),
-        text(e, "worker"),
-        cell(e, "sender"),
-        text(e, "occurred_at")
-    );
 }
 
 /// `rein openapi`: prints the document, with no server or database needed.

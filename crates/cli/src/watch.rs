@@ -15,8 +15,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use crate::commands::{print_history_header, print_history_row};
-use crate::print::{fail, printable};
+use crate::print::{fail, print_history_header, print_history_row, printable};
 use crate::remote::{Backend, Client, Conn, RESPONSE_BYTES_MAX};
 
 /// Longest `--timeout`: a week.
