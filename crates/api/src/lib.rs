@@ -120,6 +120,9 @@ pub struct Limits {
     pub streams_max: usize,
     /// How often an open run stream reads the run's row.
     pub stream_poll_ms: u64,
+    /// How often a quiet run stream sends a comment: well inside the connection's idle
+    /// timeout, which would otherwise close it.
+    pub stream_keep_alive_ms: u64,
 }
 
 impl Default for Limits {
@@ -130,6 +133,7 @@ impl Default for Limits {
             page_bytes_max: rein_ops::service::PAGE_BYTES_MAX_DEFAULT,
             streams_max: stream::STREAMS_MAX_DEFAULT,
             stream_poll_ms: rein_ops::stream::POLL_INTERVAL_MS_DEFAULT,
+            stream_keep_alive_ms: stream::keep_alive_ms(server::IDLE_TIMEOUT_MS_DEFAULT),
         }
     }
 }
@@ -275,6 +279,7 @@ pub async fn serve(args: ApiArgs) -> u8 {
         page_bytes_max: args.page_bytes_max as usize,
         streams_max: args.max_streams as usize,
         stream_poll_ms: args.stream_poll_ms,
+        stream_keep_alive_ms: stream::keep_alive_ms(args.idle_timeout_ms),
     };
     tracing::info!(address = %bound, auth = !args.insecure_dev,
         max_connections = conn_limits.connections_max,

@@ -28,9 +28,15 @@ use crate::{ApiError, App, Caller};
 
 /// Streams open at once unless `--max-streams` says otherwise.
 pub const STREAMS_MAX_DEFAULT: usize = 256;
-/// A comment line is sent this often on a stream where nothing else is, so that proxies and
-/// clients see it alive and a client that went away is noticed.
+/// A comment line is sent at most this long apart on a stream where nothing else is, so that
+/// proxies and clients see it alive and a client that went away is noticed.
 pub const KEEP_ALIVE_MS: u64 = 15_000;
+
+/// The keep-alive interval of streams on connections closed after `idle_timeout_ms` of
+/// silence: [`KEEP_ALIVE_MS`], or a third of the idle timeout when that is shorter.
+pub fn keep_alive_ms(idle_timeout_ms: u64) -> u64 {
+    KEEP_ALIVE_MS.min(idle_timeout_ms / 3).max(1)
+}
 /// Metric: streams open now.
 pub const STREAMS_OPEN: &str = "rein_api_streams_open";
 /// Metric: streams refused because `--max-streams` were open.
@@ -71,7 +77,8 @@ pub(crate) struct StreamQuery {
 /// the record. The stream ends with `event: end`, `data:` how the run ended (`outcome`
 /// succeeded, failed or cancelled); a run already terminal gets its events and `end` at
 /// once. `event: error` (`data:` the error document) ends a stream that cannot go on. A
-/// comment line is sent every 15 s while nothing else is. Streams that end without `end`
+/// comment line is sent every 15 s (a third of `--idle-timeout-ms` when shorter) while
+/// nothing else is. Streams that end without `end`
 /// (the server stopping) are resumed with `Last-Event-ID`. At most `--max-streams` are open
 /// per server: one more is answered 503 with `Retry-After`.
 #[utoipa::path(get, path = "/v1/runs/{id}/stream", tag = "runs",
@@ -152,7 +159,9 @@ pub(crate) async fn stream_run(
     })
     .map(|item| Ok::<Event, Infallible>(sse_event(item)));
     let mut response = Sse::new(events)
-        .keep_alive(KeepAlive::new().interval(Duration::from_millis(KEEP_ALIVE_MS)))
+        .keep_alive(
+            KeepAlive::new().interval(Duration::from_millis(app.limits.stream_keep_alive_ms)),
+        )
         .into_response();
     // Proxies that buffer answers (nginx) pass this one on as it comes.
     response

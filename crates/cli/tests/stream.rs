@@ -361,6 +361,21 @@ async fn streams_past_max_streams_are_refused_counted_and_ended_when_the_api_sto
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_stream_outlives_the_connections_idle_timeout() {
+    let api = Api::start("stream_idle", &["--idle-timeout-ms", "300"]).await;
+    let token = api.token("watcher", &["read"]);
+    let run = idle_run(&api.store).await;
+    let mut stream = Reader::open(&api, run, &token, None).await;
+    assert_eq!(stream.next().await.unwrap().event, "committed");
+    assert_eq!(stream.next().await.unwrap().event, "committed");
+    // Nothing happens to the run for several idle timeouts: only keep-alives flow.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    common::cancel(&api.store, run).await;
+    let rest = stream.until_end().await;
+    assert_eq!(rest.last().unwrap().data["outcome"], "cancelled");
+}
+
 // ---- the CLI ---------------------------------------------------------------------------------
 
 fn via_db(api: &Api, args: &[&str]) -> Output {
