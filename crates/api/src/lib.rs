@@ -9,6 +9,7 @@ pub mod metrics_endpoint;
 mod recovery;
 mod routes;
 pub mod server;
+pub mod stream;
 mod trace_layer;
 
 use std::net::{IpAddr, SocketAddr};
@@ -93,6 +94,17 @@ pub struct ApiArgs {
     #[arg(long, value_name = "BYTES", default_value_t = rein_ops::service::PAGE_BYTES_MAX_DEFAULT as u64,
           value_parser = clap::value_parser!(u64).range(64 * 1024..=64 * 1024 * 1024))]
     page_bytes_max: u64,
+    /// Run streams (`GET /v1/runs/{id}/stream`) open at once; one more is answered 503
+    /// (`Retry-After: 1`). Each holds a connection, so keep it below --max-connections.
+    #[arg(long, value_name = "N", default_value_t = stream::STREAMS_MAX_DEFAULT as u64,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    max_streams: u64,
+    /// How often an open run stream reads the run's row for new events, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = rein_ops::stream::POLL_INTERVAL_MS_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(20..=10_000))]
+    stream_poll_ms: u64,
+    // Redis: wake-ups after commits, the fleet-wide limits `GET /v1/limits` shows, and the
+    // live deltas a run stream carries (without it, streams carry committed events only).
     #[command(flatten)]
     redis: RedisArgs,
 }
@@ -104,6 +116,13 @@ pub struct Limits {
     pub body_read_timeout: Duration,
     /// About the most bytes of rows one page of a list carries.
     pub page_bytes_max: usize,
+    /// Run streams open at once.
+    pub streams_max: usize,
+    /// How often an open run stream reads the run's row.
+    pub stream_poll_ms: u64,
+    /// How often a quiet run stream sends a comment: well inside the connection's idle
+    /// timeout, which would otherwise close it.
+    pub stream_keep_alive_ms: u64,
 }
 
 impl Default for Limits {
@@ -112,6 +131,9 @@ impl Default for Limits {
             body_bytes_max: BODY_LIMIT_DEFAULT as usize,
             body_read_timeout: Duration::from_millis(server::BODY_READ_TIMEOUT_MS_DEFAULT),
             page_bytes_max: rein_ops::service::PAGE_BYTES_MAX_DEFAULT,
+            streams_max: stream::STREAMS_MAX_DEFAULT,
+            stream_poll_ms: rein_ops::stream::POLL_INTERVAL_MS_DEFAULT,
+            stream_keep_alive_ms: stream::keep_alive_ms(server::IDLE_TIMEOUT_MS_DEFAULT),
         }
     }
 }
@@ -125,6 +147,8 @@ pub struct App {
     pub openapi: OnceLock<utoipa::openapi::OpenApi>,
     /// Where the fleet-wide limits live, when this API was given a Redis.
     pub redis: Option<rein_accel::RedisConfig>,
+    /// One permit per open run stream.
+    pub streams: Arc<tokio::sync::Semaphore>,
 }
 
 /// The authenticated caller of a request.
@@ -155,6 +179,7 @@ pub fn router(
         limits,
         openapi: OnceLock::new(),
         redis,
+        streams: Arc::new(tokio::sync::Semaphore::new(limits.streams_max)),
     });
     let (router, doc) = routes::router().split_for_parts();
     http_metrics::register(&doc);
@@ -252,6 +277,9 @@ pub async fn serve(args: ApiArgs) -> u8 {
         body_bytes_max: args.body_limit_bytes as usize,
         body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
         page_bytes_max: args.page_bytes_max as usize,
+        streams_max: args.max_streams as usize,
+        stream_poll_ms: args.stream_poll_ms,
+        stream_keep_alive_ms: stream::keep_alive_ms(args.idle_timeout_ms),
     };
     tracing::info!(address = %bound, auth = !args.insecure_dev,
         max_connections = conn_limits.connections_max,
@@ -266,6 +294,7 @@ pub async fn serve(args: ApiArgs) -> u8 {
     );
     http_metrics::describe();
     server::register_metrics();
+    stream::register_metrics();
     let store = args
         .redis
         .publishing(store, &stop)

@@ -80,6 +80,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(get_run))
         .routes(routes!(why_run))
         .routes(routes!(run_events, send_event))
+        .routes(routes!(crate::stream::stream_run))
         .routes(routes!(list_approvals))
         .routes(routes!(grant_approval))
         .routes(routes!(deny_approval))

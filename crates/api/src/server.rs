@@ -12,7 +12,9 @@
 //!   being answered; the body has its own deadline, checked where it is read
 //!   (`--body-read-timeout-ms`, in `mod.rs`);
 //! - hyper answers a request it cannot parse (400, 414, 431) itself, with an empty body;
-//!   those answers are replaced on the wire by the API's JSON error shape.
+//!   those answers are replaced on the wire by the API's JSON error shape;
+//! - every request carries [`Stopping`], so that a run's stream ends when the server stops
+//!   instead of holding the drain open.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -235,6 +237,7 @@ async fn connection(
     let _ = stream.set_nodelay(true);
     let answering = Arc::new(Answering::default());
     let io = TokioIo::new(Watched::new(stream, answering.clone(), limits));
+    let server_stopping = Stopping(closing.clone());
     let stopping = {
         let answering = answering.clone();
         async move {
@@ -242,9 +245,10 @@ async fn connection(
             answering.closing.store(true, Ordering::SeqCst);
         }
     };
-    let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
         let app = app.clone();
         let answer = Answer::begin(&answering);
+        request.extensions_mut().insert(server_stopping.clone());
         async move {
             let response = app.oneshot(request).await;
             drop(answer);
@@ -266,6 +270,18 @@ async fn connection(
     };
     if let Err(e) = ended {
         tracing::debug!(%peer, error = %e, "connection ended");
+    }
+}
+
+/// Given to every request: resolves once the server stops, so that an answer that would
+/// go on as long as it likes (a run's stream) ends, and the drain does not wait on it.
+#[derive(Clone)]
+pub struct Stopping(watch::Receiver<bool>);
+
+impl Stopping {
+    pub async fn wait(mut self) {
+        // A dropped sender means the server is gone: stopping too.
+        let _ = self.0.wait_for(|closing| *closing).await;
     }
 }
 

@@ -11,7 +11,10 @@ use rein_ops::recovery::ResolveBody;
 use rein_ops::service::EnqueueBody;
 use rein_process::{DbArgs, RedisArgs, connect, exit, init_logging, open, report, shutdown_signal};
 
-use crate::print::{answer, cell, fail, print_json, printable, short_time, text};
+use crate::print::{
+    answer, cell, fail, print_history_header, print_history_row, print_json, printable, short_time,
+    text,
+};
 use crate::remote::{ApiConn, Backend, Conn};
 
 #[derive(clap::Args)]
@@ -138,9 +141,18 @@ pub struct EnqueueArgs {
     /// Who enqueues it, recorded with the run (through the API, the token's subject is).
     #[arg(long = "as", value_name = "NAME", env = "REIN_OPERATOR", default_value = rein_store::OPERATOR)]
     by: String,
-    /// Print `{"run_id", "created"}` instead of the id alone.
+    /// Print `{"run_id", "created"}` instead of the id alone (with --wait, and `end`: how
+    /// the run ended).
     #[arg(long)]
     json: bool,
+    /// Then follow the run to its end and print how it ended; exit 0 when it succeeded, 5
+    /// when it failed or was cancelled (as `rein runs watch`).
+    #[arg(long)]
+    wait: bool,
+    /// With --wait: give up after this many seconds, saying the run is still going (exit 6).
+    #[arg(long, value_name = "SECS", requires = "wait",
+          value_parser = clap::value_parser!(u64).range(1..=crate::watch::TIMEOUT_S_MAX))]
+    timeout: Option<u64>,
 }
 
 #[derive(clap::Args)]
@@ -292,6 +304,10 @@ pub enum RunsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Follow a run to its end: each committed event as a row of `runs history` (and, on a
+    /// terminal, a model's tokens as they stream in); exits 0 when it succeeded, 5 when it
+    /// failed or was cancelled, 6 when --timeout passed first.
+    Watch(crate::watch::WatchArgs),
     /// Replay the run's log and compare it with the stored projection.
     Verify {
         #[command(flatten)]
@@ -459,13 +475,46 @@ pub async fn enqueue(args: EnqueueArgs) -> u8 {
         queue: args.queue,
         priority: Some(args.priority),
     };
-    answer(
-        backend.enqueue(body, args.key, &args.by).await,
-        args.json,
-        |done| {
+    let done = backend.enqueue(body, args.key, &args.by).await;
+    if !args.wait {
+        return answer(done, args.json, |done| {
             println!("{}", text(done, "run_id"));
-        },
+        });
+    }
+    let done = match done {
+        Ok(done) => done,
+        Err(e) => return fail(&e),
+    };
+    let Some(run) = done
+        .get("run_id")
+        .and_then(Value::as_str)
+        .and_then(|id| id.parse::<Uuid>().ok())
+    else {
+        eprintln!("error: the enqueue answered no run id: {done}");
+        return exit::DATABASE;
+    };
+    if !args.json {
+        println!("{run}");
+    }
+    let timeout = args.timeout.map(std::time::Duration::from_secs);
+    let watched = crate::watch::follow_run(
+        &backend,
+        run,
+        &RedisArgs::default(),
+        crate::watch::Show::Quiet,
+        timeout,
     )
+    .await;
+    crate::watch::finish(&backend, run, watched, timeout, |end| {
+        if args.json {
+            let mut done = done.clone();
+            done["end"] = json!(end);
+            print_json(&done);
+        } else {
+            println!("{}", crate::watch::ended_line(end));
+        }
+    })
+    .await
 }
 
 /// What a sent event became, for a person: `applied_msg` with its sequence, or queued.
@@ -746,20 +795,9 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
                 print_json(&events);
                 return exit::OK;
             }
-            println!(
-                "{:>5}  {:<26}  {:>5}  {:<28}  {:<28}  occurred_at",
-                "seq", "type", "token", "worker", "sender"
-            );
+            print_history_header();
             for e in events.as_array().into_iter().flatten() {
-                println!(
-                    "{:>5}  {:<26}  {:>5}  {:<28}  {:<28}  {}",
-                    cell(e, "sequence"),
-                    text(e, "type"),
-                    cell(e, "token"),
-                    text(e, "worker"),
-                    cell(e, "sender"),
-                    text(e, "occurred_at")
-                );
+                print_history_row(e);
             }
             exit::OK
         }
@@ -817,6 +855,7 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
             }
             exit::OK
         }
+        RunsCommand::Watch(args) => crate::watch::watch(args).await,
         RunsCommand::Verify { conn, run, json } => {
             let backend = match Backend::open(&conn).await {
                 Ok(b) => b,

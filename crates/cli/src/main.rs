@@ -9,6 +9,7 @@ mod print;
 mod remote;
 mod retention;
 mod tokens;
+mod watch;
 mod why;
 
 use std::process::ExitCode;
@@ -42,7 +43,7 @@ enum Command {
     Worker(commands::WorkerArgs),
     /// Run a scheduler: fires timers and recovers expired leases.
     Scheduler(commands::SchedulerArgs),
-    /// Create a run; prints its id.
+    /// Create a run; prints its id (with --wait, follows it to its end).
     Enqueue(commands::EnqueueArgs),
     /// Send an event to a run (reply, approval, cancel).
     Send(commands::SendArgs),

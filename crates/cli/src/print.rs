@@ -117,3 +117,24 @@ pub fn short_time(rfc3339: &str) -> String {
         })
         .unwrap_or_else(|_| rfc3339.to_owned())
 }
+
+/// The header of `rein runs history`'s table (and `rein runs watch`'s).
+pub fn print_history_header() {
+    println!(
+        "{:>5}  {:<26}  {:>5}  {:<28}  {:<28}  occurred_at",
+        "seq", "type", "token", "worker", "sender"
+    );
+}
+
+/// One event as a row of `rein runs history`'s table.
+pub fn print_history_row(e: &Value) {
+    println!(
+        "{:>5}  {:<26}  {:>5}  {:<28}  {:<28}  {}",
+        cell(e, "sequence"),
+        text(e, "type"),
+        cell(e, "token"),
+        text(e, "worker"),
+        cell(e, "sender"),
+        text(e, "occurred_at")
+    );
+}

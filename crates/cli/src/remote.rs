@@ -22,8 +22,11 @@ use rein_process::{DbArgs, exit};
 
 /// Longest API URL accepted.
 const URL_BYTES_MAX: usize = 2048;
-/// Largest response body read from the API.
-const RESPONSE_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Largest response body read from the API, and largest event of a run's stream.
+pub const RESPONSE_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// A run's stream silent for this long is taken as broken (the server sends a comment every
+/// 15 s) and opened again.
+const STREAM_SILENCE_MAX: Duration = Duration::from_secs(60);
 /// Who a client key belongs to when the CLI enqueues on the database itself.
 pub const DB_CALLER: &str = "cli";
 /// Largest token file read: a token is one line of well under this.
@@ -136,6 +139,9 @@ pub fn read_token_file(path: &Path) -> Result<String, String> {
 /// The API over HTTP.
 pub struct Client {
     http: reqwest::Client,
+    /// For answers that last as long as a run does (`GET /v1/runs/{id}/stream`): no bound on
+    /// the whole answer, one on a silence longer than the server's keep-alives.
+    streaming: reqwest::Client,
     base: reqwest::Url,
     token: Option<String>,
 }
@@ -583,16 +589,35 @@ impl Client {
             .timeout(Duration::from_secs(60))
             .build()
             .map_err(|e| format!("cannot set up an HTTP client: {e}"))?;
-        Ok(Client { http, base, token })
+        let streaming = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .read_timeout(STREAM_SILENCE_MAX)
+            .build()
+            .map_err(|e| format!("cannot set up an HTTP client: {e}"))?;
+        Ok(Client {
+            http,
+            streaming,
+            base,
+            token,
+        })
     }
 
     /// A request to the base URL plus `segments` (each percent-encoded).
     fn request(&self, method: reqwest::Method, segments: &[&str]) -> reqwest::RequestBuilder {
+        self.request_with(&self.http, method, segments)
+    }
+
+    fn request_with(
+        &self,
+        http: &reqwest::Client,
+        method: reqwest::Method,
+        segments: &[&str],
+    ) -> reqwest::RequestBuilder {
         let mut url = self.base.clone();
         if let Ok(mut path) = url.path_segments_mut() {
             path.pop_if_empty().extend(segments);
         }
-        let request = self.http.request(method, url);
+        let request = http.request(method, url);
         match &self.token {
             Some(token) => request.header(AUTHORIZATION, format!("Bearer {token}")),
             None => request,
@@ -609,6 +634,71 @@ impl Client {
         typed(self.get(&["v1", "limits"], &query).await?)
     }
 
+    /// Opens `GET /v1/runs/{run}/stream` after sequence `after`: the answer whose body is the
+    /// event stream, or the API's error.
+    pub async fn stream(&self, run: Uuid, after: i64) -> Result<reqwest::Response, Error> {
+        let mut request = self
+            .request_with(
+                &self.streaming,
+                reqwest::Method::GET,
+                &["v1", "runs", &run.to_string(), "stream"],
+            )
+            .header(reqwest::header::ACCEPT, "text/event-stream");
+        if after > 0 {
+            request = request.header("last-event-id", after.to_string());
+        }
+        let response = request.send().await.map_err(|e| self.unreachable(e))?;
+        let status = response.status();
+        if status.is_success() {
+            let is_stream = response
+                .headers()
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("text/event-stream"));
+            if !is_stream {
+                return Err(Error::new(
+                    Code::Internal,
+                    format!(
+                        "the API at {} answered the run's stream with something else than text/event-stream; is it a Rein API of this version?",
+                        self.base
+                    ),
+                ));
+            }
+            return Ok(response);
+        }
+        let body = self.read_body(response).await?;
+        Err(remote_error(
+            status,
+            serde_json::from_slice(&body).ok(),
+            &self.base,
+        ))
+    }
+
+    fn unreachable(&self, e: reqwest::Error) -> Error {
+        Error::new(
+            Code::Unavailable,
+            format!(
+                "cannot reach the Rein API at {}: {e} (is `rein api` running there? check REIN_URL)",
+                self.base
+            ),
+        )
+    }
+
+    /// A response's body, at most [`RESPONSE_BYTES_MAX`] bytes of it.
+    async fn read_body(&self, mut response: reqwest::Response) -> Result<Vec<u8>, Error> {
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| self.unreachable(e))? {
+            if body.len() + chunk.len() > RESPONSE_BYTES_MAX {
+                return Err(Error::new(
+                    Code::Internal,
+                    format!("the API answered more than {RESPONSE_BYTES_MAX} bytes"),
+                ));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
+    }
+
     async fn get(&self, segments: &[&str], query: &[(&str, String)]) -> Result<Value, Error> {
         let request = self.request(reqwest::Method::GET, segments).query(query);
         self.send(request).await.map(|(v, _)| v)
@@ -619,28 +709,10 @@ impl Client {
         &self,
         request: reqwest::RequestBuilder,
     ) -> Result<(Value, reqwest::header::HeaderMap), Error> {
-        let unreachable = |e: reqwest::Error| {
-            Error::new(
-                Code::Unavailable,
-                format!(
-                    "cannot reach the Rein API at {}: {e} (is `rein api` running there? check REIN_URL)",
-                    self.base
-                ),
-            )
-        };
-        let mut response = request.send().await.map_err(unreachable)?;
+        let response = request.send().await.map_err(|e| self.unreachable(e))?;
         let status = response.status();
         let headers = response.headers().clone();
-        let mut body = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(unreachable)? {
-            if body.len() + chunk.len() > RESPONSE_BYTES_MAX {
-                return Err(Error::new(
-                    Code::Internal,
-                    format!("the API answered more than {RESPONSE_BYTES_MAX} bytes"),
-                ));
-            }
-            body.extend_from_slice(&chunk);
-        }
+        let body = self.read_body(response).await?;
         let value: Option<Value> = serde_json::from_slice(&body).ok();
         if status.is_success() {
             return value.map(|v| (v, headers)).ok_or_else(|| {

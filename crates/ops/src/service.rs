@@ -418,7 +418,7 @@ pub async fn events(
 
 /// Refuses `token` acting on run `run_id` when the token is bound to queues the run is not
 /// in; a token without queue bounds is not asked about.
-pub(crate) async fn within_queues(
+pub async fn within_queues(
     store: &Store,
     token: Option<&TokenInfo>,
     run_id: Uuid,

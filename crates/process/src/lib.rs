@@ -17,6 +17,12 @@ pub mod exit {
     pub const DATABASE: u8 = 3;
     /// The API refused the token: missing, revoked or lacking the scope.
     pub const AUTH: u8 = 4;
+    /// `rein runs watch`, `rein enqueue --wait`: the run ended, and not well (its terminal
+    /// state's outcome is `failed`, or a CANCEL ended it).
+    pub const RUN_FAILED: u8 = 5;
+    /// `rein runs watch`, `rein enqueue --wait`: `--timeout` passed and the run is still
+    /// going.
+    pub const TIMED_OUT: u8 = 6;
 }
 
 #[derive(clap::Args, Clone)]
