@@ -381,3 +381,41 @@ fn bench_runs_from_a_checkout_the_postgres_user_cannot_reach() {
     }
     let _ = std::fs::remove_dir_all(&locked);
 }
+
+/// `--model`: every run's three model requests are measured (the first from its enqueue,
+/// the two after it from the reply before), next to the reference commit, and the ratios
+/// are the figures divided by that reference.
+#[test]
+fn bench_model_measures_every_step_of_every_run_against_a_commit() {
+    let url = migrated("bench_model");
+    let out = rein(&[
+        "bench",
+        "--model",
+        "--model-runs",
+        "8",
+        "--model-rate",
+        "50",
+        "--database-url",
+        &url,
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let f: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
+    assert_eq!(f["runs"], 8, "{f}");
+    // The stand-in plays look up, refund, finish: three requests a run.
+    assert_eq!(f["model_requests"], 24, "{f}");
+    assert_eq!(f["enqueue_to_request_ms"]["samples"], 8, "{f}");
+    assert_eq!(f["reply_to_next_request_ms"]["samples"], 16, "{f}");
+    let reference = f["reference_commit_ms"]["p50"].as_f64().expect("a reference");
+    assert!(reference > 0.0, "{f}");
+    for (figure, ratio) in [
+        ("enqueue_to_request_ms", "enqueue_to_request_p50"),
+        ("reply_to_next_request_ms", "reply_to_next_request_p50"),
+    ] {
+        let p50 = f[figure]["p50"].as_f64().expect("p50");
+        let p99 = f[figure]["p99"].as_f64().expect("p99");
+        assert!(p50 > 0.0 && p99 >= p50, "{figure}: {f}");
+        let r = f["ratios_to_reference_commit_p50"][ratio].as_f64().expect("ratio");
+        assert!((r - p50 / reference).abs() <= 0.01 * r.max(1.0), "{ratio}: {f}");
+    }
+}
