@@ -236,3 +236,28 @@ def test_rerun_verify_and_brief(client: rein.Client, fleet: Fleet) -> None:
     with pytest.raises(errors.Conflict):
         client.rerun(parked)
     client.cancel(parked)
+
+
+def test_stream_follows_a_run_to_its_end_and_resumes_after_an_id(client: rein.Client) -> None:
+    run = client.enqueue("lifecycle", {"sim": {"work_ms": 20, "steps": 3}})
+    items = list(client.stream(run))
+    assert isinstance(items[-1], rein.sse.End), items[-1]
+    assert items[-1].data["status"] == "terminal"
+    committed = [i.event for i in items if isinstance(i, rein.sse.Committed)]
+    history = client.history(run)
+    assert [e.sequence for e in committed] == [e.sequence for e in history]
+    assert [e.type for e in committed] == [e.type for e in history]
+    # Resumed after sequence 2: only what came after, nothing twice.
+    again = [i.event.sequence for i in client.stream(run, last_event_id="2")
+             if isinstance(i, rein.sse.Committed)]
+    assert again == [e.sequence for e in history if e.sequence > 2]
+
+
+def test_the_async_stream_ends_like_the_sync_one(fleet: Fleet, admin_token: str) -> None:
+    async def follow() -> list[str]:
+        async with rein.AsyncClient(fleet.api_url, admin_token) as c:
+            run = await c.enqueue("lifecycle", {"sim": {"work_ms": 5}})
+            return [item.kind async for item in c.stream(run)]
+
+    kinds = asyncio.run(follow())
+    assert kinds[-1] == "end" and "committed" in kinds, kinds
