@@ -68,7 +68,7 @@ pub fn key_env_problem(name: &str) -> Option<String> {
     }
     if key_env_forbidden(name) {
         return Some(format!(
-            "`{name}` holds the worker's own credentials (DATABASE_URL, REIN_* other than REIN_MODEL_KEY, AWS_*, GOOGLE_*, AZURE_*); a definition may never name it: use OPENAI_API_KEY, REIN_MODEL_KEY or a variable the worker allows with --model-key-env"
+            "`{name}` holds the worker's own credentials (DATABASE_URL, PG*, REIN_* other than REIN_MODEL_KEY, AWS_*, GOOGLE_*, GCP_*, AZURE_*); a definition may never name it: use OPENAI_API_KEY, REIN_MODEL_KEY or a variable the worker allows with --model-key-env"
         ));
     }
     None
@@ -191,7 +191,7 @@ pub(crate) fn problems(
     }
     let events = offered_events_of(state, &|_| true);
     for tool in &state.tools {
-        if events.iter().any(|e| *e == tool.name) {
+        if events.contains(&tool.name) {
             p(
                 "tools",
                 format!(
