@@ -406,7 +406,9 @@ fn bench_model_measures_every_step_of_every_run_against_a_commit() {
     assert_eq!(f["model_requests"], 24, "{f}");
     assert_eq!(f["enqueue_to_request_ms"]["samples"], 8, "{f}");
     assert_eq!(f["reply_to_next_request_ms"]["samples"], 16, "{f}");
-    let reference = f["reference_commit_ms"]["p50"].as_f64().expect("a reference");
+    let reference = f["reference_commit_ms"]["p50"]
+        .as_f64()
+        .expect("a reference");
     assert!(reference > 0.0, "{f}");
     for (figure, ratio) in [
         ("enqueue_to_request_ms", "enqueue_to_request_p50"),
@@ -415,7 +417,12 @@ fn bench_model_measures_every_step_of_every_run_against_a_commit() {
         let p50 = f[figure]["p50"].as_f64().expect("p50");
         let p99 = f[figure]["p99"].as_f64().expect("p99");
         assert!(p50 > 0.0 && p99 >= p50, "{figure}: {f}");
-        let r = f["ratios_to_reference_commit_p50"][ratio].as_f64().expect("ratio");
-        assert!((r - p50 / reference).abs() <= 0.01 * r.max(1.0), "{ratio}: {f}");
+        let r = f["ratios_to_reference_commit_p50"][ratio]
+            .as_f64()
+            .expect("ratio");
+        assert!(
+            (r - p50 / reference).abs() <= 0.01 * r.max(1.0),
+            "{ratio}: {f}"
+        );
     }
 }
