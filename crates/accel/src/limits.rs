@@ -60,6 +60,7 @@ fn register_metrics(with_redis: bool, overrides: &BTreeMap<String, LimitSpec>) {
         let kinds = [
             ("concurrency", spec.concurrency.is_some()),
             ("rate", spec.rate.is_some()),
+            ("tpm", spec.tpm.is_some()),
         ];
         for (limit, _) in kinds.iter().filter(|(_, set)| *set) {
             metrics::counter!(LIMIT_DEFERRED,
@@ -99,6 +100,31 @@ pub fn gcra_params(spec: &LimitSpec) -> Option<(i64, i64)> {
     let interval = ((per_us + rate - 1) / rate).max(1);
     let tau = interval * (i64::from(spec.bucket()) - 1);
     Some((interval, tau))
+}
+
+/// A minute, in µs: what a `tpm` limit's bucket holds.
+const MINUTE_US: i64 = 60_000_000;
+
+/// µs of a `tpm` bucket that `tokens` tokens take (rounded up: a limit is never exceeded by
+/// rounding); negative `tokens` give time back.
+pub fn token_cost_us(tpm: u32, tokens: i64) -> i64 {
+    let tpm = i128::from(tpm.max(1));
+    let us = i128::from(tokens) * i128::from(MINUTE_US);
+    let cost = if us >= 0 {
+        (us + tpm - 1) / tpm
+    } else {
+        us / tpm
+    };
+    cost.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+}
+
+/// The GCRA step and tolerance of booking `tokens` against a `tpm` limit: the booking takes
+/// its share of a minute, and a quiet key holds a minute's tokens in all. A booking larger
+/// than a minute's tokens books one minute's (it could never fit otherwise).
+pub fn token_params(tpm: u32, tokens: u64) -> (i64, i64) {
+    let tokens = tokens.clamp(1, u64::from(tpm.max(1)));
+    let cost = token_cost_us(tpm, tokens as i64).max(1);
+    (cost, (MINUTE_US - cost).max(0))
 }
 
 /// One GCRA decision at `now`: the start is allowed at `tat - tau` (at once when that has
@@ -147,6 +173,21 @@ local ticket = tonumber(redis.call('GET', KEYS[2]) or 0)
 if ticket + interval > allow_at then ticket = ticket + interval else ticket = allow_at end
 redis.call('SET', KEYS[2], string.format('%d', ticket), 'PX', math.floor((ticket - now) / 1000) + 1000)
 return {0, ticket - now}
+";
+
+/// Corrects a `tpm` booking by what the call really used. KEYS: the bucket's arrival time.
+/// ARGV: µs to add (negative: given back; never below now, so nothing is banked).
+const SETTLE_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+tat = tat + tonumber(ARGV[1])
+if tat <= now then
+  redis.call('DEL', KEYS[1])
+  return 0
+end
+redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', math.floor((tat - now) / 1000) + 1000)
+return 0
 ";
 
 /// Takes a concurrency slot. KEYS: the slot set. ARGV: cap, TTL (ms), holder. Expired slots
@@ -310,6 +351,8 @@ pub struct Permit {
     slots: Vec<Slot>,
     limiter: Option<Arc<LimiterInner>>,
     limited: bool,
+    /// `tpm` bookings: key, its tokens per minute, tokens booked.
+    tokens: Vec<(String, u32, u64)>,
 }
 
 #[derive(Debug, Clone)]
@@ -373,6 +416,45 @@ impl std::fmt::Debug for LimiterInner {
     }
 }
 
+/// Which of a key's buckets a decision is about: its rate (starts) or its `tpm` (tokens).
+#[derive(Debug, Clone, Copy)]
+enum Bucket {
+    Starts,
+    Tokens,
+}
+
+impl Bucket {
+    fn of(limit: &str) -> Bucket {
+        if limit == "tpm" {
+            Bucket::Tokens
+        } else {
+            Bucket::Starts
+        }
+    }
+
+    fn tat(self) -> &'static str {
+        match self {
+            Bucket::Starts => "tat",
+            Bucket::Tokens => "tpm_tat",
+        }
+    }
+
+    fn ticket(self) -> &'static str {
+        match self {
+            Bucket::Starts => "ticket",
+            Bucket::Tokens => "tpm_ticket",
+        }
+    }
+
+    /// The key of the per-process fallback's state.
+    fn local_key(self, key: &str) -> String {
+        match self {
+            Bucket::Starts => key.to_owned(),
+            Bucket::Tokens => format!("{key}#tpm"),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct LocalKey {
     tat: Option<i64>,
@@ -425,12 +507,16 @@ impl Limiter {
 
     /// Waits (at most the longest wait) until every limit of `keys` allows one more action
     /// and takes its concurrency slots, or says how long to hand the run back for. `holder`
-    /// names the action in slot sets (worker and run).
+    /// names the action in slot sets (worker and run). `tokens` is what the action books
+    /// against `tpm` limits (a model call's `max_tokens`; 0 for anything else, which no
+    /// `tpm` limit holds back); [`Limiter::settle_tokens`] corrects it once the real usage
+    /// is known.
     pub async fn admit(
         &self,
         keys: &[String],
         declared: &BTreeMap<String, LimitSpec>,
         holder: &str,
+        tokens: u64,
         cancel: &CancellationToken,
     ) -> Admission {
         let started = Instant::now();
@@ -442,6 +528,7 @@ impl Limiter {
             slots: Vec::new(),
             limiter: Some(self.inner.clone()),
             limited: !limits.is_empty(),
+            tokens: Vec::new(),
         };
         if limits.is_empty() {
             return Admission::Go(permit);
@@ -467,19 +554,44 @@ impl Limiter {
             }
         }
         let mut wait_us: i64 = 0;
-        for (key, spec) in &limits {
-            let Some((interval, tau)) = gcra_params(spec) else {
-                continue;
-            };
+        let token_limits = limits.iter().filter_map(|(key, spec)| match spec.tpm {
+            Some(tpm) if tokens > 0 => {
+                let (interval, tau) = token_params(tpm, tokens);
+                Some((key, "tpm", interval, tau, Some(tpm)))
+            }
+            _ => None,
+        });
+        let rate_limits = limits.iter().filter_map(|(key, spec)| {
+            gcra_params(spec).map(|(interval, tau)| (key, "rate", interval, tau, None))
+        });
+        for (key, limit, interval, tau, tpm) in rate_limits.chain(token_limits) {
             let room = self.inner.max_wait.saturating_sub(started.elapsed());
-            match self.rate(key, interval, tau, room.as_micros() as i64).await {
-                Ok(wait) => wait_us = wait_us.max(wait),
+            match self
+                .rate(
+                    key,
+                    Bucket::of(limit),
+                    interval,
+                    tau,
+                    room.as_micros() as i64,
+                )
+                .await
+            {
+                Ok(wait) => {
+                    wait_us = wait_us.max(wait);
+                    if let Some(tpm) = tpm {
+                        permit
+                            .tokens
+                            .push((key.clone(), tpm, tokens.min(u64::from(tpm))));
+                    }
+                }
                 Err(defer_us) => {
-                    metrics::counter!(LIMIT_DEFERRED, "key" => KEYS.value(LIMIT_DEFERRED, "key", key), "limit" => "rate")
+                    metrics::counter!(LIMIT_DEFERRED, "key" => KEYS.value(LIMIT_DEFERRED, "key", key), "limit" => limit)
                         .increment(1);
+                    // Bookings already made stand (like a reserved rate start): the run
+                    // comes back when this one has room.
                     return Admission::Defer {
                         key: key.clone(),
-                        limit: "rate",
+                        limit,
                         wait_ms: (defer_us.max(0) as u64).div_ceil(1000).max(1),
                     };
                 }
@@ -520,14 +632,52 @@ impl Limiter {
         }
     }
 
-    /// One start of `key`: `Ok(µs to sleep)` when reserved, `Err(µs to defer)` otherwise.
-    async fn rate(&self, key: &str, interval: i64, tau: i64, max_wait: i64) -> Result<i64, i64> {
+    /// Corrects the `tpm` bookings of `permit` by the tokens the call really used (a model
+    /// reply's `usage`): what it did not use is given back, what it used beyond the booking
+    /// (the prompt counts too) is booked on top.
+    pub async fn settle_tokens(&self, permit: &Permit, used: u64) {
+        for (key, tpm, booked) in &permit.tokens {
+            let delta = token_cost_us(*tpm, used as i64 - *booked as i64);
+            if delta == 0 {
+                continue;
+            }
+            let bucket = Bucket::Tokens;
+            if !self.inner.use_local() {
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(SETTLE_SCRIPT)
+                    .arg(1)
+                    .arg(self.inner.limit_key(key, bucket.tat()))
+                    .arg(delta);
+                if self.inner.call::<i64>(cmd).await.is_some() {
+                    continue;
+                }
+            }
+            let now = self.inner.started.elapsed().as_micros() as i64;
+            if let Ok(mut local) = self.inner.local.lock()
+                && let Some(state) = local.get_mut(&bucket.local_key(key))
+                && let Some(tat) = state.tat
+            {
+                state.tat = Some((tat + delta).max(now));
+            }
+        }
+    }
+
+    /// One start of `key` in `bucket`: `Ok(µs to sleep)` when reserved, `Err(µs to defer)`
+    /// otherwise.
+    async fn rate(
+        &self,
+        key: &str,
+        bucket: Bucket,
+        interval: i64,
+        tau: i64,
+        max_wait: i64,
+    ) -> Result<i64, i64> {
         if !self.inner.use_local() {
             let mut cmd = redis::cmd("EVAL");
             cmd.arg(RATE_SCRIPT)
                 .arg(2)
-                .arg(self.inner.limit_key(key, "tat"))
-                .arg(self.inner.limit_key(key, "ticket"))
+                .arg(self.inner.limit_key(key, bucket.tat()))
+                .arg(self.inner.limit_key(key, bucket.ticket()))
                 .arg(interval)
                 .arg(tau)
                 .arg(max_wait);
@@ -540,7 +690,7 @@ impl Limiter {
         let Ok(mut local) = self.inner.local.lock() else {
             return Ok(0);
         };
-        let state = local.entry(key.to_owned()).or_default();
+        let state = local.entry(bucket.local_key(key)).or_default();
         match gcra(now, state.tat, state.ticket, interval, tau, max_wait) {
             Gcra::Reserved { wait, tat } => {
                 state.tat = Some(tat);
@@ -739,6 +889,31 @@ impl LimiterInner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tpm_booking_takes_its_share_of_a_minute_and_a_quiet_key_holds_a_minutes_tokens() {
+        // 6000 a minute: 512 tokens take 5.12 s of the bucket.
+        assert_eq!(token_params(6000, 512), (5_120_000, 54_880_000));
+        // Rounded up, never down: 1 token of 7 a minute is 8.57… s, booked as 8,571,429 µs.
+        assert_eq!(token_cost_us(7, 1), 8_571_429);
+        // Given back: rounded toward zero, so a correction never gives more than was booked.
+        assert_eq!(token_cost_us(7, -1), -8_571_428);
+        // A booking bigger than a minute's tokens books one minute's: it still fits, once.
+        assert_eq!(token_params(1000, 5000), (60_000_000, 0));
+        // A quiet key lets 6000 / 512 = 11 bookings start at once; the 12th waits.
+        let (interval, tau) = token_params(6000, 512);
+        let (mut tat, mut started) = (None, 0);
+        for _ in 0..20 {
+            match gcra(0, tat, None, interval, tau, 0) {
+                Gcra::Reserved { wait: 0, tat: t } => {
+                    tat = Some(t);
+                    started += 1;
+                }
+                _ => break,
+            }
+        }
+        assert_eq!(started, 11);
+    }
 
     fn spec(rate: u32, burst: Option<u32>) -> LimitSpec {
         LimitSpec::parse(&match burst {

@@ -606,3 +606,119 @@ async fn fatal_replies_end_the_run_with_what_to_fix() {
     assert!(!standin.requests()[0].to_string().contains(KEY));
     assert_eq!(standin.authorizations()[0], Some(format!("Bearer {KEY}")));
 }
+
+/// Tokens the replies in `replies` (time µs, tokens) used beyond what a `tpm` limit allows
+/// by any moment: a quiet key holds a minute's tokens, and refills at `tpm` a minute. `slack`
+/// is one booking: a reply's usage is settled only after it arrived. The largest excess,
+/// in tokens (0: the limit held).
+fn tpm_excess(replies: &[(i64, u64)], tpm: u64, slack: u64) -> i64 {
+    let mut sorted = replies.to_vec();
+    sorted.sort_unstable();
+    let Some(&(t0, _)) = sorted.first() else {
+        return 0;
+    };
+    let mut used = 0u64;
+    let mut worst = 0i64;
+    for (t, tokens) in sorted {
+        used += tokens;
+        let allowed = tpm as f64 + tpm as f64 * (t - t0) as f64 / 60e6 + slack as f64;
+        worst = worst.max(used as i64 - allowed as i64);
+    }
+    worst
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tpm_limit_holds_across_two_worker_processes() {
+    let dir = common::tmp_dir("model-tpm");
+    let redis = common::PrivateRedis::start(common::free_port(), &dir);
+    let redis_url = redis.url();
+    let (url, store) = common::fresh_store("model_tpm").await;
+    let (_standin, base_url) = standin(json!([])).await;
+    // 6000 tokens a minute (100 a second) for the model the support agent calls; each call
+    // books its max_tokens (512) and is corrected by the reply's usage.
+    let tpm = 6000u64;
+    let limit = format!("model:gpt-4o-mini=tpm={tpm}");
+    let mut fleet = Fleet::new(&url, "model-tpm");
+    for worker in ["w1", "w2"] {
+        start(
+            &mut fleet,
+            &base_url,
+            worker,
+            &[
+                "--limit",
+                &limit,
+                "--limit-wait-max-ms",
+                "300",
+                "--redis-url",
+                &redis_url,
+                "--redis-prefix",
+                "tpm",
+            ],
+        );
+    }
+    fleet.spawn(
+        "s1",
+        &["scheduler", "--tick-ms", "50", "--db-pool-max", "2"],
+    );
+
+    let mut runs = Vec::new();
+    for i in 0..16 {
+        let input = json!({ "order_id": format!("T-{i}"), "amount": 20 });
+        runs.push(enqueue(&store, "support-agent", input).await);
+    }
+    let mut replies = Vec::new();
+    let mut by_worker = std::collections::BTreeMap::<String, usize>::new();
+    for run in &runs {
+        let (row, history) = finished(&store, *run).await;
+        assert_eq!(row.state, "DONE", "{:?}", kinds(&history));
+        for e in history.iter().filter(|e| e.kind == "MODEL_REPLIED") {
+            let tokens = e.payload["usage"]["tokens"].as_u64().expect("usage");
+            replies.push((e.occurred_at.timestamp_micros(), tokens));
+            *by_worker.entry(e.worker.clone()).or_default() += 1;
+        }
+    }
+    let deferred: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM rein_events WHERE type = 'ACTION_DEFERRED' AND payload->>'limit' = 'tpm'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .expect("deferrals");
+    let total: u64 = replies.iter().map(|r| r.1).sum();
+    let (first, last) = (
+        replies.iter().map(|r| r.0).min().unwrap_or(0),
+        replies.iter().map(|r| r.0).max().unwrap_or(0),
+    );
+    let span_s = (last - first) as f64 / 1e6;
+    println!(
+        "tpm {tpm}: {} replies, {total} tokens in {span_s:.1} s, {deferred} tpm deferrals, by worker {by_worker:?}",
+        replies.len()
+    );
+    assert_eq!(replies.len(), 16 * 3, "three model calls a run");
+    assert!(
+        total > tpm,
+        "the workload must outgrow a minute's bucket: {total}"
+    );
+    assert_eq!(
+        tpm_excess(&replies, tpm, 512),
+        0,
+        "the fleet used more than tpm allows"
+    );
+    assert!(deferred > 0, "calls beyond the bucket wait for it");
+    assert!(
+        by_worker.len() == 2,
+        "both workers called the model: {by_worker:?}"
+    );
+    // Throttled, not stalled: what exceeds the bucket comes at about tpm a minute.
+    let at_least = (total - tpm) as f64 / (tpm as f64 / 60.0);
+    assert!(
+        span_s >= at_least * 0.8,
+        "too fast for the limit: {span_s} s < {at_least} s"
+    );
+
+    // The checker catches a fleet whose workers each keep their own bucket: twice the
+    // tokens in the same time.
+    let doubled: Vec<(i64, u64)> = replies.iter().chain(replies.iter()).copied().collect();
+    assert!(tpm_excess(&doubled, tpm, 512) > 0);
+    drop(fleet);
+    drop(redis);
+}

@@ -133,6 +133,16 @@ impl Definition {
         if let Some(tool) = tool {
             keys.push(format!("tool:{tool}"));
         }
+        // A model node's call also takes `model:NAME`, so one `--limit model:NAME=...` holds
+        // every definition that calls that model (a name no key can spell takes none).
+        if tool.is_none()
+            && let Some(model) = &spec.model
+        {
+            let key = format!("model:{}", model.model);
+            if crate::spec::limit_key_problem(&key).is_none() {
+                keys.push(key);
+            }
+        }
         for key in &spec.limits {
             if !keys.contains(key) {
                 keys.push(key.clone());

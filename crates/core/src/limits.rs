@@ -44,6 +44,8 @@ pub const BRANCHES_MAX: usize = 64;
 pub const LIMIT_KEY_LEN_MAX: usize = 128;
 /// Largest rate, burst or concurrency of a limit.
 pub const LIMIT_RATE_MAX: u32 = 1_000_000;
+/// Largest tokens-per-minute limit.
+pub const LIMIT_TPM_MAX: u32 = 1_000_000_000;
 /// Longest period a rate is counted over: one day.
 pub const LIMIT_PERIOD_MS_MAX: u64 = 86_400_000;
 /// Most limit keys one state's action takes.

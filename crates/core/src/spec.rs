@@ -97,6 +97,11 @@ pub struct LimitSpec {
     pub burst: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<u32>,
+    /// Tokens per minute (a model key's `tpm`): a `model` call books its `max_tokens` before
+    /// it starts and gives back what its reply did not use. A quiet key lets a minute's
+    /// tokens start at once; over any longer span the fleet books at most `tpm` a minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpm: Option<u32>,
 }
 
 impl LimitSpec {
@@ -112,8 +117,11 @@ impl LimitSpec {
     /// What is wrong with these values, if anything.
     pub fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
-        if self.rate.is_none() && self.concurrency.is_none() {
-            out.push("declare `rate`, `concurrency` or both".to_owned());
+        if self.rate.is_none() && self.concurrency.is_none() && self.tpm.is_none() {
+            out.push("declare `rate`, `concurrency`, `tpm` or several".to_owned());
+        }
+        if self.tpm == Some(0) || self.tpm.is_some_and(|t| t > limits::LIMIT_TPM_MAX) {
+            out.push(format!("`tpm` must be 1..={}", limits::LIMIT_TPM_MAX));
         }
         if self.rate == Some(0) {
             out.push("`rate` must be at least 1".to_owned());
@@ -144,7 +152,7 @@ impl LimitSpec {
         out
     }
 
-    /// Parses the command-line form `10/s`, `60/min,burst=5`, `concurrency=4` or
+    /// Parses the command-line form `10/s`, `60/min,burst=5`, `concurrency=4`, `tpm=90000` or
     /// `10/s,burst=2,concurrency=4` (periods: ms, s, min, h, or a number of ms).
     pub fn parse(text: &str) -> Result<LimitSpec, String> {
         let mut spec = LimitSpec {
@@ -152,6 +160,7 @@ impl LimitSpec {
             per_ms: LimitSpec::default_per_ms(),
             burst: None,
             concurrency: None,
+            tpm: None,
         };
         let number = |what: &str, v: &str| -> Result<u32, String> {
             v.trim()
@@ -181,9 +190,11 @@ impl LimitSpec {
                 spec.burst = Some(number("burst", v)?);
             } else if let Some(v) = part.strip_prefix("concurrency=") {
                 spec.concurrency = Some(number("concurrency", v)?);
+            } else if let Some(v) = part.strip_prefix("tpm=") {
+                spec.tpm = Some(number("tpm", v)?);
             } else {
                 return Err(format!(
-                    "`{part}` is not a rate (`10/s`), `burst=N` or `concurrency=N`"
+                    "`{part}` is not a rate (`10/s`), `burst=N`, `concurrency=N` or `tpm=N`"
                 ));
             }
         }

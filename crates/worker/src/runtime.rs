@@ -22,6 +22,9 @@ use uuid::Uuid;
 
 use crate::handler::{ActionContext, Outcome, Reconciled, Registry};
 
+/// What a model call books against a `tpm` limit when its table sets no `max_tokens`.
+pub const MODEL_TOKENS_BOOKED_DEFAULT: u64 = 1024;
+
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
     pub worker_id: String,
@@ -743,6 +746,11 @@ impl Driver {
         }
         drop(attempt_span);
         drop(in_flight);
+        if let Some(Outcome::Model(reply)) = &outcome
+            && let Some(used) = reply.replied["usage"]["tokens"].as_u64()
+        {
+            self.inner.limiter.settle_tokens(&permit, used).await;
+        }
         drop(permit);
         self.inner.stats.steps.fetch_add(1, Ordering::Relaxed);
         let Some(outcome) = outcome else {
@@ -1219,6 +1227,18 @@ impl Driver {
             .await
     }
 
+    /// What a call of the model node at `node` books against `tpm` limits before it starts:
+    /// its `max_tokens` (the reply's ceiling), else [`MODEL_TOKENS_BOOKED_DEFAULT`]; 0 for
+    /// any other action.
+    fn model_tokens_booked(&self, node: &str) -> u64 {
+        match self.def.state(node).and_then(|s| s.model.as_ref()) {
+            Some(model) => model
+                .max_tokens
+                .map_or(MODEL_TOKENS_BOOKED_DEFAULT, u64::from),
+            None => 0,
+        }
+    }
+
     /// Waits for the fleet-wide limits of the action at `node` (SPEC K1) — the call of `tool`
     /// when given, else the state's own action — at most the configured time. When they will
     /// not allow it by then, records ACTION_DEFERRED and hands the run back until they will:
@@ -1236,10 +1256,16 @@ impl Driver {
             None => self.def.limit_keys(node, None),
         };
         let holder = format!("{}/{}", self.inner.config.worker_id, self.run_id);
+        // A model call books its reply's ceiling against `tpm` limits; the reply's usage
+        // corrects it (see `settle_tokens`).
+        let tokens = match tool {
+            None => self.model_tokens_booked(node),
+            Some(_) => 0,
+        };
         let admission = self
             .inner
             .limiter
-            .admit(&keys, self.def.limits(), &holder, &self.held.lost)
+            .admit(&keys, self.def.limits(), &holder, tokens, &self.held.lost)
             .await;
         if self.held.lost.is_cancelled() {
             return Err(Stop::Lost);
