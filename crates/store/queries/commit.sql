@@ -124,13 +124,15 @@ approvals_used AS (
     FROM req q JOIN upd ON upd.run_id = q.run_id
     WHERE a.approval_id = q.approval_id
 ),
--- A run that ends leaves no request waiting for a person: what is still pending is void,
--- so approvers are not asked about a run that can no longer use the answer.
+-- A run that ends leaves no request waiting for a person: what is still pending (and not
+-- yet expired, which keeps saying so) is void, so approvers are not asked about a run that
+-- can no longer use the answer.
 approvals_void AS (
     UPDATE rein_approvals a SET status = 'void',
         comment = COALESCE(a.comment || ' ', '') || '(void: the run ended)'
     FROM req q JOIN upd ON upd.run_id = q.run_id
     WHERE a.run_id = q.run_id AND q.status = 'terminal' AND a.status = 'pending'
+      AND a.expires_at > clock_timestamp()
 ),
 -- Large payload values the events refer to by hash (SPEC E5): stored once, by content.
 blobs AS (
