@@ -306,20 +306,27 @@ pub async fn bench(args: BenchArgs) -> u8 {
     code
 }
 
-/// `--model`: the model-step overhead (see [`crate::bench_model`]).
-async fn run_model(args: &BenchArgs, url: &str, private: bool) -> u8 {
-    let store = match Store::connect_within(url, 8, args.db.db_connect_timeout_ms).await {
-        Ok(s) => s,
-        Err(e) => return report(&e),
-    };
+/// Connects with `pool` connections; a private server gets the schema, a given one must
+/// have it current.
+async fn open_store(args: &BenchArgs, url: &str, pool: u32, private: bool) -> Result<Store, u8> {
+    let store = Store::connect_within(url, pool, args.db.db_connect_timeout_ms)
+        .await
+        .map_err(|e| report(&e))?;
     let checked = if private {
         store.migrate().await
     } else {
         store.check_schema().await
     };
-    if let Err(e) = checked {
-        return report(&e);
-    }
+    checked.map_err(|e| report(&e))?;
+    Ok(store)
+}
+
+/// `--model`: the model-step overhead (see [`crate::bench_model`]).
+async fn run_model(args: &BenchArgs, url: &str, private: bool) -> u8 {
+    let store = match open_store(args, url, 8, private).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
     let bench = crate::bench_model::ModelBench {
         runs: args.model_runs,
         rate: args.model_rate,
@@ -342,18 +349,10 @@ async fn run_model(args: &BenchArgs, url: &str, private: bool) -> u8 {
 }
 
 async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
-    let store = match Store::connect_within(&plan.url, 2, args.db.db_connect_timeout_ms).await {
+    let store = match open_store(args, &plan.url, 2, private).await {
         Ok(s) => s,
-        Err(e) => return report(&e),
+        Err(code) => return code,
     };
-    let checked = if private {
-        store.migrate().await
-    } else {
-        store.check_schema().await
-    };
-    if let Err(e) = checked {
-        return report(&e);
-    }
     match store.register_definition(&plan.definition).await {
         Ok(_) => {}
         Err(StoreError::DefinitionConflict { name, version }) => {
