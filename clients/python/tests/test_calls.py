@@ -56,7 +56,7 @@ def test_inputs_are_checked_before_anything_is_sent() -> None:
     with pytest.raises(ValueError, match="idempotency key"):
         _calls.enqueue("d", {}, "has space", None, None, None)
     with pytest.raises(ValueError, match="limit"):
-        _calls.runs_page(None, None, 0, None, False)
+        _calls.runs_page(_calls.RunsFilter(), 0, None, False)
     with pytest.raises(ValueError, match="http"):
         rein.Client("localhost:7878")
     with pytest.raises(ValueError, match="4096"):

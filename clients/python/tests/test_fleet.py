@@ -261,3 +261,22 @@ def test_the_async_stream_ends_like_the_sync_one(fleet: Fleet, admin_token: str)
 
     kinds = asyncio.run(follow())
     assert kinds[-1] == "end" and "committed" in kinds, kinds
+
+
+def test_me_names_the_token_and_runs_filter_by_queue_and_state(client: rein.Client) -> None:
+    me = client.me()
+    assert me.subject == "py-admin" and "admin" in me.scopes
+    # No worker serves this queue, so its runs stay where they start.
+    queue = f"py_q_{uuid.uuid4().hex[:8]}"
+    ids = {client.enqueue("lifecycle", {"sim": {"work_ms": 1}}, queue=queue).run_id for _ in range(3)}
+    listed = list(client.list_runs(queue=queue))
+    assert {r.run_id for r in listed} == ids
+    assert all(r.queue == queue and r.last_event is None for r in listed)
+    state = listed[0].state
+    assert {r.run_id for r in client.list_runs(queue=queue, state=state)} == ids
+    assert list(client.list_runs(queue=queue, state="NO_SUCH_STATE")) == []
+    cancelled = next(iter(ids))
+    client.cancel(cancelled)
+    run = client.get_run(cancelled)
+    assert run.last_event is not None and run.last_event.type == "CANCEL"
+    assert run.last_event.sequence == run.sequence

@@ -2,6 +2,7 @@
 //! (SPEC Z2). Handlers live in `routes.rs`, the connection handling in `server.rs`; this module
 //! holds the command, authentication, the error shape and the body's limits.
 
+pub mod console;
 pub mod error;
 mod extract;
 pub(crate) mod http_metrics;
@@ -103,6 +104,13 @@ pub struct ApiArgs {
     #[arg(long, value_name = "MS", default_value_t = rein_ops::stream::POLL_INTERVAL_MS_DEFAULT,
           value_parser = clap::value_parser!(u64).range(20..=10_000))]
     stream_poll_ms: u64,
+    /// Serve the web console's files from this directory, read on every request, instead
+    /// of the copies built into the binary (to see changes to them without a build).
+    #[arg(long, value_name = "DIR", conflicts_with = "no_console")]
+    console_dir: Option<std::path::PathBuf>,
+    /// Serve no web console: `/` and `/console/...` answer 404; the API is unchanged.
+    #[arg(long)]
+    no_console: bool,
     // Redis: wake-ups after commits, the fleet-wide limits `GET /v1/limits` shows, and the
     // live deltas a run stream carries (without it, streams carry committed events only).
     #[command(flatten)]
@@ -173,6 +181,23 @@ pub fn router(
     limits: Limits,
     redis: Option<rein_accel::RedisConfig>,
 ) -> axum::Router {
+    router_with_console(
+        store,
+        insecure_dev,
+        limits,
+        redis,
+        console::Console::Embedded,
+    )
+}
+
+/// [`router`], serving the web console from `console`.
+pub fn router_with_console(
+    store: Store,
+    insecure_dev: bool,
+    limits: Limits,
+    redis: Option<rein_accel::RedisConfig>,
+    console: console::Console,
+) -> axum::Router {
     let app = Arc::new(App {
         store,
         insecure_dev,
@@ -184,7 +209,12 @@ pub fn router(
     let (router, doc) = routes::router().split_for_parts();
     http_metrics::register(&doc);
     let _ = app.openapi.set(doc);
+    let console_routes = axum::Router::new()
+        .route(console::PAGE_PATH, axum::routing::get(console::page))
+        .route("/console/{*path}", axum::routing::get(console::asset))
+        .with_state(console);
     router
+        .merge(console_routes)
         .fallback(|| async { ApiError::from(Error::not_found("no such route".to_owned())) })
         .layer(middleware::from_fn_with_state(app.clone(), read_body))
         .layer(middleware::from_fn(refuse_nul))
@@ -232,6 +262,20 @@ pub async fn serve(args: ApiArgs) -> u8 {
         );
         return exit::INPUT;
     }
+    let console = match (args.console_dir.clone(), args.no_console) {
+        (_, true) => console::Console::Off,
+        (Some(dir), false) => {
+            if !dir.join("index.html").is_file() {
+                eprintln!(
+                    "error: --console-dir {}: no index.html there; give the directory that holds the console's files (crates/api/console in the source tree)",
+                    dir.display()
+                );
+                return exit::INPUT;
+            }
+            console::Console::Dir(dir)
+        }
+        (None, false) => console::Console::Embedded,
+    };
     init_logging(true);
     let store = match rein_process::connect(&args.db, false).await {
         Ok(s) => s,
@@ -299,14 +343,20 @@ pub async fn serve(args: ApiArgs) -> u8 {
         .redis
         .publishing(store, &stop)
         .with_approver_separation(args.approver_may_not_be_enqueuer);
-    let app = router(store, args.insecure_dev, limits, args.redis.config());
+    let app = router_with_console(
+        store,
+        args.insecure_dev,
+        limits,
+        args.redis.config(),
+        console,
+    );
     server::serve(listener, app, conn_limits, stop).await;
     exit::OK
 }
 
 /// Checks the bearer token of every request but the probes and records the caller.
 async fn authenticate(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
-    if PUBLIC_PATHS.contains(&req.uri().path()) {
+    if PUBLIC_PATHS.contains(&req.uri().path()) || console::is_console_path(req.uri().path()) {
         return next.run(req).await;
     }
     let caller = if app.insecure_dev {

@@ -76,6 +76,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(metrics))
         .routes(routes!(readyz))
         .routes(routes!(openapi_json))
+        .routes(routes!(me))
         .routes(routes!(list_runs, enqueue_run))
         .routes(routes!(get_run))
         .routes(routes!(why_run))
@@ -153,6 +154,15 @@ struct RunView {
     /// Who enqueued it: the token's subject, the CLI's `--as` name; a fan-out branch's
     /// parent's. Absent for runs created before Rein recorded it.
     enqueued_by: Option<String>,
+    #[schema(value_type = schema::Name)]
+    queue: String,
+    priority: i32,
+    /// The run that started it as a branch (fan-out); absent for a run enqueued directly.
+    parent_run_id: Option<Uuid>,
+    /// When it reached a terminal status.
+    finished_at: Option<DateTime<Utc>>,
+    /// Its newest event: type, sequence and time.
+    last_event: Option<LastEventView>,
     lease: LeaseView,
     wake_at: Option<DateTime<Utc>>,
     created_at: DateTime<Utc>,
@@ -162,6 +172,29 @@ struct RunView {
     /// `data=true`.
     #[schema(value_type = Option<schema::JsonObject>)]
     data: Option<Value>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+struct LastEventView {
+    #[serde(rename = "type")]
+    kind: String,
+    sequence: i64,
+    occurred_at: DateTime<Utc>,
+}
+
+/// Who the bearer token belongs to and what it may do: what a client shows and hides.
+#[derive(Serialize, ToSchema)]
+struct MeView {
+    /// The token's subject: what decisions and sent events record as their sender.
+    subject: String,
+    /// Its scopes; `admin` includes every other.
+    scopes: Vec<String>,
+    token_id: Uuid,
+    /// The queues its runs may be in; absent when it is not bound to queues.
+    queues: Option<Vec<String>>,
+    /// The highest priority it may give a run; absent when unbounded.
+    priority_max: Option<i32>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -407,6 +440,17 @@ struct RunsQuery {
     /// Only runs of this definition.
     #[param(value_type = Option<schema::Name>, inline)]
     definition: Option<String>,
+    /// Only runs in this state of their definition.
+    #[param(value_type = Option<schema::Name>, inline)]
+    state: Option<String>,
+    /// Only runs in this queue.
+    #[param(value_type = Option<schema::Name>, inline)]
+    queue: Option<String>,
+    /// Only the branches (child runs) of this run.
+    parent: Option<Uuid>,
+    /// Only runs whose id starts with these hex digits (1 to 32; dashes ignored).
+    #[param(value_type = Option<schema::IdPrefix>, inline)]
+    id_prefix: Option<String>,
     /// At most this many, newest first (default 50).
     #[param(value_type = Option<schema::PageLimit>, inline)]
     limit: Option<i64>,
@@ -570,11 +614,22 @@ async fn list_runs(
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Read)?;
     let q = query(q)?;
+    let id_range = match q.id_prefix.as_deref() {
+        None => None,
+        Some(prefix) => Some(rein_store::id_prefix_range(prefix).ok_or_else(|| {
+            Error::validation("id_prefix must be 1 to 32 hex digits of a run id (dashes allowed)")
+                .with_details(json!({ "field": "id_prefix" }))
+        })?),
+    };
     let filter = RunFilter {
         status: q.status,
         definition: q.definition,
         created_after: q.created_after,
         created_before: q.created_before,
+        state: q.state,
+        queue: q.queue,
+        parent: q.parent,
+        id_range,
     };
     let shape = (q.data.unwrap_or(false), app.limits.page_bytes_max);
     let page = service::runs(&app.store, filter, q.cursor.as_deref(), q.limit, shape).await?;
@@ -587,6 +642,21 @@ async fn list_runs(
     );
     paging_headers(&mut response, (NEXT_CURSOR, page.next), page.truncated);
     Ok(response)
+}
+
+/// The caller: the bearer token's subject, scopes and bounds.
+#[utoipa::path(get, path = "/v1/me", tag = "meta",
+    responses((status = 200, description = "The token's subject, scopes and bounds", body = MeView),
+              (status = 401, description = "No or bad token", body = ErrorBody)))]
+async fn me(Extension(caller): Extension<Caller>) -> Json<MeView> {
+    let token = caller.0;
+    Json(MeView {
+        subject: token.subject,
+        scopes: token.scopes,
+        token_id: token.token_id,
+        queues: token.bounds.queues,
+        priority_max: token.bounds.priority_max,
+    })
 }
 
 /// One run: state, status, sequence, lease, data.

@@ -293,6 +293,15 @@ pub enum RunsCommand {
         /// Only runs created before this instant (RFC 3339).
         #[arg(long)]
         created_before: Option<chrono::DateTime<chrono::Utc>>,
+        /// Only runs in this state of their definition.
+        #[arg(long)]
+        state: Option<String>,
+        /// Only runs in this queue.
+        #[arg(long)]
+        queue: Option<String>,
+        /// Only the branches (child runs) of this run.
+        #[arg(long, value_name = "RUN")]
+        parent: Option<Uuid>,
         /// Continue after a previous page (the cursor it printed).
         #[arg(long)]
         cursor: Option<String>,
@@ -807,6 +816,9 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
             definition,
             created_after,
             created_before,
+            state,
+            queue,
+            parent,
             cursor,
             limit,
             data,
@@ -821,6 +833,10 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
                 definition,
                 created_after,
                 created_before,
+                state,
+                queue,
+                parent,
+                id_range: None,
             };
             let page = match backend.runs(filter, cursor, limit, data).await {
                 Ok(page) => page,

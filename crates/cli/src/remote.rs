@@ -238,6 +238,9 @@ impl Backend {
                         .created_before
                         .map(|t| ("created_before", t.to_rfc3339())),
                 );
+                query.extend(filter.state.map(|s| ("state", s)));
+                query.extend(filter.queue.map(|q| ("queue", q)));
+                query.extend(filter.parent.map(|p| ("parent", p.to_string())));
                 query.extend(cursor.map(|c| ("cursor", c)));
                 let request = c
                     .request(reqwest::Method::GET, &["v1", "runs"])

@@ -451,6 +451,7 @@ async fn the_openapi_document_lists_every_route_served() {
         ("/readyz", "get"),
         ("/metrics", "get"),
         ("/openapi.json", "get"),
+        ("/v1/me", "get"),
         ("/v1/runs", "get"),
         ("/v1/runs", "post"),
         ("/v1/runs/{id}", "get"),

@@ -64,15 +64,18 @@ pub async fn demo(args: DemoArgs) -> u8 {
         // the CLI or the Python client) moves and ends like the demo's own.
         let stop = CancellationToken::new();
         let mut fleet = match Store::connect_within(&url, 8, args.db.db_connect_timeout_ms).await {
-            Ok(store) => start_fleet(&store, 1, 1, &stop, &model_options),
+            Ok(store) => {
+                awaiting_a_person(&store).await;
+                start_fleet(&store, 1, 1, &stop, &model_options)
+            }
             Err(e) => {
                 eprintln!("warning: no worker kept serving: {e}");
                 tokio::task::JoinSet::new()
             }
         };
         eprintln!(
-            "\nkeeping the database, the API, a worker and a scheduler up; explore through the API:\n  export REIN_URL={} REIN_TOKEN={}\n  rein runs list\n  rein runs show RUN\n  rein why RUN\n  rein approvals list --all\nor the database directly: export DATABASE_URL={url}\nCtrl-C to stop.",
-            api.url, api.token
+            "\nkeeping the database, the API, a worker and a scheduler up.\nOpen the web console at {}/ and sign in with the token {}\nor explore through the API:\n  export REIN_URL={} REIN_TOKEN={}\n  rein runs list\n  rein runs show RUN\n  rein why RUN\n  rein approvals list --all\nor the database directly: export DATABASE_URL={url}\nCtrl-C to stop.",
+            api.url, api.token, api.url, api.token
         );
         let _ = tokio::signal::ctrl_c().await;
         stop.cancel();
@@ -417,6 +420,25 @@ async fn drive(
         exit::REFUSED
     } else {
         exit::OK
+    }
+}
+
+/// With `--keep`: one more refund, over 100, that nobody decides, so a person can approve
+/// it from the console or the CLI and watch the run move on.
+async fn awaiting_a_person(store: &Store) {
+    let mut input = refund_input(0);
+    input["agent"]["script"][1]["args"] = json!({ "order_id": "order-for-you", "amount": 250 });
+    input["agent"]["approver"] = json!("person");
+    let enqueued = match store.load_definition("refund-agent", None).await {
+        Ok(def) => store.enqueue(EnqueueRequest::new(def, input)).await,
+        Err(e) => Err(e),
+    };
+    match enqueued {
+        Ok(run) => eprintln!(
+            "a refund of 250 (run {}) waits for a person's approval: approve it in the console's Approvals page or with `rein approvals list` and `rein approve`",
+            run.run_id
+        ),
+        Err(e) => eprintln!("warning: the refund that waits for a person was not enqueued: {e}"),
     }
 }
 

@@ -121,6 +121,15 @@ schema_type! {
 }
 
 schema_type! {
+    /// The start of a run id: 1 to 32 hex digits, dashes anywhere, at most 36 characters
+    /// ([`rein_store::id_prefix_range`]'s rule).
+    IdPrefix => string()
+        .min_length(Some(1))
+        .max_length(Some(rein_store::ID_PREFIX_LEN_MAX))
+        .pattern(Some("^-*(?:[0-9a-fA-F]-*){1,32}$"))
+}
+
+schema_type! {
     /// A page cursor as `Rein-Next-Cursor` carries it.
     Cursor => string()
         .min_length(Some(1 + 1 + CURSOR_ID_DIGITS))

@@ -329,7 +329,26 @@ pub async fn enqueue(
 }
 
 pub async fn run(store: &Store, run_id: Uuid) -> Result<Value, Error> {
-    Ok(run_json(&store.run(run_id).await?))
+    let row = store.run(run_id).await?;
+    let mut run = run_json(&row);
+    with_last_events(store, std::slice::from_mut(&mut run), &[&row]).await?;
+    Ok(run)
+}
+
+/// Sets each run's `last_event` (its newest event's type, sequence and time) in one read.
+async fn with_last_events(
+    store: &Store,
+    runs: &mut [Value],
+    rows: &[&rein_store::RunRow],
+) -> Result<(), Error> {
+    let at: Vec<(Uuid, i64)> = rows.iter().map(|r| (r.run_id, r.last_sequence)).collect();
+    let last = store.events_at(&at).await?;
+    for (run, row) in runs.iter_mut().zip(rows) {
+        if let Some(run) = run.as_object_mut() {
+            run.insert("last_event".to_owned(), json!(last.get(&row.run_id)));
+        }
+    }
+    Ok(())
 }
 
 /// One page of runs matching `filter`, after the run `cursor` names: each run as `GET
@@ -346,6 +365,8 @@ pub async fn runs(
     let filter = RunFilter {
         status: status(filter.status)?,
         definition: name("definition", filter.definition)?,
+        state: name("state", filter.state)?,
+        queue: name("queue", filter.queue)?,
         ..filter
     };
     let after = cursor.map(decode_cursor).transpose()?;
@@ -362,7 +383,7 @@ pub async fn runs(
         Some(last) if more => Some(encode_cursor(last.created_at, last.run_id)),
         _ => None,
     };
-    let runs = rows
+    let mut runs: Vec<Value> = rows
         .iter()
         .map(|row| {
             let mut run = run_json(row);
@@ -372,6 +393,7 @@ pub async fn runs(
             run
         })
         .collect();
+    with_last_events(store, &mut runs, &rows.iter().collect::<Vec<_>>()).await?;
     Ok(RunsPage {
         runs,
         next,
@@ -753,6 +775,10 @@ pub fn run_json(row: &rein_store::RunRow) -> Value {
         "pending_action": row.projection.action,
         "terminal_reason": row.terminal_reason,
         "enqueued_by": row.enqueued_by,
+        "queue": row.queue,
+        "priority": row.priority,
+        "parent_run_id": row.parent_run_id,
+        "finished_at": row.finished_at,
         "lease": {
             "worker": row.lease_owner,
             "token": row.fencing_token,

@@ -49,8 +49,8 @@ pub use gauges::{FleetGauges, RETRYING_ATTEMPTS_MIN};
 pub use leader::{LEADER_TTL_MS_MAX, LEADER_TTL_MS_MIN, LeaderInfo, LeaderLease};
 pub use operate::Member;
 pub use reads::{
-    Budgeted, EventTime, PageView, ROW_BYTES_BESIDES_JSON, Recovered, RunFilter, RunRow,
-    StoredEvent,
+    Budgeted, EventAt, EventTime, ID_PREFIX_LEN_MAX, PageView, ROW_BYTES_BESIDES_JSON, Recovered,
+    RunFilter, RunRow, StoredEvent, id_prefix_range,
 };
 pub use retention::{ARCHIVE_BATCH_MAX, ArchiveCandidates, ArchivedBatch, EventsTableSize};
 pub use scans::{NextLook, SCAN_BACKOFF_MS_MAX, SCAN_BACKOFF_MS_MIN, Seen};

@@ -88,6 +88,37 @@ pub struct RunFilter {
     pub created_after: Option<DateTime<Utc>>,
     /// Only runs created strictly before this instant.
     pub created_before: Option<DateTime<Utc>>,
+    /// Only runs in this state of their definition.
+    pub state: Option<String>,
+    /// Only runs in this queue.
+    pub queue: Option<String>,
+    /// Only the branches (child runs) of this run.
+    pub parent: Option<Uuid>,
+    /// Only runs whose id lies in this inclusive range: what a hex prefix of an id names
+    /// (see [`id_prefix_range`]).
+    pub id_range: Option<(Uuid, Uuid)>,
+}
+
+/// The longest id prefix [`id_prefix_range`] takes: a whole id with its dashes.
+pub const ID_PREFIX_LEN_MAX: usize = 36;
+
+/// The inclusive range of run ids that start with the hex digits `prefix` (dashes ignored,
+/// 1 to 32 digits), or `None` when it is not such a prefix. A range, unlike a text match on
+/// the id, reads the primary key's index.
+pub fn id_prefix_range(prefix: &str) -> Option<(Uuid, Uuid)> {
+    if prefix.len() > ID_PREFIX_LEN_MAX {
+        return None;
+    }
+    let digits: String = prefix.chars().filter(|c| *c != '-').collect();
+    if digits.is_empty() || digits.len() > 32 || !digits.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    let pad = |fill: char| {
+        let mut hex = digits.to_ascii_lowercase();
+        hex.extend(std::iter::repeat_n(fill, 32 - digits.len()));
+        Uuid::parse_str(&hex).ok()
+    };
+    Some((pad('0')?, pad('f')?))
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -317,6 +348,8 @@ impl Store {
         for (field, value) in [
             ("status", &filter.status),
             ("definition", &filter.definition),
+            ("state", &filter.state),
+            ("queue", &filter.queue),
         ] {
             if let Some(value) = value {
                 crate::input::check_text(field, value)?;
@@ -329,6 +362,10 @@ impl Store {
                AND ($3::timestamptz IS NULL OR created_at > $3)
                AND ($4::timestamptz IS NULL OR created_at < $4)
                AND ($5::timestamptz IS NULL OR (created_at, run_id) < ($5, $6::uuid))
+               AND ($10::text IS NULL OR state = $10)
+               AND ($11::text IS NULL OR queue = $11)
+               AND ($12::uuid IS NULL OR parent_run_id = $12)
+               AND ($13::uuid IS NULL OR run_id BETWEEN $13 AND $14)
              ORDER BY {order} LIMIT $7",
             listed_run_row(8)
         );
@@ -347,9 +384,45 @@ impl Store {
         .bind(limit)
         .bind(view.with_data)
         .bind(view.bytes_max)
+        .bind(filter.state.as_deref())
+        .bind(filter.queue.as_deref())
+        .bind(filter.parent)
+        .bind(filter.id_range.map(|(lo, _)| lo))
+        .bind(filter.id_range.map(|(_, hi)| hi))
         .fetch_all(self.pool())
         .await?;
         budgeted(&rows, RunRow::from_row)
+    }
+
+    /// The type and time of each run's event at the given sequence (its newest, when given
+    /// the run's `last_sequence`), in one read; a run without such an event is absent.
+    pub async fn events_at(
+        &self,
+        at: &[(Uuid, i64)],
+    ) -> Result<std::collections::HashMap<Uuid, EventAt>, StoreError> {
+        let (ids, sequences): (Vec<Uuid>, Vec<i64>) = at.iter().copied().unzip();
+        let rows: Vec<(Uuid, i64, String, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT e.run_id, e.sequence, e.type, e.occurred_at
+             FROM unnest($1::uuid[], $2::bigint[]) AS wanted(run_id, sequence)
+             JOIN rein_events e USING (run_id, sequence)",
+        )
+        .bind(&ids)
+        .bind(&sequences)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(run_id, sequence, kind, occurred_at)| {
+                (
+                    run_id,
+                    EventAt {
+                        sequence,
+                        kind,
+                        occurred_at,
+                    },
+                )
+            })
+            .collect())
     }
 
     pub(crate) async fn rows(&self, tail: &str, limit: i64) -> Result<Vec<RunRow>, StoreError> {
@@ -666,6 +739,15 @@ pub struct Recovered {
     pub warnings: Vec<String>,
 }
 
+/// An event's type and time (see [`Store::events_at`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EventAt {
+    pub sequence: i64,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub occurred_at: DateTime<Utc>,
+}
+
 /// When one event was written and by whom (see [`Store::event_times`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventTime {
@@ -685,5 +767,32 @@ mod tests {
         let listed = listed_run_row(8);
         assert_ne!(listed, RUN_ROW, "run_row.sql selects ` projection,`");
         assert!(listed.contains("CASE WHEN $8 THEN projection"), "{listed}");
+    }
+
+    #[test]
+    fn an_id_prefix_names_the_ids_that_start_with_it() {
+        let id = Uuid::parse_str("0193a5f2-7c1e-7b3a-9d4e-5f6a7b8c9d0e").unwrap();
+        for prefix in [
+            "0193a5f2",
+            "0193A5F2-7c",
+            "0193a5f2-7c1e-7b3a-9d4e-5f6a7b8c9d0e",
+            "0",
+        ] {
+            let (lo, hi) = id_prefix_range(prefix).unwrap();
+            assert!(lo <= id && id <= hi, "{prefix}: {lo}..{hi}");
+        }
+        let (lo, hi) = id_prefix_range("0193a5f3").unwrap();
+        assert!(!(lo <= id && id <= hi));
+        assert_eq!(id_prefix_range(&id.to_string()), Some((id, id)));
+        for bad in [
+            "",
+            "-",
+            "xyz",
+            "0193a5f2-7c1e-7b3a-9d4e-5f6a7b8c9d0e0",
+            "é",
+            &"-".repeat(37),
+        ] {
+            assert_eq!(id_prefix_range(bad), None, "{bad:?}");
+        }
     }
 }

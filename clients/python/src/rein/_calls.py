@@ -27,6 +27,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/readyz"): "ready",
     ("GET", "/metrics"): "metrics",
     ("GET", "/openapi.json"): "openapi",
+    ("GET", "/v1/me"): "me",
     ("POST", "/v1/runs"): "enqueue",
     ("GET", "/v1/runs"): "list_runs",
     ("GET", "/v1/runs/{id}"): "get_run",
@@ -272,18 +273,28 @@ class RunsPage:
     next_cursor: str | None
 
 
+@dataclass(frozen=True)
+class RunsFilter:
+    """What `GET /v1/runs` narrows to; None matches everything."""
+
+    status: str | None = None
+    definition: str | None = None
+    state: str | None = None
+    queue: str | None = None
+    parent: str | None = None
+
+
 def runs_page(
-    status: str | None,
-    definition: str | None,
+    where: RunsFilter,
     limit: int | None,
     cursor: str | None,
     data: bool,
 ) -> Call[RunsPage]:
     params: dict[str, Any] = {"envelope": "true", **_limit(limit)}
-    if status is not None:
-        params["status"] = status
-    if definition is not None:
-        params["definition"] = definition
+    for name in ("status", "definition", "state", "queue", "parent"):
+        value = getattr(where, name)
+        if value is not None:
+            params[name] = str(value)
     if cursor is not None:
         params["cursor"] = cursor
     if data:
@@ -383,6 +394,10 @@ def decide(
         model(models.DecisionView),
         json_body={} if comment is None else {"comment": comment},
     )
+
+
+def me() -> Call[models.MeView]:
+    return Call("GET", "/v1/me", model(models.MeView))
 
 
 def workers() -> Call[list[models.WorkerView]]:

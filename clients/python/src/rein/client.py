@@ -116,13 +116,18 @@ class Client:
         *,
         status: str | None = None,
         definition: str | None = None,
+        state: str | None = None,
+        queue: str | None = None,
+        parent: RunRef | None = None,
         data: bool = False,
         page_size: int | None = None,
     ) -> Iterator[models.RunView]:
         """Every run matching, newest first, following the cursor page by page."""
+        where = calls.RunsFilter(status, definition, state, queue,
+                                 None if parent is None else str(calls.run_id(parent)))
         cursor: str | None = None
         while True:
-            page = self._do(calls.runs_page(status, definition, page_size, cursor, data))
+            page = self._do(calls.runs_page(where, page_size, cursor, data))
             yield from page.runs
             if page.next_cursor is None or not page.runs:
                 return
@@ -249,6 +254,10 @@ class Client:
     def deny(self, approval: ApprovalRef, comment: str | None = None) -> models.DecisionView:
         return self._do(calls.decide(approval, False, comment))
 
+    def me(self) -> models.MeView:
+        """Who this client's token belongs to: its subject, scopes and bounds."""
+        return self._do(calls.me())
+
     # ---- fleet
     def workers(self) -> list[models.WorkerView]:
         return self._do(calls.workers())
@@ -366,12 +375,17 @@ class AsyncClient:
         *,
         status: str | None = None,
         definition: str | None = None,
+        state: str | None = None,
+        queue: str | None = None,
+        parent: RunRef | None = None,
         data: bool = False,
         page_size: int | None = None,
     ) -> AsyncIterator[models.RunView]:
+        where = calls.RunsFilter(status, definition, state, queue,
+                                 None if parent is None else str(calls.run_id(parent)))
         cursor: str | None = None
         while True:
-            page = await self._do(calls.runs_page(status, definition, page_size, cursor, data))
+            page = await self._do(calls.runs_page(where, page_size, cursor, data))
             for run in page.runs:
                 yield run
             if page.next_cursor is None or not page.runs:
@@ -494,6 +508,9 @@ class AsyncClient:
         self, approval: ApprovalRef, comment: str | None = None
     ) -> models.DecisionView:
         return await self._do(calls.decide(approval, False, comment))
+
+    async def me(self) -> models.MeView:
+        return await self._do(calls.me())
 
     async def workers(self) -> list[models.WorkerView]:
         return await self._do(calls.workers())

@@ -131,11 +131,41 @@ class Health(BaseModel):
     status: str
 
 
+class LastEventView(BaseModel):
+    occurred_at: AwareDatetime
+    sequence: int
+    type: str
+
+
 class LeaseView(BaseModel):
     live: bool
     token: int
     until: AwareDatetime | None = None
     worker: str | None = None
+
+
+class MeView(BaseModel):
+    """
+    Who the bearer token belongs to and what it may do: what a client shows and hides.
+    """
+
+    priority_max: int | None = None
+    """
+    The highest priority it may give a run; absent when unbounded.
+    """
+    queues: list[str] | None = None
+    """
+    The queues its runs may be in; absent when it is not bound to queues.
+    """
+    scopes: list[str]
+    """
+    Its scopes; `admin` includes every other.
+    """
+    subject: str
+    """
+    The token's subject: what decisions and sent events record as their sender.
+    """
+    token_id: UUID
 
 
 class Name(RootModel[str]):
@@ -568,8 +598,19 @@ class RunView(BaseModel):
     Who enqueued it: the token's subject, the CLI's `--as` name; a fan-out branch's
     parent's. Absent for runs created before Rein recorded it.
     """
+    finished_at: AwareDatetime | None = None
+    """
+    When it reached a terminal status.
+    """
+    last_event: LastEventView | None = None
     lease: LeaseView
+    parent_run_id: UUID | None = None
+    """
+    The run that started it as a branch (fan-out); absent for a run enqueued directly.
+    """
     pending_action: dict[str, Any] | None = None
+    priority: int
+    queue: str = Field(..., max_length=64, min_length=1, pattern="^[A-Za-z0-9_.-]+$")
     run_id: UUID
     sequence: int
     state: str
