@@ -164,7 +164,7 @@ class Pages:
         page = self.open(viewport)
         sign_in(page, token or self.fleet.admin_token)
         if hash:
-            page.evaluate("h => { location.hash = h; }", hash)
+            go(page, hash)
         return page
 
     def close(self) -> None:
@@ -176,6 +176,23 @@ def sign_in(page: Page, token: str) -> None:
     page.fill("#token", token)
     page.click("button[type=submit]")
     page.wait_for_selector("#whoami")
+    page.wait_for_selector("main[data-rendered]")
+
+
+def rendered(page: Page) -> int:
+    return int(page.get_attribute("#main", "data-rendered") or 0)
+
+
+def after_route(page: Page, action: Callable[[], Any]) -> None:
+    """Runs `action` (which changes the page's route) and waits until the new page is
+    rendered, so that no locator finds the page it replaced."""
+    before = rendered(page)
+    action()
+    page.wait_for_function("n => Number(document.getElementById('main').dataset.rendered) > n", arg=before)
+
+
+def go(page: Page, hash: str) -> None:
+    after_route(page, lambda: page.evaluate("h => { location.hash = h; }", hash))
 
 
 @pytest.fixture()

@@ -7,7 +7,7 @@ import re
 
 from playwright.sync_api import Page, expect
 
-from conftest import ADMIN, PHONE, ROOT, ConsoleFleet, Pages, shot, sign_in, wait_until
+from conftest import ADMIN, PHONE, ROOT, ConsoleFleet, Pages, after_route, go, shot, sign_in, wait_until
 
 CONSOLE = ROOT / "crates" / "api" / "console"
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -108,35 +108,35 @@ def test_finding_a_run_by_id_by_prefix_and_by_filters(pages: Pages, fleet: Conso
 
     # A full id opens the run.
     page.fill("#f-q", done)
-    page.press("#f-q", "Enter")
-    page.wait_for_url(f"**/#/runs/{done}")
+    after_route(page, lambda: page.press("#f-q", "Enter"))
+    assert page.url.endswith(f"#/runs/{done}")
     expect(page.locator("#run-state")).to_have_text(fleet.run(done)["state"])
 
     # A prefix filters.
-    page.evaluate("() => { location.hash = '#/runs'; }")
+    go(page, "#/runs")
     page.fill("#f-q", parked[:7])
-    page.press("#f-q", "Enter")
-    page.wait_for_url(re.compile(r".*#/runs\?q="))
+    after_route(page, lambda: page.press("#f-q", "Enter"))
+    assert f"q={parked[:7]}" in page.url
     ids = wait_until("the prefix filter", lambda: (
         got := page.eval_on_selector_all("tr[data-run-id]", "rows => rows.map(r => r.dataset.runId)")
     ) and all(i.startswith(parked[:7]) for i in got) and got)
     assert parked in ids
 
     # Filters: parked refund-agent runs include the parked one and not the finished one.
-    page.evaluate("() => { location.hash = '#/runs'; }")
+    go(page, "#/runs")
     page.fill("#f-definition", "refund-agent")
-    page.select_option("#f-status", "parked")
-    page.wait_for_url(re.compile(r".*status=parked"))
+    after_route(page, lambda: page.select_option("#f-status", "parked"))
+    assert "status=parked" in page.url and "definition=refund-agent" in page.url
     expect(page.locator(f"tr[data-run-id='{parked}']")).to_be_visible()
     expect(page.locator(f"tr[data-run-id='{done}']")).to_have_count(0)
     statuses = page.eval_on_selector_all("tr[data-run-id] td:nth-child(2)", "c => c.map(x => x.textContent)")
     assert statuses and set(statuses) == {"parked"}, statuses
     page.fill("#f-state", "WAITING_APPROVAL")
-    page.press("#f-state", "Enter")
-    page.wait_for_url(re.compile(r".*state=WAITING_APPROVAL"))
+    after_route(page, lambda: page.press("#f-state", "Enter"))
     expect(page.locator(f"tr[data-run-id='{parked}']")).to_be_visible()
     page.fill("#f-state", "DONE")
-    page.press("#f-state", "Enter")
+    after_route(page, lambda: page.press("#f-state", "Enter"))
+    expect(page.locator("#runs-body")).to_have_attribute("aria-busy", "false")
     expect(page.locator(f"tr[data-run-id='{parked}']")).to_have_count(0)
 
     # An id that names no run says so.
@@ -245,7 +245,7 @@ def test_a_read_only_token_sees_no_decision_buttons_and_the_api_refuses_it(pages
     assert refused.status_code == 403, refused.text
     assert refused.json()["error"]["code"] == "forbidden"
     # No operator actions on the run page either.
-    page.evaluate(f"() => {{ location.hash = '#/runs/{run_id}'; }}")
+    go(page, f"#/runs/{run_id}")
     expect(page.locator("#run-state")).to_have_text("WAITING_APPROVAL")
     expect(page.locator("#cancel-run")).to_have_count(0)
     expect(page.locator(".run-actions")).to_contain_text("need the operate scope")
@@ -334,7 +334,7 @@ def test_a_phone_sized_screen_shows_the_runs_without_overflowing(pages: Pages, f
     assert widths["header"] <= widths["headerBox"], widths
     assert widths["table"] <= widths["view"], widths
     shot(page, "runs-phone")
-    page.evaluate("() => { location.hash = '#/approvals'; }")
+    go(page, "#/approvals")
     expect(page.locator("h1")).to_have_text("Approvals")
     assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
 

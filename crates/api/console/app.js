@@ -16,6 +16,7 @@ const alerts = document.getElementById("alerts");
 /** Who is signed in: `/v1/me`'s answer; null on the sign-in page. */
 let me = null;
 let leave = null;
+let renders = 0;
 
 export function may(scope) {
   if (!me) return false;
@@ -120,7 +121,7 @@ function renderSignIn(message) {
       input.value = "";
       renderHeader();
       if (!location.hash || location.hash === "#" || location.hash === "#/") location.hash = "#/runs";
-      route();
+      else route();
     } catch (err) {
       setToken(null);
       me = null;
@@ -189,6 +190,9 @@ function route() {
     main.appendChild(h("p", {}, "No such page. ", h("a", { href: "#/runs", text: "Go to the runs" })));
   }
   leave = typeof cleanup === "function" ? cleanup : null;
+  // Which rendering of a page this is: lets a test (or a person with devtools) tell a page
+  // from the one it replaced.
+  main.dataset.rendered = String(++renders);
   const h1 = main.querySelector("h1");
   if (h1) document.title = `${h1.textContent} · Rein`;
 }

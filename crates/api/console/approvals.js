@@ -23,7 +23,7 @@ export function approvalsPage(main, params) {
   main.append(
     h("div", { class: "page-head" }, h("h1", { text: "Approvals" }),
       h("div", { class: "toolbar" }, h("label", { class: "check", for: "show-all" }, toggle, " Show decided, expired and void requests too"), refresh)),
-    may("approve") ? null : h("p", { class: "notice", id: "read-only-note", text: "Your token can read requests but not decide them: deciding needs the approve scope." }),
+    ...(may("approve") ? [] : [h("p", { class: "notice", id: "read-only-note", text: "Your token can read requests but not decide them: deciding needs the approve scope." })]),
     list);
 
   async function load() {

@@ -1,12 +1,12 @@
-// A definition's state machine as SVG: states in layers by breadth-first distance from the
-// initial state, transitions as arrows labelled with their events; the path a run took is
+// A definition's state machine as SVG: states in columns by breadth-first distance from
+// the initial state, transitions as arrows labelled with their events; the path a run took is
 // marked and its current state stands out.
 
 import { h } from "/console/dom.js";
 
 const BOX_H = 34;
-const GAP_X = 36;
-const GAP_Y = 78;
+const GAP_X = 170;
+const GAP_Y = 52;
 const PAD = 24;
 const CHAR_W = 7.4;
 
@@ -84,20 +84,24 @@ export function stateDiagram(spec, { current, events = [] }) {
     (rows[l] ||= []).push(n);
   }
 
-  const width = (n) => Math.max(90, n.length * CHAR_W + 28);
-  const rowWidth = (row) => row.reduce((w, n) => w + width(n), 0) + GAP_X * (row.length - 1);
-  const totalW = Math.max(...rows.filter(Boolean).map(rowWidth), 200) + PAD * 2 + 120;
+  // Columns are layers, left to right; a column's states are stacked and centred.
+  const width = (n) => Math.max(96, n.length * CHAR_W + 28);
+  const colW = Math.max(...names.map(width), 96);
+  const tallest = Math.max(1, ...rows.filter(Boolean).map((r) => r.length));
+  const totalH = PAD * 2 + 28 + tallest * BOX_H + (tallest - 1) * GAP_Y;
+  const totalW = PAD * 2 + rows.length * colW + (rows.length - 1) * GAP_X;
   const pos = new Map();
   rows.forEach((row, i) => {
     if (!row) return;
-    let x = (totalW - rowWidth(row)) / 2;
-    const y = PAD + i * (BOX_H + GAP_Y);
+    const colH = row.length * BOX_H + (row.length - 1) * GAP_Y;
+    let y = PAD + 28 + (totalH - PAD * 2 - 28 - colH) / 2;
     for (const n of row) {
-      pos.set(n, { x, y, w: width(n), cx: x + width(n) / 2 });
-      x += width(n) + GAP_X;
+      const w = width(n);
+      const x = PAD + i * (colW + GAP_X) + (colW - w) / 2;
+      pos.set(n, { x, y, w, cx: x + w / 2, cy: y + BOX_H / 2 });
+      y += BOX_H + GAP_Y;
     }
   });
-  const totalH = PAD * 2 + rows.length * BOX_H + (rows.length - 1) * GAP_Y + 10;
 
   const svg = h("svg", { class: "diagram", viewBox: `0 0 ${Math.ceil(totalW)} ${Math.ceil(totalH)}`, width: Math.ceil(totalW),
     role: "img", "aria-labelledby": "diagram-title", xmlns: "http://www.w3.org/2000/svg" });
@@ -108,61 +112,62 @@ export function stateDiagram(spec, { current, events = [] }) {
     h("marker", { id: "arrow-taken", viewBox: "0 0 10 10", refX: "9", refY: "5", markerWidth: "7", markerHeight: "7", orient: "auto-start-reverse" },
       h("path", { d: "M0,0 L10,5 L0,10 z", class: "arrow-head taken" }))));
 
+  // Where the line from a box's centre towards (tx, ty) leaves the box.
+  const exit = (p, tx, ty) => {
+    const dx = tx - p.cx;
+    const dy = ty - p.cy;
+    const k = Math.min(dx ? (p.w / 2 + 2) / Math.abs(dx) : Infinity, dy ? (BOX_H / 2 + 2) / Math.abs(dy) : Infinity);
+    return [p.cx + dx * k, p.cy + dy * k];
+  };
   const edgeLayer = h("g", { class: "edges" });
   const labelLayer = h("g", { class: "labels" });
-  let bend = 0;
   for (const e of edges.values()) {
     const a = pos.get(e.from);
     const b = pos.get(e.to);
     const took = e.events.some((x) => x.taken);
-    const cls = took ? "edge taken" : "edge";
     let d;
     let lx;
     let ly;
+    let anchor = "middle";
     if (e.from === e.to) {
-      const x = a.x + a.w;
-      const y = a.y + BOX_H / 2;
-      d = `M${x},${y - 8} C${x + 46},${y - 34} ${x + 46},${y + 34} ${x},${y + 8}`;
-      lx = x + 40;
-      ly = y - 22;
-    } else if (b.y > a.y) {
-      const x1 = a.cx + (b.cx - a.cx) * 0.15;
-      const y1 = a.y + BOX_H;
-      const x2 = b.cx;
-      const y2 = b.y;
-      const my = (y1 + y2) / 2;
-      d = `M${x1},${y1} C${x1},${my} ${x2},${my} ${x2},${y2}`;
-      lx = (x1 + x2) / 2;
-      ly = my - 4;
-    } else if (b.y < a.y) {
-      // Back up a layer: out of the source's side, round into the target's side.
-      const left = b.cx < a.cx;
-      const x1 = left ? a.x : a.x + a.w;
-      const y1 = a.y + BOX_H / 2;
-      const x2 = left ? b.x : b.x + b.w;
-      const y2 = b.y + BOX_H / 2;
-      const out = (left ? -1 : 1) * (60 + (bend++ % 3) * 22);
-      d = `M${x1},${y1} C${x1 + out},${y1} ${x2 + out},${y2} ${x2},${y2}`;
-      lx = (x1 + x2) / 2 + out * 0.75;
-      ly = (y1 + y2) / 2;
+      // A loop over the box's top.
+      const x1 = a.cx - 14;
+      const x2 = a.cx + 14;
+      d = `M${x1},${a.y} C${x1 - 10},${a.y - 34} ${x2 + 10},${a.y - 34} ${x2},${a.y}`;
+      lx = a.cx;
+      ly = a.y - 30 - (e.events.length - 1) * 12;
     } else {
-      const right = b.x > a.x;
-      const x1 = right ? a.x + a.w : a.x;
-      const x2 = right ? b.x : b.x + b.w;
-      const y = a.y + BOX_H / 2;
-      d = `M${x1},${y} L${x2},${y}`;
-      lx = (x1 + x2) / 2;
-      ly = y - 8;
+      // A curve bowed to its left, so that A→B and B→A are apart.
+      const dx = b.cx - a.cx;
+      const dy = b.cy - a.cy;
+      const len = Math.hypot(dx, dy) || 1;
+      const bow = Math.min(40, 14 + len * 0.08);
+      const nx = dy / len;
+      const ny = -dx / len;
+      const mx = (a.cx + b.cx) / 2 + nx * bow;
+      const my = (a.cy + b.cy) / 2 + ny * bow;
+      const [x1, y1] = exit(a, mx, my);
+      const [x2, y2] = exit(b, mx, my);
+      d = `M${x1},${y1} Q${mx},${my} ${x2},${y2}`;
+      // The label sits on the curve, past its middle (nearer the target, where curves
+      // from one state have spread apart).
+      const t = a.cx === b.cx ? 0.5 : 0.6;
+      lx = (1 - t) * (1 - t) * x1 + 2 * (1 - t) * t * mx + t * t * x2;
+      ly = (1 - t) * (1 - t) * y1 + 2 * (1 - t) * t * my + t * t * y2 - 4;
+      if (a.cx === b.cx) {
+        anchor = nx > 0 ? "start" : "end";
+        lx += nx * 6;
+      }
+      ly -= ((e.events.length - 1) * 12) / 2;
     }
-    edgeLayer.appendChild(h("path", { d, class: cls, "marker-end": took ? "url(#arrow-taken)" : "url(#arrow)",
+    edgeLayer.appendChild(h("path", { d, class: took ? "edge taken" : "edge", "marker-end": took ? "url(#arrow-taken)" : "url(#arrow)",
       dataset: { from: e.from, to: e.to, taken: took ? "true" : "false" } },
       h("title", {}, `${e.from} → ${e.to}: ${e.events.map((x) => x.event).join(", ")}`)));
-    const label = h("text", { x: lx, y: ly - (e.events.length - 1) * 6, class: "edge-label", "text-anchor": "middle" });
+    const label = h("text", { x: lx, y: ly, class: "edge-label", "text-anchor": anchor });
     e.events.forEach((x, i) => label.appendChild(h("tspan", { x: lx, dy: i === 0 ? 0 : 12, class: x.taken ? "taken" : "" }, x.event)));
     labelLayer.appendChild(label);
   }
   svg.appendChild(edgeLayer);
-  svg.appendChild(labelLayer);
 
   const nodes = h("g", { class: "nodes" });
   for (const n of names) {
@@ -178,5 +183,6 @@ export function stateDiagram(spec, { current, events = [] }) {
     nodes.appendChild(g);
   }
   svg.appendChild(nodes);
+  svg.appendChild(labelLayer);
   return svg;
 }
