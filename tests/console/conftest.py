@@ -13,6 +13,7 @@ to target/console-screenshots/<name>.png.
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -38,6 +39,8 @@ PHONE = {"width": 375, "height": 740}
 ALL_SCOPES = ("read", "enqueue", "operate", "approve", "publish", "admin")
 ADMIN = "console-admin"
 READER = "console-reader"
+REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379"
+MODEL_AGENT = "console-model-agent"
 
 
 class ConsoleFleet(Fleet):
@@ -101,12 +104,14 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleFleet]:
     fleet = ConsoleFleet(tmp_path_factory.mktemp("console-fleet"), url)
     try:
         fleet.rein("migrate", "--database-url", url)
-        api = ["api", "--listen", "127.0.0.1:0"]
+        # Redis carries a model's streamed deltas from the worker to the API's run streams.
+        redis = ["--redis-url", REDIS_URL, "--redis-prefix", f"console-{secrets.token_hex(4)}"]
+        api = ["api", "--listen", "127.0.0.1:0", *redis]
         if os.environ.get("REIN_CONSOLE_DIR"):
             api += ["--console-dir", os.environ["REIN_CONSOLE_DIR"]]
         _, fleet.api_url = fleet.spawn_rein("api", *api, first_line=True)
         fleet.spawn_rein("worker", "worker", "--id", "console-worker", "--lease-ttl-ms", "2000",
-                         "--poll-interval-ms", "20")
+                         "--poll-interval-ms", "20", *redis)
         fleet.spawn_rein("scheduler", "scheduler", "--id", "console-scheduler")
         fleet.admin_token = fleet.token(ADMIN, *ALL_SCOPES)
         fleet.reader_token = fleet.token(READER, "read")
@@ -114,6 +119,24 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleFleet]:
     finally:
         fleet.stop()
         drop()
+
+
+@pytest.fixture(scope="session")
+def model_agent(fleet: ConsoleFleet) -> str:
+    """A copy of the built-in support-agent whose model is `rein stand-in-model` (a fake
+    Chat Completions server: the model API is an outside party) and streams its replies."""
+    _, line = fleet.spawn("model", [str(fleet.binary), "stand-in-model", "--listen", "127.0.0.1:0"],
+                          first_line=True)
+    assert line.startswith("listening on "), line
+    addr = line.removeprefix("listening on ").strip()
+    text = (ROOT / "definitions" / "support-agent.toml").read_text()
+    text = text.replace('name = "support-agent"', f'name = "{MODEL_AGENT}"', 1)
+    text = "\n".join(l for l in text.splitlines() if not l.startswith("api_key_env"))
+    text = text.replace('model = "gpt-4o-mini"', f'model = "gpt-4o-mini"\nbase_url = "http://{addr}/v1"\nstream = true', 1)
+    r = fleet.call("POST", "/v1/definitions", content=text.encode(),
+                   headers={"Content-Type": "application/toml"})
+    assert r.status_code in (200, 201), r.text
+    return MODEL_AGENT
 
 
 @pytest.fixture(scope="session")

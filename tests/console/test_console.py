@@ -74,9 +74,11 @@ def test_keyboard_only_sign_in(pages: Pages, fleet: ConsoleFleet) -> None:
     page.keyboard.type(fleet.admin_token)
     page.keyboard.press("Enter")
     expect(page.locator("#whoami")).to_have_text(ADMIN)
-    # The sections are reachable with Tab, and Enter follows a link.
+    # Focus starts on the page; the sections are a few Shift+Tabs back, and Enter follows
+    # a link.
+    assert page.evaluate("() => document.activeElement.id") == "main"
     for _ in range(10):
-        page.keyboard.press("Tab")
+        page.keyboard.press("Shift+Tab")
         if page.evaluate("() => document.activeElement.textContent") == "Fleet":
             break
     page.keyboard.press("Enter")
@@ -104,6 +106,7 @@ def test_finding_a_run_by_id_by_prefix_and_by_filters(pages: Pages, fleet: Conso
     expect(row).to_contain_text("refund-agent@")
     expect(row).to_contain_text("WAITING_APPROVAL")
     expect(row).to_contain_text("parked")
+    expect(row.locator("a")).to_have_text(f"{parked[:8]}…{parked[-4:]}")
     shot(page, "runs")
 
     # A full id opens the run.
@@ -225,7 +228,7 @@ def test_approving_a_refund_from_the_inbox_moves_the_run_on(pages: Pages, fleet:
     assert run_page.locator("#timeline tbody tr").count() > before
     expect(run_page.locator("#diagram g.state.current")).to_have_attribute("data-state", "DONE")
     expect(run_page.locator("#run-state")).to_have_text("DONE")
-    shot(run_page, "run")
+    shot(run_page, "run-refund")
     fleet.call("POST", f"/v1/runs/{other}/events", json={"type": "CANCEL", "payload": {}})
 
 
@@ -338,3 +341,28 @@ def test_a_phone_sized_screen_shows_the_runs_without_overflowing(pages: Pages, f
     expect(page.locator("h1")).to_have_text("Approvals")
     assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
 
+
+
+def test_a_model_run_shows_its_calls_token_usage_and_streamed_output(pages: Pages, fleet: ConsoleFleet, model_agent: str) -> None:
+    run_id = fleet.enqueue(model_agent, {"order_id": "M1", "amount": 150})
+    approval = fleet.approval_of(run_id)
+    page = pages.signed_in(hash=f"#/runs/{run_id}")
+    expect(page.locator("#stream-state")).to_have_text("● live")
+    replied = [e for e in fleet.events(run_id) if e["type"] == "MODEL_REPLIED"]
+    assert replied, "the model was not called"
+    calls = page.locator("#sec-model-calls ~ * tbody tr:not(.total)")
+    expect(calls).to_have_count(len(replied))
+    # The model calls after the approval stream their replies to the open page.
+    fleet.json("POST", f"/v1/approvals/{approval['approval_id']}/grant", json={"comment": "ok"})
+    expect(page.locator("#live-count")).to_contain_text("deltas received", timeout=30_000)
+    expect(page.locator("#live-text")).not_to_be_empty()
+    assert fleet.finished(run_id)["state"] == "DONE"
+    expect(page.locator("#run-state")).to_have_text("DONE")
+    replied = [e for e in fleet.events(run_id) if e["type"] == "MODEL_REPLIED"]
+    expect(calls).to_have_count(len(replied))
+    tokens = sum(e["payload"]["usage"]["tokens"] for e in replied)
+    assert tokens > 0
+    expect(page.locator("#sec-model-calls ~ * tr.total td").last).to_have_text(str(tokens))
+    shot(page, "run-top")
+    page.evaluate("() => document.getElementById('sec-diagram').scrollIntoView({block: 'start'})")
+    shot(page, "run")

@@ -193,6 +193,10 @@ function route() {
   // Which rendering of a page this is: lets a test (or a person with devtools) tell a page
   // from the one it replaced.
   main.dataset.rendered = String(++renders);
+  // Keyboard focus that was on what the page replaced starts again at the new page.
+  if (!document.activeElement || document.activeElement === document.body || !document.activeElement.isConnected) {
+    main.focus({ preventScroll: true });
+  }
   const h1 = main.querySelector("h1");
   if (h1) document.title = `${h1.textContent} · Rein`;
 }

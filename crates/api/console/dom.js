@@ -54,8 +54,11 @@ export function table(caption, columns, rows, { className = "" } = {}) {
       h("tbody", {}, rows)));
 }
 
+/** An id short enough for a table: its start (what a prefix search takes) and its end, which
+ * tells apart ids made in the same millisecond (UUIDv7 ids start with their time). */
 export function shortId(id) {
-  return String(id || "").slice(0, 8);
+  const s = String(id || "");
+  return s.length > 16 ? `${s.slice(0, 8)}…${s.slice(-4)}` : s;
 }
 
 export function json(value) {

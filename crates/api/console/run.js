@@ -9,6 +9,11 @@ import { stateDiagram } from "/console/diagram.js";
 
 const EVENTS_PAGE = 200;
 
+function wide(panel) {
+  panel.classList.add("span-2");
+  return panel;
+}
+
 export function runPage(main, id) {
   const ctl = new AbortController();
   const signal = ctl.signal;
@@ -43,6 +48,7 @@ export function runPage(main, id) {
   const timelineBody = h("tbody", {});
   const briefBox = h("div", {}, h("p", { class: "muted", text: "Loading…" }));
   let deltas = 0;
+  let liveTool = null;
 
   main.append(
     h("p", { class: "crumbs" }, h("a", { href: "#/runs", text: "← Runs" })),
@@ -50,16 +56,16 @@ export function runPage(main, id) {
     head,
     actions,
     h("div", { class: "grid" },
-      section("Why", whyBox),
+      wide(section("Why", whyBox)),
       section("Lease", leaseBox),
-      section("Pending action", pendingBox),
       section("Budgets used", budgetBox),
+      wide(section("Pending action", pendingBox)),
       section("Branches", branchBox)),
     h("section", { class: "panel wide", "aria-labelledby": "sec-diagram" },
       h("h2", { id: "sec-diagram", text: "State diagram" }), diagramNote, diagramBox),
     h("div", { class: "grid" },
-      section("Model calls", modelBox),
-      section("Live model output", h("p", {}, liveCount), liveText)),
+      wide(section("Model calls", modelBox)),
+      wide(section("Live model output", h("p", {}, liveCount), liveText))),
     h("section", { class: "panel wide", "aria-labelledby": "sec-timeline" },
       h("h2", { id: "sec-timeline", text: "Timeline" }),
       h("div", { class: "table-wrap", tabindex: "0", role: "region", "aria-label": "Timeline" },
@@ -304,9 +310,18 @@ export function runPage(main, id) {
       let d;
       try { d = JSON.parse(ev.data); } catch { return; }
       deltas += 1;
-      if (d.type === "delta" && typeof d.content === "string") liveText.textContent += d.content;
-      else if (d.type === "tool_call_delta") liveText.textContent += `${d.name ? `\n[tool ${d.name}] ` : ""}${d.arguments || ""}`;
-      else if (d.type === "reply_done") liveText.textContent += "\n— reply done —\n";
+      const put = (text) => { liveText.textContent += text; };
+      if (d.type === "delta" && typeof d.content === "string") put(d.content);
+      else if (d.type === "tool_call_delta") {
+        if (d.name && d.name !== liveTool) {
+          put(`${liveText.textContent && !liveText.textContent.endsWith("\n") ? "\n" : ""}${d.name}(`);
+          liveTool = d.name;
+        }
+        put(d.arguments || "");
+      } else if (d.type === "reply_done") {
+        put(liveTool ? ")\n" : "\n");
+        liveTool = null;
+      }
       liveCount.textContent = `${deltas} deltas received while streaming`;
       liveText.scrollTop = liveText.scrollHeight;
     } else if (ev.event === "end") {
