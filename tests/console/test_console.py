@@ -214,6 +214,7 @@ def test_approving_a_refund_from_the_inbox_moves_the_run_on(pages: Pages, fleet:
     card.locator("textarea").fill("checked the order by phone")
     card.get_by_role("button", name="Approve").click()
     expect(card.locator(".decided-by")).to_have_text(ADMIN)
+    expect(card.locator(".badge-ap-granted")).to_have_text("granted")
     expect(card.locator(".decided-comment")).to_have_text("checked the order by phone")
     expect(card.locator(".run-now a")).to_have_attribute("data-state", "DONE", timeout=30_000)
     shot(page, "approvals-decided")
@@ -318,7 +319,7 @@ def test_the_notifications_page_answers_either_way(pages: Pages, fleet: ConsoleF
     page = pages.signed_in(hash="#/notifications")
     expect(page.locator("h1")).to_have_text("Notifications")
     if fleet.call("GET", "/v1/webhooks").status_code == 404:
-        expect(page.locator("#webhooks")).to_contain_text("not available on this server")
+        expect(page.locator("#notifications-unavailable")).to_contain_text("not available on this server")
     else:
         expect(page.locator("#webhooks table, #webhooks .empty")).to_have_count(1)
     shot(page, "notifications")

@@ -68,6 +68,7 @@ export function approvalsPage(main, params) {
 function approvalCard(a, signal) {
   const id = a.approval_id;
   const outcome = h("div", { class: "outcome", "aria-live": "polite" });
+  let status = badge(a.status, `ap-${a.status}`);
   const expires = h("span", {}, time(a.expires_at, until));
   const comment = h("textarea", { id: `comment-${id}`, name: "comment", rows: "2", maxlength: "4096" });
   const grant = h("button", { type: "submit", class: "button primary approve", value: "grant" }, "Approve");
@@ -80,7 +81,7 @@ function approvalCard(a, signal) {
     : null;
   const el = h("article", { class: `approval ${a.open ? "open" : "closed"}`, dataset: { approvalId: id, runId: a.run_id }, "aria-labelledby": `ap-${id}` },
     h("header", {},
-      h("h2", { id: `ap-${id}` }, h("span", { class: "mono", text: a.tool }), " ", badge(`risk ${a.risk}`, `risk-${a.risk}`), " ", badge(a.status, `ap-${a.status}`)),
+      h("h2", { id: `ap-${id}` }, h("span", { class: "mono", text: a.tool }), " ", badge(`risk ${a.risk}`, `risk-${a.risk}`), " ", status),
       h("a", { href: `#/runs/${a.run_id}`, class: "run-link" }, "Run ", h("span", { class: "mono", text: shortId(a.run_id) }))),
     dl([
       ["Arguments", pre(a.args)],
@@ -119,6 +120,9 @@ function approvalCard(a, signal) {
     el.classList.remove("open");
     el.classList.add("closed", "decided");
     decide.remove();
+    const now = badge(d.status, `ap-${d.status}`);
+    status.replaceWith(now);
+    status = now;
     const runState = h("span", { class: "run-now", text: "reading…" });
     replace(outcome, h("div", { class: "decision", role: "status" },
       h("p", {}, h("strong", { text: d.status === "granted" ? "Approved" : d.status === "denied" ? "Denied" : d.status }),

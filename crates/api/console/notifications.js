@@ -13,12 +13,13 @@ export function notificationsPage(main) {
   }
   const hooks = h("div", { id: "webhooks" }, h("p", { class: "muted", text: "Loading…" }));
   const deliveries = h("div", { id: "deliveries" }, h("p", { class: "muted", text: "Loading…" }));
-  main.append(
+  const body = h("div", { id: "notifications" },
     h("section", { class: "panel wide", "aria-labelledby": "sec-hooks" }, h("h2", { id: "sec-hooks", text: "Webhooks" }), hooks),
     h("section", { class: "panel wide", "aria-labelledby": "sec-deliveries" }, h("h2", { id: "sec-deliveries", text: "Recent deliveries" }), deliveries));
+  main.append(body);
 
   const missing = (e) => e.status === 404 || e.status === 405;
-  const unavailable = () => h("p", { class: "notice", text: "Notifications are not available on this server." });
+  const unavailable = () => h("p", { class: "notice", id: "notifications-unavailable", text: "Notifications are not available on this server." });
 
   (async () => {
     try {
@@ -35,8 +36,7 @@ export function notificationsPage(main) {
     } catch (e) {
       if (e.name === "AbortError") return;
       if (missing(e)) {
-        replace(hooks, unavailable());
-        replace(deliveries, "");
+        replace(body, unavailable());
         return;
       }
       replace(hooks, "");
