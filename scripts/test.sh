@@ -381,7 +381,7 @@ PLAYWRIGHT_VERSION=1.65.2
 phase_console() {
   local venv=$TARGET_DIR/python-venv rein_bin=$TARGET_DIR/debug/rein
   local chromium=${CHROMIUM:-/usr/bin/chromium}
-  if [[ ! -x $chromium ]]; then
+  if [[ ! -x $chromium && -z ${CHROMIUM:-} ]]; then
     if is_root && command -v apt-get >/dev/null; then
       note "no browser at $chromium; installing Debian's chromium"
       apt_install chromium || { note "apt-get install chromium failed"; return 1; }

@@ -299,7 +299,16 @@ def test_cancelling_from_the_run_page_asks_first(pages: Pages, fleet: ConsoleFle
     cancel = [e for e in fleet.events(run_id) if e["type"] == "CANCEL"]
     assert len(cancel) == 1 and cancel[0]["payload"] == {"reason": "customer withdrew"}
     expect(page.locator("#timeline tr[data-type='CANCEL'] td.by")).to_contain_text(ADMIN)
-    expect(page.locator("#rerun-run")).to_be_visible()
+    # A finished run can be rerun; the new run links back to it as its parent, and the
+    # first lists it among its branches.
+    page.click("#rerun-run")
+    after_route(page, lambda: page.locator("dialog").get_by_role("button", name="Rerun").click())
+    again = page.url.rsplit("/", 1)[-1]
+    assert again != run_id and fleet.run(again)["parent_run_id"] == run_id
+    expect(page.locator(f"#sec-branches ~ * a[href='#/runs/{run_id}']")).to_be_visible()
+    go(page, f"#/runs/{run_id}")
+    expect(page.locator(f"#sec-branches ~ * a[href='#/runs/{again}']")).to_be_visible()
+    fleet.call("POST", f"/v1/runs/{again}/events", json={"type": "CANCEL", "payload": {}})
 
 
 def test_the_fleet_page_lists_the_worker_and_the_scheduler(pages: Pages) -> None:
