@@ -124,6 +124,12 @@ def test_finding_a_run_by_id_by_prefix_and_by_filters(pages: Pages, fleet: Conso
         got := page.eval_on_selector_all("tr[data-run-id]", "rows => rows.map(r => r.dataset.runId)")
     ) and all(i.startswith(parked[:7]) for i in got) and got)
     assert parked in ids
+    # So does a short id as the table shows it.
+    go(page, "#/runs")
+    page.fill("#f-q", f"{parked[:8]}…{parked[-4:]}")
+    after_route(page, lambda: page.press("#f-q", "Enter"))
+    expect(page.locator("tr[data-run-id]")).to_have_count(1)
+    expect(page.locator(f"tr[data-run-id='{parked}']")).to_be_visible()
 
     # Filters: parked refund-agent runs include the parked one and not the finished one.
     go(page, "#/runs")
@@ -376,3 +382,28 @@ def test_a_model_run_shows_its_calls_token_usage_and_streamed_output(pages: Page
     shot(page, "run-top")
     page.evaluate("() => document.getElementById('sec-diagram').scrollIntoView({block: 'start'})")
     shot(page, "run")
+
+
+def test_an_in_doubt_call_is_resolved_from_the_run_page(pages: Pages, fleet: ConsoleFleet) -> None:
+    # The refund's answer never comes back and there is no reconcile hook: the run waits
+    # for an operator.
+    script = [{"decision": "call_tool", "tool": "refund", "args": {"order_id": "D1", "amount": 80}},
+              {"decision": "FINISH"}]
+    run_id = fleet.enqueue("refund-agent", {"agent": {"script": script, "timeout_after_apply": True,
+                                                      "no_reconcile": True}})
+    wait_until("the run to need an operator", lambda: fleet.run(run_id)["status"] == "needs_operator", 60)
+    page = pages.signed_in(hash=f"#/runs/{run_id}")
+    expect(page.locator("#sec-why ~ *")).to_contain_text("yes")
+    expect(page.locator("#sec-pending-action ~ *")).to_contain_text("refund")
+    page.click("#resolve-run")
+    dialog = page.locator("dialog")
+    dialog.get_by_label("Yes: it took effect; record its result").check()
+    dialog.get_by_label("Result event (when it took effect)").select_option("TOOL_SUCCEEDED")
+    dialog.get_by_label("Result payload (a JSON object)").fill('{"result": {"checked": "by phone"}}')
+    shot(page, "run-resolve-dialog")
+    dialog.get_by_role("button", name="Resolve").click()
+    expect(page.locator("#run-state")).to_have_text("DONE", timeout=30_000)
+    settled = [e for e in fleet.events(run_id) if e["type"] == "TOOL_SUCCEEDED"]
+    assert len(settled) == 1 and settled[0]["payload"]["result"] == {"checked": "by phone"}
+    assert settled[0]["sender"] == f"operator:{ADMIN}"
+    expect(page.locator("#timeline tr[data-type='TOOL_SUCCEEDED'] td.by")).to_have_text(f"operator:{ADMIN}")

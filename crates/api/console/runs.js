@@ -7,6 +7,8 @@ import { showError, clearAlerts } from "/console/app.js";
 export const STATUSES = ["runnable", "parked", "needs_operator", "terminal"];
 const REFRESH_MS = 2000;
 const FILTERS = ["status", "state", "definition", "queue", "q"];
+/** A run id's start, optionally with "…" and its end (a short id as the tables show it). */
+const SEARCH_RE = /^[0-9a-f-]{1,36}(?:(?:…|\.\.\.?)[0-9a-f-]{1,36})?$/i;
 
 export function runsPage(main, params) {
   const filters = {};
@@ -61,8 +63,8 @@ export function runsPage(main, params) {
       }
       return;
     }
-    if (q && !/^[0-9a-f-]{1,36}$/i.test(q)) {
-      showError(new ApiError(0, "validation_failed", "a run id is hexadecimal: type the whole id or its first characters"), "Search");
+    if (q && !SEARCH_RE.test(q)) {
+      showError(new ApiError(0, "validation_failed", "a run id is hexadecimal: type the whole id, its first characters, or a short id as the tables show it (start…end)"), "Search");
       return;
     }
     const next = new URLSearchParams();
@@ -72,8 +74,13 @@ export function runsPage(main, params) {
   });
   status.addEventListener("change", () => form.requestSubmit());
 
+  function searched() {
+    const [start, end] = filters.q.toLowerCase().split(/…|\.\.\.?/);
+    return { prefix: (start || "").replace(/-/g, ""), suffix: (end || "").replace(/-/g, "") };
+  }
+
   function query(at) {
-    const prefix = filters.q.replace(/-/g, "").toLowerCase();
+    const prefix = searched().prefix;
     return qs({ envelope: "true", limit: 50, status: filters.status, state: filters.state, definition: filters.definition,
       queue: filters.queue, id_prefix: prefix, cursor: at });
   }
@@ -111,7 +118,8 @@ export function runsPage(main, params) {
 
   function render() {
     body.setAttribute("aria-busy", "false");
-    const runs = page.runs || [];
+    const { suffix } = searched();
+    const runs = (page.runs || []).filter((r) => !suffix || r.run_id.replace(/-/g, "").endsWith(suffix));
     if (runs.length === 0) {
       replace(body, h("p", { class: "empty", text: Object.values(filters).some(Boolean) ? "No runs match these filters." : "No runs yet." }));
     } else {
