@@ -283,6 +283,7 @@ def test_a_stale_decision_shows_the_refusal_and_its_reason(pages: Pages, fleet: 
     error = again.json()["error"]
     expect(refusal).to_have_attribute("data-code", error["code"])
     expect(refusal.locator(".reason")).to_have_text(error["message"])
+    expect(card.locator(".badge-ap-denied")).to_have_text("denied")
     shot(second, "approvals-refused")
     assert fleet.finished(run_id)["state"] == "DENIED"
 

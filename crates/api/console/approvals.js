@@ -111,9 +111,24 @@ function approvalCard(a, signal) {
           h("strong", { text: `Refused (${err.code}): ` }), h("span", { class: "reason", text: err.message })));
         el.classList.add("refused");
         if (err.status === 401) return;
+        if (err.status === 409) refreshStatus();
         if (err.status === 0 || err.status >= 500) { grant.disabled = false; deny.disabled = false; }
       }
     });
+  }
+
+  // After a refusal: what the request is now (decided by someone else, expired, void).
+  async function refreshStatus() {
+    try {
+      const rows = await api(`/v1/approvals${qs({ run: a.run_id, all: "true" })}`, { signal });
+      const now = (rows || []).find((r) => r.approval_id === id);
+      if (!now) return;
+      const fresh = badge(now.status, `ap-${now.status}`);
+      status.replaceWith(fresh);
+      status = fresh;
+    } catch {
+      // The refusal already says why; the badge stays as it was.
+    }
   }
 
   function decided(d) {
