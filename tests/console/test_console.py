@@ -23,7 +23,9 @@ def test_the_console_is_served_at_the_root_with_a_strict_policy(fleet: ConsoleFl
     assert root.status_code == 200, root.text
     assert root.headers["content-type"].startswith("text/html")
     assert root.headers["content-security-policy"] == CSP
-    assert root.content == (CONSOLE / "index.html").read_bytes()
+    assert root.content == (CONSOLE / "index.html").read_bytes(), (
+        f"{fleet.binary} serves another console than {CONSOLE}: rebuild it "
+        "(or set REIN_CONSOLE_DIR to serve the directory)")
     for path in sorted(CONSOLE.iterdir()):
         if path.name == "index.html":
             continue
