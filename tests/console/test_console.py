@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from playwright.sync_api import Page, expect
+from playwright.sync_api import expect
 
 from conftest import ADMIN, PHONE, ROOT, ConsoleFleet, Pages, after_route, go, shot, sign_in, wait_until
 

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import pytest
 
 import rein
-from rein_fleet import (  # noqa: F401 (the test modules import these from here)
+from rein_fleet import (
     DEADLINE_S,
     ROOT,
     Fleet,
@@ -26,6 +26,10 @@ from rein_fleet import (  # noqa: F401 (the test modules import these from here)
     fresh_database,
     rein_binary,
 )
+
+# The test modules import the fleet helpers from here.
+__all__ = ["DEADLINE_S", "ROOT", "Fleet", "Proc", "eventually", "free_port", "fresh_database",
+           "rein_binary", "NodeServer"]
 
 EXAMPLE = ROOT / "examples" / "python"
 
