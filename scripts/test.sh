@@ -4,10 +4,10 @@
 #   scripts/test.sh                 # everything
 #   scripts/test.sh -p rein-core    # extra args go to `cargo test`
 #
-# Phases: tools, services, openapi, fmt, clippy, test, python, deploy. Each prints its
-# duration; a summary follows at the end. fmt/clippy/test/python/deploy keep going after a
-# failure so one run shows every problem; tools/services failures stop the run
-# because nothing after them could pass. Exit status is non-zero if any phase
+# Phases: tools, services, openapi, fmt, clippy, test, python, console, deploy. Each prints
+# its duration; a summary follows at the end. fmt/clippy/test/python/console/deploy keep
+# going after a failure so one run shows every problem; tools/services failures stop the
+# run because nothing after them could pass. Exit status is non-zero if any phase
 # failed.
 set -euo pipefail
 
@@ -371,6 +371,48 @@ phase_python() {
     return 1
 }
 
+# ---------------------------------------------------------------- console
+# The web console (crates/api/console, embedded in `rein api`) in a real browser: Playwright
+# from PyPI into the python phase's venv, driving the system's Chromium (never a downloaded
+# one), pytest tests/console against a fleet of the debug `rein`. Screenshots land in
+# target/console-screenshots. Without Chromium: installed when root with apt-get, otherwise
+# the phase says what to install and is skipped -- except in CI, where that is a failure.
+PLAYWRIGHT_VERSION=1.65.2
+phase_console() {
+  local venv=$TARGET_DIR/python-venv rein_bin=$TARGET_DIR/debug/rein
+  local chromium=${CHROMIUM:-/usr/bin/chromium}
+  if [[ ! -x $chromium && -z ${CHROMIUM:-} ]]; then
+    if is_root && command -v apt-get >/dev/null; then
+      note "no browser at $chromium; installing Debian's chromium"
+      apt_install chromium || { note "apt-get install chromium failed"; return 1; }
+    fi
+  fi
+  if [[ ! -x $chromium ]]; then
+    note "no Chromium at $chromium: install it (Debian: sudo apt-get install -y chromium)"
+    note "or point CHROMIUM at a Chromium or Chrome binary"
+    [[ $CI == true ]] && return 1
+    return "$SKIPPED"
+  fi
+  if [[ ! -x $venv/bin/python ]]; then
+    note "no venv at $venv (the python phase makes it)"
+    [[ $CI == true ]] && return 1
+    return "$SKIPPED"
+  fi
+  if [[ ! -x $rein_bin ]]; then
+    note "building $rein_bin for the fleet the tests start"
+    cargo build --bin rein || return 1
+  fi
+  if [[ $("$venv/bin/python" -c 'import playwright, importlib.metadata as m; print(m.version("playwright"))' 2>/dev/null) != "$PLAYWRIGHT_VERSION" ]]; then
+    note "pip install playwright==$PLAYWRIGHT_VERSION into $venv (no browser download: it drives $chromium)"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "playwright==$PLAYWRIGHT_VERSION" ||
+      return 1
+  fi
+  note "$("$chromium" --version 2>/dev/null || echo "$chromium")"
+  CHROMIUM=$chromium REIN_BIN=$rein_bin "$venv/bin/pytest" -q -p no:cacheprovider tests/console ||
+    return 1
+  note "screenshots: $TARGET_DIR/console-screenshots"
+}
+
 # ---------------------------------------------------------------- deploy
 # Alert rules (promtool check + unit tests), compose file, Kubernetes manifests, dashboard
 # and scripts under deploy/: scripts/validate-deploy.sh prints one line per check.
@@ -390,6 +432,7 @@ main() {
     run_phase clippy phase_clippy
     run_phase test phase_test "$@"
     run_phase python phase_python
+    run_phase console phase_console
     run_phase deploy phase_deploy
   fi
   summary
