@@ -97,7 +97,56 @@ fn signed(headers: &HeaderMap, body: &[u8]) -> bool {
         .as_secs() as i64;
     (now - timestamp).abs() <= 300
         && header("content-type") == Some("application/json")
+        && signature_of(timestamp, body) == signature
         && rein_scheduler::webhooks::verify(SECRET.as_bytes(), timestamp, body, signature)
+}
+
+/// The signature a receiver computes on its own: `v1=` and the hex HMAC-SHA256 under
+/// [`SECRET`] of the timestamp, a dot and the body.
+fn signature_of(timestamp: i64, body: &[u8]) -> String {
+    use hmac::{KeyInit, Mac};
+    let mut mac = hmac::Hmac::<hmac_sha2::Sha256>::new_from_slice(SECRET.as_bytes()).unwrap();
+    mac.update(format!("{timestamp}.").as_bytes());
+    mac.update(body);
+    format!("v1={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+#[test]
+fn the_receivers_check_refuses_a_planted_signature() {
+    let body = br#"{"id":"0","kind":"run.failed"}"#;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let headers = |timestamp: i64, signature: &str| {
+        let mut h = HeaderMap::new();
+        h.insert("content-type", "application/json".parse().unwrap());
+        h.insert("rein-timestamp", timestamp.to_string().parse().unwrap());
+        h.insert("rein-signature", signature.parse().unwrap());
+        h
+    };
+    let good = rein_scheduler::webhooks::sign(SECRET.as_bytes(), now, body);
+    assert_eq!(good, signature_of(now, body));
+    assert!(signed(&headers(now, &good), body));
+    let planted = format!("v1={}", "ab".repeat(32));
+    assert!(
+        !signed(&headers(now, &planted), body),
+        "a planted signature"
+    );
+    let other_key = rein_scheduler::webhooks::sign(b"another secret, 16+ bytes", now, body);
+    assert!(
+        !signed(&headers(now, &other_key), body),
+        "signed with another secret"
+    );
+    assert!(
+        !signed(&headers(now, &good), br#"{"id":"1"}"#),
+        "another body"
+    );
+    let old = rein_scheduler::webhooks::sign(SECRET.as_bytes(), now - 3600, body);
+    assert!(
+        !signed(&headers(now - 3600, &old), body),
+        "an hour-old timestamp"
+    );
 }
 
 async fn receive(
