@@ -80,66 +80,68 @@ DECLARE
     decision_comment text;
     wanted_id text := NEW.payload->>'approval_id';
 BEGIN
+    -- Checked before the block below, whose error handler costs a subtransaction.
     IF NOT EXISTS (SELECT 1 FROM rein_webhooks WHERE disabled_at IS NULL) THEN
         RETURN NULL;
     END IF;
-    SELECT * INTO run FROM rein_runs WHERE run_id = NEW.run_id;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    IF NEW.type = 'APPROVAL_REQUESTED' THEN
-        kind := 'approval.requested';
-    ELSIF NEW.sender IS NULL AND NEW.payload->>'reason' = 'approval_reminder' THEN
-        kind := 'approval.reminder';
-    ELSIF NEW.sender IS NULL AND NEW.payload->>'reason' = 'approval_expired' THEN
-        kind := 'approval.expired';
-        approval_status := 'expired';
-    ELSIF NEW.sender IS NOT NULL AND NEW.payload ? 'approver' THEN
-        SELECT CASE WHEN bool_or(NEW.type = COALESCE(s->'approval'->>'granted_event', 'APPROVED'))
-                    THEN 'granted'
-                    WHEN bool_or(NEW.type = COALESCE(s->'approval'->>'denied_event', 'REJECTED'))
-                    THEN 'denied' END
-        INTO approval_status
-        FROM rein_definitions d, jsonb_array_elements(d.body->'states') s
-        WHERE d.name = run.definition AND d.version = run.version AND s ? 'approval';
-        IF approval_status IS NULL THEN
+    BEGIN
+        SELECT * INTO run FROM rein_runs WHERE run_id = NEW.run_id;
+        IF NOT FOUND THEN
             RETURN NULL;
         END IF;
-        kind := 'approval.decided';
-        decider := NEW.payload->>'approver';
-        decision_comment := NEW.payload->>'comment';
-    ELSE
-        RETURN NULL;
-    END IF;
-    IF wanted_id ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN
-        SELECT * INTO approval FROM rein_approvals
-        WHERE approval_id = wanted_id::uuid AND run_id = NEW.run_id;
-    END IF;
-    IF approval.approval_id IS NULL THEN
-        SELECT * INTO approval FROM rein_approvals WHERE run_id = NEW.run_id
-        ORDER BY requested_at DESC LIMIT 1;
-    END IF;
-    PERFORM rein_webhooks_queue(kind, NEW.event_id::text, run, jsonb_build_object(
-        'occurred_at', NEW.occurred_at,
-        'event', NEW.type,
-        'sequence', NEW.sequence,
-        'approval', jsonb_build_object(
-            'approval_id', COALESCE(approval.approval_id::text, wanted_id),
-            'node', COALESCE(approval.node, NEW.node),
-            'tool', COALESCE(approval.tool, NEW.payload->>'tool'),
-            'args', COALESCE(approval.args, NEW.payload->'args'),
-            'action_hash', COALESCE(approval.action_hash, NEW.payload->>'action_hash'),
-            'risk', approval.risk,
-            'requested_at', approval.requested_at,
-            'expires_at', approval.expires_at,
-            'status', COALESCE(approval_status, approval.status),
-            'decided_by', COALESCE(decider, approval.decided_by),
-            'comment', COALESCE(decision_comment, approval.comment))));
-    RETURN NULL;
-EXCEPTION WHEN OTHERS THEN
-    -- A notification must never stop a run: the commit goes on without it.
-    RAISE WARNING 'rein webhooks: no delivery queued for event % of run %: %',
-        NEW.sequence, NEW.run_id, SQLERRM;
+        IF NEW.type = 'APPROVAL_REQUESTED' THEN
+            kind := 'approval.requested';
+        ELSIF NEW.sender IS NULL AND NEW.payload->>'reason' = 'approval_reminder' THEN
+            kind := 'approval.reminder';
+        ELSIF NEW.sender IS NULL AND NEW.payload->>'reason' = 'approval_expired' THEN
+            kind := 'approval.expired';
+            approval_status := 'expired';
+        ELSIF NEW.sender IS NOT NULL AND NEW.payload ? 'approver' THEN
+            SELECT CASE WHEN bool_or(NEW.type = COALESCE(s->'approval'->>'granted_event', 'APPROVED'))
+                        THEN 'granted'
+                        WHEN bool_or(NEW.type = COALESCE(s->'approval'->>'denied_event', 'REJECTED'))
+                        THEN 'denied' END
+            INTO approval_status
+            FROM rein_definitions d, jsonb_array_elements(d.body->'states') s
+            WHERE d.name = run.definition AND d.version = run.version AND s ? 'approval';
+            IF approval_status IS NULL THEN
+                RETURN NULL;
+            END IF;
+            kind := 'approval.decided';
+            decider := NEW.payload->>'approver';
+            decision_comment := NEW.payload->>'comment';
+        ELSE
+            RETURN NULL;
+        END IF;
+        IF wanted_id ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN
+            SELECT * INTO approval FROM rein_approvals
+            WHERE approval_id = wanted_id::uuid AND run_id = NEW.run_id;
+        END IF;
+        IF approval.approval_id IS NULL THEN
+            SELECT * INTO approval FROM rein_approvals WHERE run_id = NEW.run_id
+            ORDER BY requested_at DESC LIMIT 1;
+        END IF;
+        PERFORM rein_webhooks_queue(kind, NEW.event_id::text, run, jsonb_build_object(
+            'occurred_at', NEW.occurred_at,
+            'event', NEW.type,
+            'sequence', NEW.sequence,
+            'approval', jsonb_build_object(
+                'approval_id', COALESCE(approval.approval_id::text, wanted_id),
+                'node', COALESCE(approval.node, NEW.node),
+                'tool', COALESCE(approval.tool, NEW.payload->>'tool'),
+                'args', COALESCE(approval.args, NEW.payload->'args'),
+                'action_hash', COALESCE(approval.action_hash, NEW.payload->>'action_hash'),
+                'risk', approval.risk,
+                'requested_at', approval.requested_at,
+                'expires_at', approval.expires_at,
+                'status', COALESCE(approval_status, approval.status),
+                'decided_by', COALESCE(decider, approval.decided_by),
+                'comment', COALESCE(decision_comment, approval.comment))));
+    EXCEPTION WHEN OTHERS THEN
+        -- A notification must never stop a run: the commit goes on without it.
+        RAISE WARNING 'rein webhooks: no delivery queued for event % of run %: %',
+            NEW.sequence, NEW.run_id, SQLERRM;
+    END;
     RETURN NULL;
 END $$;
 
@@ -168,30 +170,31 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM rein_webhooks WHERE disabled_at IS NULL) THEN
         RETURN NULL;
     END IF;
-    SELECT type, payload INTO last_type, last_payload FROM rein_events
-    WHERE run_id = NEW.run_id ORDER BY sequence DESC LIMIT 1;
-    SELECT max(s->>'outcome') FILTER (WHERE s->>'name' = NEW.state),
-           COALESCE(bool_or(s->'backoff'->>'exhausted' = last_type), false)
-    INTO declared, exhausted
-    FROM rein_definitions d, jsonb_array_elements(d.body->'states') s
-    WHERE d.name = NEW.definition AND d.version = NEW.version;
-    outcome := CASE
-        WHEN last_type = 'CANCEL' THEN 'cancelled'
-        WHEN declared IN ('succeeded', 'failed') THEN declared
-        WHEN last_payload ? 'error' OR exhausted THEN 'failed'
-        ELSE 'succeeded' END;
-    PERFORM rein_webhooks_queue(
-        CASE WHEN outcome = 'succeeded' THEN 'run.finished' ELSE 'run.failed' END,
-        NEW.run_id::text || ':terminal', NEW, jsonb_build_object(
-            'occurred_at', COALESCE(NEW.finished_at, clock_timestamp()),
-            'status', outcome,
-            'state', NEW.state,
-            'terminal_reason', NEW.terminal_reason,
-            'event', last_type));
-    RETURN NULL;
-EXCEPTION WHEN OTHERS THEN
-    RAISE WARNING 'rein webhooks: no delivery queued for the end of run %: %',
-        NEW.run_id, SQLERRM;
+    BEGIN
+        SELECT type, payload INTO last_type, last_payload FROM rein_events
+        WHERE run_id = NEW.run_id ORDER BY sequence DESC LIMIT 1;
+        SELECT max(s->>'outcome') FILTER (WHERE s->>'name' = NEW.state),
+               COALESCE(bool_or(s->'backoff'->>'exhausted' = last_type), false)
+        INTO declared, exhausted
+        FROM rein_definitions d, jsonb_array_elements(d.body->'states') s
+        WHERE d.name = NEW.definition AND d.version = NEW.version;
+        outcome := CASE
+            WHEN last_type = 'CANCEL' THEN 'cancelled'
+            WHEN declared IN ('succeeded', 'failed') THEN declared
+            WHEN last_payload ? 'error' OR exhausted THEN 'failed'
+            ELSE 'succeeded' END;
+        PERFORM rein_webhooks_queue(
+            CASE WHEN outcome = 'succeeded' THEN 'run.finished' ELSE 'run.failed' END,
+            NEW.run_id::text || ':terminal', NEW, jsonb_build_object(
+                'occurred_at', COALESCE(NEW.finished_at, clock_timestamp()),
+                'status', outcome,
+                'state', NEW.state,
+                'terminal_reason', NEW.terminal_reason,
+                'event', last_type));
+    EXCEPTION WHEN OTHERS THEN
+        RAISE WARNING 'rein webhooks: no delivery queued for the end of run %: %',
+            NEW.run_id, SQLERRM;
+    END;
     RETURN NULL;
 END $$;
 
