@@ -12,6 +12,7 @@ mod routes;
 pub mod server;
 pub mod stream;
 mod trace_layer;
+mod webhooks;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};

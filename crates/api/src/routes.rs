@@ -93,7 +93,9 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(crate::recovery::brief_run))
         .routes(routes!(crate::recovery::verify_run))
         .routes(routes!(crate::recovery::resolve_run))
-        .routes(routes!(crate::recovery::list_limits));
+        .routes(routes!(crate::recovery::list_limits))
+        .routes(routes!(crate::webhooks::list_webhooks))
+        .routes(routes!(crate::webhooks::list_deliveries));
     schema::document_bad_path_parameters(router.get_openapi_mut());
     schema::document_errors(router.get_openapi_mut());
     schema::optional_bodies_without_null(router.get_openapi_mut());

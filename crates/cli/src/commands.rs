@@ -113,6 +113,16 @@ pub struct SchedulerArgs {
     /// this long when it dies.
     #[arg(long, default_value_t = rein_scheduler::LEADER_TTL_MS_DEFAULT)]
     leader_ttl_ms: u64,
+    /// How often to look for due webhook deliveries when none was due (every scheduler
+    /// delivers, leader or not).
+    #[arg(long, value_name = "MS", default_value_t = 500,
+          value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    webhook_poll_interval_ms: u64,
+    /// Attempts at a webhook delivery before it is failed (backoff 1 s doubling, at most
+    /// 10 minutes apart).
+    #[arg(long, value_name = "N", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..=rein_scheduler::webhooks::ATTEMPTS_MAX_LIMIT as i64))]
+    webhook_attempts_max: u32,
 }
 
 #[derive(clap::Args)]
@@ -461,8 +471,23 @@ pub async fn scheduler(args: SchedulerArgs) -> u8 {
             stop.clone(),
         ));
     }
+    let webhooks = rein_scheduler::webhooks::WebhookConfig {
+        poll_ms: args.webhook_poll_interval_ms,
+        attempts_max: args.webhook_attempts_max,
+        ..Default::default()
+    };
+    let delivering = tokio::spawn(rein_scheduler::webhooks::deliver(
+        store.clone(),
+        webhooks,
+        stop.clone(),
+    ));
     let mut scheduler = Scheduler::new(store, config);
-    match scheduler.run(stop).await {
+    let ended = scheduler.run(stop.clone()).await;
+    stop.cancel();
+    // Posts in flight finish (each within its timeout); what is left stays claimed until its
+    // claim runs out, and another scheduler delivers it.
+    let _ = delivering.await;
+    match ended {
         Ok(()) => exit::OK,
         Err(e) => report(&e),
     }

@@ -10,6 +10,7 @@ mod remote;
 mod retention;
 mod tokens;
 mod watch;
+mod webhooks;
 mod why;
 
 use std::process::ExitCode;
@@ -78,6 +79,9 @@ enum Command {
     /// Manage API bearer tokens.
     #[command(subcommand)]
     Tokens(tokens::TokensCommand),
+    /// Signed webhook notifications of approvals and runs' ends to outside systems.
+    #[command(subcommand)]
+    Webhooks(webhooks::WebhooksCommand),
     /// Serve the HTTP API (JSON, OpenAPI document at /openapi.json).
     Api(rein_api::ApiArgs),
     /// Print the HTTP API's OpenAPI 3.1 document (what `rein api` serves at /openapi.json).
@@ -191,6 +195,7 @@ fn main() -> ExitCode {
                     Command::Approve(args) => approvals::decide(args, true).await,
                     Command::Deny(args) => approvals::decide(args, false).await,
                     Command::Tokens(cmd) => tokens::tokens(cmd).await,
+                    Command::Webhooks(cmd) => webhooks::webhooks(cmd).await,
                     Command::Api(args) => rein_api::serve(args).await,
                     Command::Openapi => commands::openapi(),
                     Command::Demo(args) => demo::demo(args).await,

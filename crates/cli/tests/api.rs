@@ -472,6 +472,8 @@ async fn the_openapi_document_lists_every_route_served() {
         ("/v1/runs/{id}/verify", "get"),
         ("/v1/runs/{id}/resolve", "post"),
         ("/v1/limits", "get"),
+        ("/v1/webhooks", "get"),
+        ("/v1/webhooks/deliveries", "get"),
     ];
     let paths = doc["paths"].as_object().expect("paths");
     for (path, method) in served {
@@ -1550,8 +1552,8 @@ async fn documented_query_and_header_bounds_are_the_bounds_the_server_enforces()
         }
     }
     // limit of runs, approvals and events, after of events, version of a definition, after
-    // and Last-Event-ID of a stream.
-    assert_eq!(integers, 7, "the integer parameters were found");
+    // and Last-Event-ID of a stream, limit of webhook deliveries.
+    assert_eq!(integers, 8, "the integer parameters were found");
     // The six filters of runs, two of approvals, a definition's version, a document's
     // format, enqueue's Idempotency-Key, the two of events.
     assert!(tried >= 30, "only {tried} values tried");

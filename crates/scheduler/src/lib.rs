@@ -7,6 +7,7 @@
 //! of schedulers may run at once, and firing twice is harmless (the loser is refused).
 
 mod leader;
+pub mod webhooks;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -25,6 +25,7 @@ mod sender;
 mod sim;
 mod tokens;
 pub mod trace;
+mod webhooks;
 mod why;
 
 use std::time::Duration;
@@ -63,6 +64,10 @@ pub use tokens::{
     IN_FLIGHT_RETRY_AFTER_S, OutOfBounds, Quota, QuotaExceeded, SCOPES, SUBJECT_BYTES_MAX, Scope,
     TOKEN_QUEUES_MAX, TOKEN_QUOTA_MAX, TOKENS_LIST_MAX, TokenBounds, TokenInfo, TokenListing,
     check_token_request,
+};
+pub use webhooks::{
+    AttemptFailed, DueDelivery, NewWebhook, WEBHOOK_CLAIM_MAX, WEBHOOK_DELIVERIES_LIST_MAX,
+    WEBHOOK_KINDS, WEBHOOK_SECRET_BYTES_MAX, WEBHOOK_SECRET_BYTES_MIN, Webhook, WebhookDelivery,
 };
 pub use why::{
     HEARTBEAT_FRESH_MS, WHY_ROWS_MAX, WhyAction, WhyApproval, WhyEvent, WhyFacts, WhyFleet,

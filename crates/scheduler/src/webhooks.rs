@@ -1,0 +1,285 @@
+//! Webhook delivery: every scheduler (leader or not) claims due deliveries for a while by the
+//! database clock, POSTs each signed body outside any transaction and records the answer.
+//! A 2xx delivers; anything else is retried after an exponential backoff with jitter until
+//! the attempts are used up. A scheduler that dies mid-post leaves its claim to run out, and
+//! another posts again: delivery is at least once, and receivers deduplicate by the id.
+//!
+//! Signature: `Rein-Signature: v1=HEX(HMAC-SHA256(secret, "TIMESTAMP.BODY"))`, where
+//! TIMESTAMP is `Rein-Timestamp` (unix seconds) and BODY the exact bytes posted.
+
+use std::time::Duration;
+
+use hmac::{KeyInit, Mac};
+use rein_store::{AttemptFailed, DueDelivery, Store};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+type HmacSha256 = hmac::Hmac<hmac_sha2::Sha256>;
+
+/// Deliveries by outcome: `delivered`, `retried` (an attempt failed, another is due) and
+/// `failed` (the attempts are used up).
+pub const WEBHOOK_DELIVERIES: &str = "rein_webhook_deliveries_total";
+/// The first retry's delay; each later one doubles it.
+pub const BACKOFF_MS_FIRST: u64 = 1_000;
+/// The longest delay between two attempts.
+pub const BACKOFF_MS_MAX: u64 = 600_000;
+/// Bounds of `--webhook-attempts-max`.
+pub const ATTEMPTS_MAX_LIMIT: u32 = 100;
+/// The longest part of a refusing receiver's body kept as the delivery's error.
+const ERROR_BODY_BYTES_MAX: usize = 256;
+
+#[derive(Debug, Clone)]
+pub struct WebhookConfig {
+    /// How long to wait before looking again when nothing is due.
+    pub poll_ms: u64,
+    /// Attempts before a delivery is failed.
+    pub attempts_max: u32,
+    /// Most deliveries claimed (and posted at once) per look.
+    pub batch: i64,
+    /// How long a claim keeps other schedulers off a delivery; longer than a post may take.
+    pub claim_ms: u64,
+    /// How long one post may take.
+    pub timeout_ms: u64,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> WebhookConfig {
+        WebhookConfig {
+            poll_ms: 500,
+            attempts_max: 10,
+            batch: 16,
+            claim_ms: 30_000,
+            timeout_ms: 10_000,
+        }
+    }
+}
+
+/// `v1=` and the hex HMAC-SHA256 under `secret` of `"{timestamp}.{body}"`.
+pub fn sign(secret: &[u8], timestamp: i64, body: &[u8]) -> String {
+    format!(
+        "v1={}",
+        hex::encode(mac(secret, timestamp, body).finalize().into_bytes())
+    )
+}
+
+/// Whether `header` (a `Rein-Signature` value) signs `body` at `timestamp` under `secret`;
+/// compared in constant time. What a receiver does, besides refusing an old timestamp.
+pub fn verify(secret: &[u8], timestamp: i64, body: &[u8], header: &str) -> bool {
+    let Some(sig) = header.strip_prefix("v1=").and_then(|h| hex::decode(h).ok()) else {
+        return false;
+    };
+    mac(secret, timestamp, body).verify_slice(&sig).is_ok()
+}
+
+fn mac(secret: &[u8], timestamp: i64, body: &[u8]) -> HmacSha256 {
+    // An HMAC takes a key of any length.
+    let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC accepts any key length");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    mac
+}
+
+/// The delay after failed attempt number `attempts` (1 for the first): 1 s doubling per
+/// attempt, capped at 10 minutes, of which the last quarter is jitter (`sample` in [0, 1)),
+/// so each delay is longer than the one before until the cap.
+pub fn backoff_ms(attempts: u32, sample: f64) -> u64 {
+    let doublings = attempts.saturating_sub(1).min(30);
+    let full = BACKOFF_MS_FIRST
+        .saturating_mul(1u64 << doublings)
+        .min(BACKOFF_MS_MAX);
+    let sample = sample.clamp(0.0, 1.0);
+    full - ((full as f64) * 0.25 * (1.0 - sample)) as u64
+}
+
+/// Counters at zero, so the families show on `/metrics` before the first delivery.
+pub fn register_metrics() {
+    metrics::describe_counter!(
+        WEBHOOK_DELIVERIES,
+        "Webhook delivery attempts by outcome: delivered, retried (another attempt is due) or failed (attempts used up)"
+    );
+    for outcome in ["delivered", "retried", "failed"] {
+        metrics::counter!(WEBHOOK_DELIVERIES, "outcome" => outcome).increment(0);
+    }
+}
+
+/// Delivers until `shutdown`: claims what is due, posts it, records each answer.
+pub async fn deliver(store: Store, config: WebhookConfig, shutdown: CancellationToken) {
+    register_metrics();
+    let client = match reqwest::Client::builder()
+        .timeout(Duration::from_millis(config.timeout_ms))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            warn!(error = %e, "cannot build the webhook HTTP client; no webhooks are delivered");
+            return;
+        }
+    };
+    while !shutdown.is_cancelled() {
+        let due = match store
+            .claim_webhook_deliveries(config.batch, config.claim_ms)
+            .await
+        {
+            Ok(due) => due,
+            Err(e) => {
+                warn!(error = %e, "cannot claim webhook deliveries; retrying");
+                Vec::new()
+            }
+        };
+        if due.is_empty() {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(Duration::from_millis(config.poll_ms)) => {}
+            }
+            continue;
+        }
+        let mut posts = tokio::task::JoinSet::new();
+        for delivery in due {
+            let (store, client, config) = (store.clone(), client.clone(), config.clone());
+            posts.spawn(async move { attempt(&store, &client, &config, delivery).await });
+        }
+        while posts.join_next().await.is_some() {}
+    }
+}
+
+/// One post of `delivery` and the record of its answer.
+async fn attempt(store: &Store, client: &reqwest::Client, config: &WebhookConfig, d: DueDelivery) {
+    let signature = sign(d.secret.as_bytes(), d.claimed_at_s, d.body.as_bytes());
+    let sent = client
+        .post(&d.url)
+        .header("content-type", "application/json")
+        .header("rein-delivery-id", d.delivery_id.to_string())
+        .header("rein-event", &d.kind)
+        .header("rein-timestamp", d.claimed_at_s.to_string())
+        .header("rein-signature", signature)
+        .body(d.body.clone())
+        .send()
+        .await;
+    let (code, error) = match sent {
+        Ok(reply) if reply.status().is_success() => {
+            let code = reply.status().as_u16();
+            match store.webhook_delivered(d.delivery_id, code).await {
+                Ok(_) => {
+                    metrics::counter!(WEBHOOK_DELIVERIES, "outcome" => "delivered").increment(1);
+                    debug!(delivery_id = %d.delivery_id, kind = %d.kind, "webhook delivered");
+                }
+                Err(e) => {
+                    warn!(delivery_id = %d.delivery_id, error = %e, "webhook delivered but not recorded; it will be posted again")
+                }
+            }
+            return;
+        }
+        Ok(reply) => {
+            let status = reply.status();
+            let text = reply.text().await.unwrap_or_default();
+            let mut end = text.len().min(ERROR_BODY_BYTES_MAX);
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            (
+                Some(status.as_u16()),
+                format!("the receiver answered {status}: {}", &text[..end]),
+            )
+        }
+        Err(e) if e.is_timeout() => (None, format!("no answer within {} ms", config.timeout_ms)),
+        Err(e) => (None, format!("cannot post: {}", error_chain(&e))),
+    };
+    let attempts = u32::try_from(d.attempts).unwrap_or(0).saturating_add(1);
+    let delay_ms = backoff_ms(attempts, rand::random::<f64>());
+    match store
+        .webhook_attempt_failed(d.delivery_id, code, &error, delay_ms, config.attempts_max)
+        .await
+    {
+        Ok(AttemptFailed::WillRetry) => {
+            metrics::counter!(WEBHOOK_DELIVERIES, "outcome" => "retried").increment(1);
+            warn!(delivery_id = %d.delivery_id, kind = %d.kind, url = %d.url, attempts, retry_in_ms = delay_ms, %error, "webhook delivery failed; retrying");
+        }
+        Ok(AttemptFailed::GaveUp) => {
+            metrics::counter!(WEBHOOK_DELIVERIES, "outcome" => "failed").increment(1);
+            warn!(delivery_id = %d.delivery_id, kind = %d.kind, url = %d.url, attempts, %error, "webhook delivery failed for good: its attempts are used up");
+        }
+        Ok(AttemptFailed::NotClaimed) => {}
+        Err(e) => {
+            warn!(delivery_id = %d.delivery_id, error = %e, "cannot record a failed webhook attempt")
+        }
+    }
+}
+
+/// An error with its causes, which say what a bare "error sending request" does not.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_signature_is_hmac_sha256_of_timestamp_dot_body() {
+        // RFC 4231 test case 2: key "Jefe", data "what do ya want for nothing?".
+        let sig = sign(b"Jefe", 0, b"what do ya want for nothing?");
+        let mut mac = HmacSha256::new_from_slice(b"Jefe").unwrap();
+        mac.update(b"what do ya want for nothing?");
+        assert_eq!(
+            hex::encode(mac.finalize().into_bytes()),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+        let mut mac = HmacSha256::new_from_slice(b"Jefe").unwrap();
+        mac.update(b"0.what do ya want for nothing?");
+        assert_eq!(
+            sig,
+            format!("v1={}", hex::encode(mac.finalize().into_bytes()))
+        );
+    }
+
+    #[test]
+    fn a_planted_or_altered_signature_is_refused() {
+        let secret = b"0123456789abcdef-secret";
+        let body = br#"{"id":"x","kind":"run.finished"}"#;
+        let good = sign(secret, 1_700_000_000, body);
+        assert!(verify(secret, 1_700_000_000, body, &good));
+        let planted = format!("v1={}", "0".repeat(64));
+        assert!(!verify(secret, 1_700_000_000, body, &planted));
+        assert!(
+            !verify(secret, 1_700_000_001, body, &good),
+            "another timestamp"
+        );
+        assert!(!verify(b"another-secret-of-16", 1_700_000_000, body, &good));
+        assert!(!verify(secret, 1_700_000_000, br#"{"id":"y"}"#, &good));
+        assert!(!verify(
+            secret,
+            1_700_000_000,
+            body,
+            good.trim_start_matches("v1=")
+        ));
+        assert!(!verify(secret, 1_700_000_000, body, "v1=not-hex"));
+    }
+
+    #[test]
+    fn backoff_doubles_from_a_second_with_jitter_and_stops_at_ten_minutes() {
+        for attempts in 1..=12u32 {
+            let full = (1000u64 << (attempts - 1)).min(BACKOFF_MS_MAX);
+            for sample in [0.0, 0.3, 0.999] {
+                let ms = backoff_ms(attempts, sample);
+                assert!(
+                    ms <= full && ms >= full * 3 / 4,
+                    "{attempts} {sample}: {ms}"
+                );
+            }
+            if 2 * full <= BACKOFF_MS_MAX {
+                assert!(backoff_ms(attempts + 1, 0.0) > backoff_ms(attempts, 0.999));
+            }
+        }
+        assert_eq!(backoff_ms(1_000, 0.5), backoff_ms(40, 0.5));
+        assert!(backoff_ms(u32::MAX, 1.0) <= BACKOFF_MS_MAX);
+    }
+}

@@ -1,0 +1,337 @@
+//! Webhooks: outside systems told of approvals and runs' ends by signed POSTs. The
+//! deliveries are queued by triggers (`migrations/20261204000100_webhooks.sql`) in the same
+//! transaction as the fact they announce; schedulers claim the due ones, post them outside
+//! any transaction and record what happened here.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::{Store, StoreError};
+
+/// Every kind of delivery, as `--kind` and the body's `kind` name it.
+pub const WEBHOOK_KINDS: [&str; 6] = [
+    "approval.requested",
+    "approval.reminder",
+    "approval.expired",
+    "approval.decided",
+    "run.finished",
+    "run.failed",
+];
+/// The shortest signing secret accepted.
+pub const WEBHOOK_SECRET_BYTES_MIN: usize = 16;
+/// The longest signing secret accepted.
+pub const WEBHOOK_SECRET_BYTES_MAX: usize = 1024;
+/// The longest definition or queue name a webhook may be bound to.
+const WEBHOOK_NAME_BYTES_MAX: usize = 256;
+/// Most deliveries one claim takes.
+pub const WEBHOOK_CLAIM_MAX: i64 = 1000;
+/// Most deliveries one listing shows.
+pub const WEBHOOK_DELIVERIES_LIST_MAX: i64 = 1000;
+/// The longest error text recorded with a failed attempt.
+const DELIVERY_ERROR_BYTES_MAX: usize = 1024;
+
+/// A registered webhook, without its secret.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Webhook {
+    pub webhook_id: Uuid,
+    pub url: String,
+    /// Empty: every kind.
+    pub kinds: Vec<String>,
+    /// `None`: runs of every definition.
+    pub definition: Option<String>,
+    /// `None`: every queue.
+    pub queue: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub created_by: String,
+}
+
+/// What `add_webhook` is asked to register.
+#[derive(Debug, Clone)]
+pub struct NewWebhook<'a> {
+    pub url: &'a str,
+    pub secret: &'a str,
+    pub kinds: &'a [String],
+    pub definition: Option<&'a str>,
+    pub queue: Option<&'a str>,
+    pub created_by: &'a str,
+}
+
+impl NewWebhook<'_> {
+    /// Refuses a URL that is not http(s) with a host (at most 2048 bytes, no credentials), a
+    /// secret outside 16..=1024 bytes, an unknown kind (listing the valid ones) and names
+    /// that cannot be stored.
+    pub fn check(&self) -> Result<(), StoreError> {
+        let field = |field: &str, reason: String| StoreError::InvalidField {
+            field: field.into(),
+            reason,
+        };
+        rein_core::http_url::parse(self.url)
+            .map_err(|p| field("url", format!("{}; give an http(s) URL", p.reason)))?;
+        crate::input::check_text("url", self.url)?;
+        if !(WEBHOOK_SECRET_BYTES_MIN..=WEBHOOK_SECRET_BYTES_MAX).contains(&self.secret.len()) {
+            return Err(field(
+                "secret",
+                format!(
+                    "the secret is {} bytes; it must be {WEBHOOK_SECRET_BYTES_MIN}..={WEBHOOK_SECRET_BYTES_MAX} \
+                     (e.g. `openssl rand -hex 32`)",
+                    self.secret.len()
+                ),
+            ));
+        }
+        crate::input::check_text("secret", self.secret)?;
+        for kind in self.kinds {
+            if !WEBHOOK_KINDS.contains(&kind.as_str()) {
+                return Err(field(
+                    "kind",
+                    format!(
+                        "unknown kind `{}`; the kinds are {}",
+                        rein_core::text::storable(kind),
+                        WEBHOOK_KINDS.join(", ")
+                    ),
+                ));
+            }
+        }
+        for (name, value) in [
+            ("definition", self.definition),
+            ("queue", self.queue),
+            ("created_by", Some(self.created_by)),
+        ] {
+            let Some(value) = value else { continue };
+            crate::input::check_text(name, value)?;
+            if value.is_empty() || value.len() > WEBHOOK_NAME_BYTES_MAX {
+                return Err(field(
+                    name,
+                    format!("must be 1..={WEBHOOK_NAME_BYTES_MAX} bytes"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A delivery as operators see it: no secret, with its webhook's URL.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct WebhookDelivery {
+    pub delivery_id: Uuid,
+    pub webhook_id: Uuid,
+    pub url: String,
+    pub kind: String,
+    pub run_id: Uuid,
+    /// pending | delivered | failed
+    pub status: String,
+    pub attempts: i32,
+    pub last_status_code: Option<i32>,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub delivered_at: Option<DateTime<Utc>>,
+    pub next_attempt_at: DateTime<Utc>,
+}
+
+/// A delivery a scheduler claimed: what to post where, and the key to sign it with (no
+/// `Debug`, so the secret cannot reach a log by accident).
+#[derive(Clone, sqlx::FromRow)]
+pub struct DueDelivery {
+    pub delivery_id: Uuid,
+    pub kind: String,
+    pub url: String,
+    pub secret: String,
+    /// The body exactly as it is signed and sent.
+    pub body: String,
+    /// Attempts made before this one.
+    pub attempts: i32,
+    /// Unix seconds by the database clock at the claim: the signature's timestamp.
+    pub claimed_at_s: i64,
+}
+
+/// What became of a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptFailed {
+    /// Another attempt is due after the backoff.
+    WillRetry,
+    /// The attempts are used up: the delivery is failed.
+    GaveUp,
+    /// The delivery was no longer this scheduler's (its claim had passed and another
+    /// recorded it): nothing changed.
+    NotClaimed,
+}
+
+const DELIVERY_COLUMNS: &str = "d.delivery_id, d.webhook_id, w.url, d.kind, d.run_id, d.status,
+    d.attempts, d.last_status_code, d.last_error, d.created_at, d.delivered_at,
+    d.next_attempt_at";
+
+impl Store {
+    /// Registers a webhook after [`NewWebhook::check`].
+    pub async fn add_webhook(&self, hook: &NewWebhook<'_>) -> Result<Webhook, StoreError> {
+        hook.check()?;
+        Ok(sqlx::query_as(
+            "INSERT INTO rein_webhooks
+                 (webhook_id, url, secret, kinds, definition, queue, created_by)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             RETURNING webhook_id, url, kinds, definition, queue, created_at, created_by",
+        )
+        .bind(Uuid::now_v7())
+        .bind(hook.url)
+        .bind(hook.secret)
+        .bind(hook.kinds)
+        .bind(hook.definition)
+        .bind(hook.queue)
+        .bind(hook.created_by)
+        .fetch_one(self.pool())
+        .await?)
+    }
+
+    /// The live webhooks, oldest first.
+    pub async fn webhooks(&self) -> Result<Vec<Webhook>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT webhook_id, url, kinds, definition, queue, created_at, created_by
+             FROM rein_webhooks WHERE disabled_at IS NULL ORDER BY created_at, webhook_id",
+        )
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// Stops a webhook: nothing more is queued for it, and its pending deliveries fail with
+    /// that reason. Its deliveries stay listed. False when no live webhook has this id.
+    pub async fn remove_webhook(&self, webhook_id: Uuid) -> Result<bool, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let removed = sqlx::query(
+            "UPDATE rein_webhooks SET disabled_at = clock_timestamp()
+             WHERE webhook_id = $1 AND disabled_at IS NULL",
+        )
+        .bind(webhook_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        sqlx::query(
+            "UPDATE rein_webhook_deliveries
+             SET status = 'failed', last_error = 'the webhook was removed', claimed_until = NULL
+             WHERE webhook_id = $1 AND status = 'pending'",
+        )
+        .bind(webhook_id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(removed)
+    }
+
+    /// Deliveries, newest first; only those with `status` when given.
+    pub async fn webhook_deliveries(
+        &self,
+        status: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<WebhookDelivery>, StoreError> {
+        if let Some(s) = status
+            && !matches!(s, "pending" | "delivered" | "failed")
+        {
+            return Err(StoreError::InvalidField {
+                field: "status".into(),
+                reason: format!(
+                    "unknown status `{}`; it is pending, delivered or failed",
+                    rein_core::text::storable(s)
+                ),
+            });
+        }
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {DELIVERY_COLUMNS}
+             FROM rein_webhook_deliveries d JOIN rein_webhooks w USING (webhook_id)
+             WHERE $1::text IS NULL OR d.status = $1
+             ORDER BY d.created_at DESC, d.delivery_id DESC LIMIT $2"
+        )))
+        .bind(status)
+        .bind(limit.clamp(1, WEBHOOK_DELIVERIES_LIST_MAX))
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// Claims up to `limit` due deliveries for `claim_ms` by the database clock: until then
+    /// no other scheduler takes them; past it (this one died mid-post) another does.
+    pub async fn claim_webhook_deliveries(
+        &self,
+        limit: i64,
+        claim_ms: u64,
+    ) -> Result<Vec<DueDelivery>, StoreError> {
+        Ok(sqlx::query_as(
+            "UPDATE rein_webhook_deliveries d
+             SET claimed_until = clock_timestamp() + $2 * interval '1 millisecond'
+             FROM rein_webhooks w
+             WHERE w.webhook_id = d.webhook_id
+               AND d.delivery_id IN (
+                   SELECT delivery_id FROM rein_webhook_deliveries
+                   WHERE status = 'pending' AND next_attempt_at <= clock_timestamp()
+                     AND (claimed_until IS NULL OR claimed_until <= clock_timestamp())
+                   ORDER BY next_attempt_at
+                   LIMIT $1
+                   FOR UPDATE SKIP LOCKED)
+             RETURNING d.delivery_id, d.kind, w.url, w.secret, d.body::text AS body, d.attempts,
+                 extract(epoch FROM clock_timestamp())::bigint AS claimed_at_s",
+        )
+        .bind(limit.clamp(1, WEBHOOK_CLAIM_MAX))
+        .bind(claim_ms as i64)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// Records a delivery the receiver accepted (a 2xx `status_code`).
+    pub async fn webhook_delivered(
+        &self,
+        delivery_id: Uuid,
+        status_code: u16,
+    ) -> Result<bool, StoreError> {
+        Ok(sqlx::query(
+            "UPDATE rein_webhook_deliveries
+             SET status = 'delivered', attempts = attempts + 1, delivered_at = clock_timestamp(),
+                 claimed_until = NULL, last_status_code = $2, last_error = NULL
+             WHERE delivery_id = $1 AND status = 'pending'",
+        )
+        .bind(delivery_id)
+        .bind(i32::from(status_code))
+        .execute(self.pool())
+        .await?
+        .rows_affected()
+            == 1)
+    }
+
+    /// Records a failed attempt (`status_code` when the receiver answered): the next is due
+    /// `backoff_ms` from now by the database clock, unless this was attempt `attempts_max`,
+    /// after which the delivery is failed.
+    pub async fn webhook_attempt_failed(
+        &self,
+        delivery_id: Uuid,
+        status_code: Option<u16>,
+        error: &str,
+        backoff_ms: u64,
+        attempts_max: u32,
+    ) -> Result<AttemptFailed, StoreError> {
+        let mut error = rein_core::text::storable(error);
+        if error.len() > DELIVERY_ERROR_BYTES_MAX {
+            let mut end = DELIVERY_ERROR_BYTES_MAX;
+            while !error.is_char_boundary(end) {
+                end -= 1;
+            }
+            error.truncate(end);
+        }
+        let status: Option<String> = sqlx::query_scalar(
+            "UPDATE rein_webhook_deliveries
+             SET attempts = attempts + 1, last_status_code = $2, last_error = $3,
+                 claimed_until = NULL,
+                 next_attempt_at = clock_timestamp() + $4 * interval '1 millisecond',
+                 status = CASE WHEN attempts + 1 >= $5 THEN 'failed' ELSE 'pending' END
+             WHERE delivery_id = $1 AND status = 'pending'
+             RETURNING status",
+        )
+        .bind(delivery_id)
+        .bind(status_code.map(i32::from))
+        .bind(&error)
+        .bind(backoff_ms as i64)
+        .bind(attempts_max as i32)
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(match status.as_deref() {
+            None => AttemptFailed::NotClaimed,
+            Some("failed") => AttemptFailed::GaveUp,
+            Some(_) => AttemptFailed::WillRetry,
+        })
+    }
+}
