@@ -3,7 +3,11 @@ and state diagram, deciding approvals, scopes, the fleet, small screens, the key
 
 from __future__ import annotations
 
+import http.server
+import os
 import re
+import threading
+from typing import Any
 
 from playwright.sync_api import expect
 
@@ -333,14 +337,75 @@ def test_the_fleet_page_lists_the_worker_and_the_scheduler(pages: Pages) -> None
     shot(page, "fleet")
 
 
-def test_the_notifications_page_answers_either_way(pages: Pages, fleet: ConsoleFleet) -> None:
-    page = pages.signed_in(hash="#/notifications")
-    expect(page.locator("h1")).to_have_text("Notifications")
-    if fleet.call("GET", "/v1/webhooks").status_code == 404:
-        expect(page.locator("#notifications-unavailable")).to_contain_text("not available on this server")
-    else:
-        expect(page.locator("#webhooks table, #webhooks .empty")).to_have_count(1)
-    shot(page, "notifications")
+class Receiver:
+    """A webhook receiver on loopback: answers 200 on /ok and 500 on /down, and counts."""
+
+    def __init__(self) -> None:
+        seen: list[tuple[str, str]] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                seen.append((self.path, self.headers.get("Rein-Delivery-Id", "")))
+                self.send_response(200 if self.path == "/ok" else 500)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.seen = seen
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def add_webhook(fleet: ConsoleFleet, url: str) -> str:
+    os.environ["CONSOLE_WEBHOOK_SECRET"] = "a-secret-of-at-least-16-bytes"
+    out = fleet.rein("webhooks", "add", "--database-url", fleet.database_url, "--url", url,
+                     "--secret-env", "CONSOLE_WEBHOOK_SECRET", "--kind", "run.finished",
+                     "--kind", "run.failed", "--definition", "lifecycle")
+    return out.strip()
+
+
+def test_the_notifications_page_shows_deliveries_and_failures(pages: Pages, fleet: ConsoleFleet) -> None:
+    receiver = Receiver()
+    try:
+        ok = add_webhook(fleet, f"{receiver.url}/ok")
+        down = add_webhook(fleet, f"{receiver.url}/down")
+        run = lifecycle(fleet)
+        fleet.finished(run)
+        def tried() -> list[Any] | None:
+            rows = fleet.json("GET", "/v1/webhooks/deliveries?limit=50")
+            done = {d["webhook_id"] for d in rows if d["run_id"] == run and d["attempts"] >= 1}
+            return rows if done >= {ok, down} else None
+
+        deliveries = wait_until("a delivery to each webhook, the failing one tried", tried)
+        page = pages.signed_in(hash="#/notifications")
+        expect(page.locator("h1")).to_have_text("Notifications")
+        expect(page.locator(f"#webhooks tr[data-webhook-id='{ok}']")).to_contain_text("/ok")
+        expect(page.locator(f"#webhooks tr[data-webhook-id='{down}']")).to_contain_text("run.finished")
+        mine = [d for d in deliveries if d["run_id"] == run]
+        good = next(d for d in mine if d["webhook_id"] == ok)
+        bad = next(d for d in mine if d["webhook_id"] == down)
+        row = page.locator(f"#deliveries tr[data-delivery-id='{good['delivery_id']}']")
+        expect(row).to_have_attribute("data-status", "delivered")
+        expect(row).to_contain_text("run.finished")
+        failed = page.locator(f"#deliveries tr[data-delivery-id='{bad['delivery_id']}']")
+        expect(failed).to_have_attribute("data-status", "pending")
+        expect(failed).to_contain_text("500")
+        assert ("/ok", good["delivery_id"]) in receiver.seen
+        # A read-only token sees no deliveries: the API refuses it, and so does the page.
+        assert fleet.call("GET", "/v1/webhooks", token=fleet.reader_token).status_code == 403
+        shot(page, "notifications")
+    finally:
+        receiver.close()
+        for hook in ("ok", "down"):
+            hook_id = locals().get(hook)
+            if hook_id:
+                fleet.rein("webhooks", "remove", "--database-url", fleet.database_url, hook_id)
 
 
 def test_a_phone_sized_screen_shows_the_runs_without_overflowing(pages: Pages, fleet: ConsoleFleet) -> None:

@@ -25,7 +25,7 @@ export function notificationsPage(main) {
     try {
       const rows = await api("/v1/webhooks", { signal: ctl.signal });
       const list = Array.isArray(rows) ? rows : (rows && rows.webhooks) || [];
-      replace(hooks, list.length ? table("Webhooks", ["Id", "URL", "Kinds", "Definition", "Queue", "Created"], list.map((w) => h("tr", {},
+      replace(hooks, list.length ? table("Webhooks", ["Id", "URL", "Kinds", "Definition", "Queue", "Created"], list.map((w) => h("tr", { "data-webhook-id": w.webhook_id },
         h("td", { class: "mono", title: w.webhook_id, text: shortId(w.webhook_id) }),
         h("td", { class: "mono url", text: w.url }),
         h("td", { text: (w.kinds || []).join(", ") || "all" }),
@@ -46,7 +46,7 @@ export function notificationsPage(main) {
       const rows = await api(`/v1/webhooks/deliveries${qs({ limit: 50 })}`, { signal: ctl.signal });
       const list = Array.isArray(rows) ? rows : (rows && rows.deliveries) || [];
       replace(deliveries, list.length ? table("Deliveries", ["Delivery", "Webhook", "Kind", "Run", "Status", "Attempts", "Last answer", "Created", "Delivered / next try"],
-        list.map((d) => h("tr", {},
+        list.map((d) => h("tr", { "data-delivery-id": d.delivery_id, "data-status": d.status, "data-webhook-id": d.webhook_id },
           h("td", { class: "mono", title: d.delivery_id, text: shortId(d.delivery_id) }),
           h("td", { class: "mono", title: d.url || "", text: shortId(d.webhook_id) }),
           h("td", { class: "mono", text: d.kind }),

@@ -7,8 +7,8 @@ use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Extension, Query, State};
 use chrono::{DateTime, Utc};
+use rein_ops::ErrorBody;
 use rein_ops::schema;
-use rein_ops::{Error, ErrorBody};
 use rein_store::Scope;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -151,7 +151,7 @@ pub async fn list_webhooks(
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<Vec<WebhookView>>, ApiError> {
     caller.require(Scope::Operate)?;
-    let hooks = app.store.webhooks().await.map_err(Error::from)?;
+    let hooks = rein_ops::service::webhooks(&app.store).await?;
     Ok(Json(hooks.into_iter().map(WebhookView::from).collect()))
 }
 
@@ -169,11 +169,11 @@ pub async fn list_deliveries(
 ) -> Result<Json<Vec<DeliveryView>>, ApiError> {
     caller.require(Scope::Operate)?;
     let q = query(q)?;
-    let limit = rein_ops::service::page(q.limit)?;
-    let rows = app
-        .store
-        .webhook_deliveries(q.status.map(DeliveryStatus::as_str), limit)
-        .await
-        .map_err(Error::from)?;
+    let rows = rein_ops::service::webhook_deliveries(
+        &app.store,
+        q.status.map(DeliveryStatus::as_str),
+        q.limit,
+    )
+    .await?;
     Ok(Json(rows.into_iter().map(DeliveryView::from).collect()))
 }

@@ -792,3 +792,19 @@ pub fn run_json(row: &rein_store::RunRow) -> Value {
         "data": row.projection.data,
     })
 }
+
+/// The live webhooks, oldest first, without their secrets.
+pub async fn webhooks(store: &Store) -> Result<Vec<rein_store::Webhook>, Error> {
+    Ok(store.webhooks().await?)
+}
+
+/// Webhook deliveries, newest first, only those in `status` when given; at most `limit`
+/// (default 50).
+pub async fn webhook_deliveries(
+    store: &Store,
+    status: Option<&str>,
+    limit: Option<i64>,
+) -> Result<Vec<rein_store::WebhookDelivery>, Error> {
+    let limit = page(limit)?;
+    Ok(store.webhook_deliveries(status, limit).await?)
+}

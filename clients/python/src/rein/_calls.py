@@ -44,6 +44,8 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/approvals/{id}/deny"): "deny",
     ("GET", "/v1/workers"): "workers",
     ("GET", "/v1/limits"): "limits",
+    ("GET", "/v1/webhooks"): "webhooks",
+    ("GET", "/v1/webhooks/deliveries"): "webhook_deliveries",
     ("GET", "/v1/definitions"): "definitions",
     ("POST", "/v1/definitions"): "register_definition",
     ("GET", "/v1/definitions/{name}"): "get_definition",
@@ -398,6 +400,19 @@ def decide(
 
 def me() -> Call[models.MeView]:
     return Call("GET", "/v1/me", model(models.MeView))
+
+
+def webhooks() -> Call[list[models.WebhookView]]:
+    return Call("GET", "/v1/webhooks", model_list(models.WebhookView))
+
+
+def webhook_deliveries(
+    status: str | None, limit: int | None
+) -> Call[list[models.DeliveryView]]:
+    params: dict[str, Any] = {**_limit(limit)}
+    if status is not None:
+        params["status"] = status
+    return Call("GET", "/v1/webhooks/deliveries", model_list(models.DeliveryView), params=params)
 
 
 def workers() -> Call[list[models.WorkerView]]:

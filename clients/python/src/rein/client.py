@@ -265,6 +265,16 @@ class Client:
     def limits(self, keys: list[str] | None = None) -> list[dict[str, Any]]:
         return self._do(calls.limits(keys))
 
+    def webhooks(self) -> list[models.WebhookView]:
+        """The live webhooks (secrets are never shown); needs the operate scope."""
+        return self._do(calls.webhooks())
+
+    def webhook_deliveries(
+        self, *, status: str | None = None, limit: int | None = None
+    ) -> list[models.DeliveryView]:
+        """Webhook deliveries, newest first: pending, delivered or failed, with the last answer."""
+        return self._do(calls.webhook_deliveries(status, limit))
+
     # ---- definitions
     def definitions(self) -> list[models.DefinitionSummary]:
         return self._do(calls.definitions())
@@ -517,6 +527,14 @@ class AsyncClient:
 
     async def limits(self, keys: list[str] | None = None) -> list[dict[str, Any]]:
         return await self._do(calls.limits(keys))
+
+    async def webhooks(self) -> list[models.WebhookView]:
+        return await self._do(calls.webhooks())
+
+    async def webhook_deliveries(
+        self, *, status: str | None = None, limit: int | None = None
+    ) -> list[models.DeliveryView]:
+        return await self._do(calls.webhook_deliveries(status, limit))
 
     async def definitions(self) -> list[models.DefinitionSummary]:
         return await self._do(calls.definitions())

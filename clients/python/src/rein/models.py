@@ -94,6 +94,47 @@ class DefinitionSummary(BaseModel):
     version: int = Field(..., ge=0)
 
 
+class DeliveryView(BaseModel):
+    """
+    One delivery of a webhook: the id the receiver deduplicates by, and its attempts so far.
+    """
+
+    attempts: int
+    created_at: AwareDatetime
+    delivered_at: AwareDatetime | None = None
+    delivery_id: UUID
+    kind: Literal[
+        "approval.requested",
+        "approval.reminder",
+        "approval.expired",
+        "approval.decided",
+        "run.finished",
+        "run.failed",
+    ]
+    """
+    What a delivery announces.
+    """
+    last_error: str | None = None
+    """
+    Why the last attempt failed.
+    """
+    last_status_code: int | None = None
+    """
+    The receiver's last HTTP status; null when it never answered.
+    """
+    next_attempt_at: AwareDatetime
+    run_id: UUID
+    status: Literal["pending", "delivered", "failed"]
+    """
+    Where a delivery stands.
+    """
+    url: str
+    """
+    The webhook's URL.
+    """
+    webhook_id: UUID
+
+
 class EnqueueResponse(BaseModel):
     created: bool
     """
@@ -295,6 +336,41 @@ class VerifyView(BaseModel):
 
 class Version(RootModel[int]):
     root: int = Field(..., ge=1, le=2147483647)
+
+
+class WebhookView(BaseModel):
+    """
+    A registered webhook, without its secret.
+    """
+
+    created_at: AwareDatetime
+    created_by: str
+    definition: str | None = None
+    """
+    Only runs of this definition; null: every definition.
+    """
+    kinds: list[
+        Literal[
+            "approval.requested",
+            "approval.reminder",
+            "approval.expired",
+            "approval.decided",
+            "run.finished",
+            "run.failed",
+        ]
+    ]
+    """
+    The kinds delivered; empty: every kind.
+    """
+    queue: str | None = None
+    """
+    Only runs on this queue; null: every queue.
+    """
+    url: str
+    """
+    Where deliveries are POSTed.
+    """
+    webhook_id: UUID
 
 
 class WhyEffects(BaseModel):
