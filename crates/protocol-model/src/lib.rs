@@ -731,14 +731,15 @@ impl LeaseModel {
     fn progress_actions(&self, s: &State, out: &mut Vec<Action>) {
         for w in 0..self.cfg.workers {
             let conn = |m: &Msg| m.worker() == Some(w) && !m.orphan();
+            // A worker polls for work while it drives runs (it has free slots), so it may
+            // claim again a run it still believes it holds once that lease was taken from it.
+            // A poll of a run it cannot claim changes nothing: not modelled.
+            let polling = Self::has(s, |m| conn(m) && matches!(m, Msg::Claim { .. }));
+            if !polling && self.claimable(&s.row) {
+                out.push(Action::Claim(w));
+            }
             match &s.workers[w as usize] {
-                Worker::Idle => {
-                    // A poll of a run it cannot claim changes nothing: not modelled.
-                    let polling = Self::has(s, |m| conn(m) && matches!(m, Msg::Claim { .. }));
-                    if !polling && self.claimable(&s.row) {
-                        out.push(Action::Claim(w));
-                    }
-                }
+                Worker::Idle => {}
                 Worker::Holding { until, pending, .. } => {
                     let renewing = Self::has(s, |m| conn(m) && matches!(m, Msg::Renew { .. }));
                     // A lease being released is not renewed here (the shipped renewer still
@@ -878,15 +879,15 @@ impl LeaseModel {
                 view,
                 until,
             } => {
-                if s.workers[w as usize] == Worker::Idle {
-                    s.workers[w as usize] = Worker::Holding {
-                        token,
-                        view,
-                        until,
-                        pending: None,
-                        replans: 0,
-                    };
-                }
+                // `drive`: a run claimed again supersedes the task still driving it (that
+                // task stops; a commit it sent may still be on its way).
+                s.workers[w as usize] = Worker::Holding {
+                    token,
+                    view,
+                    until,
+                    pending: None,
+                    replans: 0,
+                };
             }
             Reply::NothingClaimed => {}
             Reply::Renewed { w, token, until } => {

@@ -124,7 +124,12 @@ fn without_the_sequence_check_a_replanned_commit_writes_a_sequence_twice() {
 
 #[test]
 fn a_worker_that_replans_is_still_fenced_by_the_sequence_check() {
-    let cfg = Config::small().with_flaws(Flaws {
+    // One tick fewer than `Config::small`, to keep the suite short.
+    let cfg = Config {
+        free_ticks: 2,
+        ..Config::small()
+    }
+    .with_flaws(Flaws {
         worker_replans: true,
         ..Flaws::default()
     });
