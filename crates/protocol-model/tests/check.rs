@@ -28,6 +28,26 @@ fn the_protocol_keeps_every_property() {
     checker.assert_properties();
 }
 
+/// The same with three workers competing for the run, over one tick of pauses fewer.
+#[test]
+fn three_workers_keep_every_property() {
+    let cfg = Config {
+        workers: 3,
+        free_ticks: 2,
+        ..Config::small()
+    };
+    let started = Instant::now();
+    let checker = LeaseModel::new(cfg).checker().spawn_bfs().join();
+    println!(
+        "three workers: {} unique states ({} generated), depth {}, {:.1?}",
+        checker.unique_state_count(),
+        checker.state_count(),
+        checker.max_depth(),
+        started.elapsed()
+    );
+    checker.assert_properties();
+}
+
 /// Runs the model with `flaws` until `property` is violated; returns the counterexample's
 /// length in steps, printing it.
 fn violation(flaws: Flaws, property: &'static str) -> usize {
