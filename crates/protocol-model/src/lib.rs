@@ -387,7 +387,24 @@ fn popcount(bits: u8) -> u8 {
 }
 
 impl LeaseModel {
+    /// Panics on bounds the model cannot represent (they are a test's constants).
     pub fn new(cfg: Config) -> LeaseModel {
+        assert!(
+            (1..=4).contains(&cfg.workers),
+            "workers must be 1..=4 (the state space grows about fivefold with each)"
+        );
+        assert!(
+            (1..=8).contains(&cfg.sends),
+            "sends must be 1..=8 (one inbox bit each)"
+        );
+        assert!(
+            cfg.ttl >= 1 && cfg.steps >= 1,
+            "ttl and steps must be at least 1"
+        );
+        assert!(
+            u16::from(cfg.free_ticks) + 3 * u16::from(cfg.ttl) + u16::from(cfg.timer) + 2 < 200,
+            "free_ticks, ttl and timer must keep the clock's horizon below 200"
+        );
         LeaseModel { cfg }
     }
 
