@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import rein
+
 from conftest import ROOT, Fleet, eventually, fresh_database
 
 
@@ -43,6 +45,14 @@ def test_the_readme_example_works_against_rein_demo_keep(tmp_path: Path) -> None
         assert lines[0] == "SUCCEEDED terminal", done.stdout
         assert lines[1].startswith("1 "), done.stdout
         assert any("ACTION_DISPATCHED" in line or "PLAN_READY" in line for line in lines), done.stdout
+        # The console it names serves, and a refund waits there for a person's approval.
+        console = re.search(r"Open the web console at (\S+)/ ", demo.log.read_text())
+        assert console and console.group(1) == exports.group(1), demo.log.read_text()
+        with rein.Client(exports.group(1), exports.group(2)) as client:
+            waiting = eventually("the refund that waits for a person", lambda: [
+                a for a in client.approvals() if a.args == {"order_id": "order-for-you", "amount": 250}
+            ], fleet)
+            assert len(waiting) == 1 and waiting[0].status == "pending", waiting
     finally:
         fleet.stop()
         drop()
