@@ -337,6 +337,54 @@ def test_the_fleet_page_lists_the_worker_and_the_scheduler(pages: Pages) -> None
     shot(page, "fleet")
 
 
+LONG_RUN = """
+name = "console-long-run"
+version = 1
+max_events = 1300
+cancel_state = "STOPPED"
+events = ["next"]
+
+[[states]]
+name = "LOOP"
+kind = "active"
+initial = true
+action = "noop"
+
+[[states]]
+name = "STOPPED"
+kind = "terminal"
+
+[[transitions]]
+from = "LOOP"
+event = "next"
+to = "LOOP"
+"""
+
+
+def test_a_long_run_opens_on_its_newest_events_and_loads_earlier_ones(pages: Pages, fleet: ConsoleFleet) -> None:
+    registered = fleet.call("POST", "/v1/definitions", content=LONG_RUN,
+                            headers={"content-type": "application/toml"})
+    assert registered.status_code in (200, 201), registered.text
+    run = fleet.enqueue("console-long-run", {})
+    final = fleet.finished(run)
+    total = final["sequence"]
+    assert total >= 1300, final
+    page = pages.signed_in(hash=f"#/runs/{run}")
+    rows = page.locator("#timeline tbody tr")
+    expect(rows).to_have_count(1000, timeout=30_000)
+    first = total - 1000 + 1
+    expect(rows.first).to_have_attribute("data-sequence", str(first))
+    expect(rows.last).to_have_attribute("data-sequence", str(total))
+    hidden = first - 1
+    expect(page.locator("#timeline-earlier-box")).to_contain_text(f"{hidden} earlier events are not shown")
+    page.click("#timeline-earlier")
+    expect(rows).to_have_count(total, timeout=30_000)
+    expect(rows.first).to_have_attribute("data-sequence", "1")
+    expect(page.locator("#timeline-earlier")).to_have_count(0)
+    sequences = [int(s) for s in rows.evaluate_all("rs => rs.map(r => r.dataset.sequence)")]
+    assert sequences == list(range(1, total + 1))
+
+
 class Receiver:
     """A webhook receiver on loopback: answers 200 on /ok and 500 on /down, and counts."""
 

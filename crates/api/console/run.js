@@ -8,6 +8,9 @@ import { showError, may, confirmDialog } from "/console/app.js";
 import { stateDiagram } from "/console/diagram.js";
 
 const EVENTS_PAGE = 200;
+// A run's log may hold up to a million events: the timeline opens on the newest this many
+// and loads earlier ones on request.
+const TIMELINE_WINDOW = 1000;
 
 function wide(panel) {
   panel.classList.add("span-2");
@@ -46,6 +49,7 @@ export function runPage(main, id) {
   const liveText = h("pre", { class: "live-text", id: "live-text", "aria-live": "off", tabindex: "0" });
   const liveCount = h("span", { class: "muted", id: "live-count" });
   const timelineBody = h("tbody", {});
+  const earlierBox = h("div", { id: "timeline-earlier-box" });
   const briefBox = h("div", {}, h("p", { class: "muted", text: "Loading…" }));
   let deltas = 0;
   let liveTool = null;
@@ -68,6 +72,7 @@ export function runPage(main, id) {
       wide(section("Live model output", h("p", {}, liveCount), liveText))),
     h("section", { class: "panel wide", "aria-labelledby": "sec-timeline" },
       h("h2", { id: "sec-timeline", text: "Timeline" }),
+      earlierBox,
       h("div", { class: "table-wrap", tabindex: "0", role: "region", "aria-label": "Timeline" },
         h("table", { class: "timeline", id: "timeline" },
           h("caption", { class: "visually-hidden", text: "The run's events in sequence order" }),
@@ -91,12 +96,42 @@ export function runPage(main, id) {
   }
 
   async function loadEvents() {
-    let after = events.length ? events[events.length - 1].sequence : 0;
+    let after = events.length ? events[events.length - 1].sequence
+      : Math.max(0, ((run && run.sequence) || 0) - TIMELINE_WINDOW);
+    await loadPages(after, Infinity);
+    renderEarlier();
+  }
+
+  // Pages of events after `after`, up to (not including) sequence `before`.
+  async function loadPages(after, before) {
     for (;;) {
       const page = await api(`/v1/runs/${id}/events${qs({ envelope: "true", after, limit: EVENTS_PAGE })}`, { signal });
-      for (const e of page.events || []) addEvent(e);
-      if (page.next_after === null || page.next_after === undefined || !(page.events || []).length) break;
+      const got = page.events || [];
+      for (const e of got) if (e.sequence < before) addEvent(e);
+      if (page.next_after === null || page.next_after === undefined || !got.length) break;
+      if (got[got.length - 1].sequence >= before - 1) break;
       after = page.next_after;
+    }
+  }
+
+  function renderEarlier() {
+    const first = events.length ? events[0].sequence : 1;
+    const hidden = first - 1;
+    replace(earlierBox, hidden > 0
+      ? h("p", {}, `${hidden} earlier event${hidden === 1 ? " is" : "s are"} not shown (the diagram's path and the model calls count the events shown). `,
+          h("button", { type: "button", id: "timeline-earlier", onclick: loadEarlier, text: `Show ${Math.min(hidden, TIMELINE_WINDOW)} earlier` }))
+      : "");
+  }
+
+  async function loadEarlier() {
+    const first = events[0].sequence;
+    try {
+      await loadPages(Math.max(0, first - 1 - TIMELINE_WINDOW), first);
+      renderEarlier();
+      renderDiagram();
+      renderModelCalls();
+    } catch (e) {
+      if (e.name !== "AbortError") showError(e, "Cannot load the earlier events");
     }
   }
 
@@ -147,9 +182,15 @@ export function runPage(main, id) {
   function addEvent(e) {
     if (seen.has(e.sequence)) return false;
     seen.add(e.sequence);
+    const tr = eventRow(e);
+    if (!events.length || e.sequence > events[events.length - 1].sequence) {
+      // The usual case, in order: append.
+      events.push(e);
+      timelineBody.appendChild(tr);
+      return true;
+    }
     events.push(e);
     events.sort((a, b) => a.sequence - b.sequence);
-    const tr = eventRow(e);
     const after = [...timelineBody.children].find((r) => Number(r.dataset.sequence) > e.sequence);
     timelineBody.insertBefore(tr, after || null);
     return true;
