@@ -3,7 +3,10 @@ and state diagram, deciding approvals, scopes, the fleet, small screens, the key
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import http.server
+import json
 import os
 import re
 import threading
@@ -390,11 +393,13 @@ class Receiver:
 
     def __init__(self) -> None:
         seen: list[tuple[str, str]] = []
+        bodies: list[tuple[dict[str, str], bytes]] = []
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
-                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 seen.append((self.path, self.headers.get("Rein-Delivery-Id", "")))
+                bodies.append(({k.lower(): v for k, v in self.headers.items()}, body))
                 self.send_response(200 if self.path == "/ok" else 500)
                 self.end_headers()
 
@@ -402,6 +407,7 @@ class Receiver:
                 pass
 
         self.seen = seen
+        self.bodies = bodies
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -410,12 +416,54 @@ class Receiver:
         self.server.shutdown()
 
 
-def add_webhook(fleet: ConsoleFleet, url: str) -> str:
-    os.environ["CONSOLE_WEBHOOK_SECRET"] = "a-secret-of-at-least-16-bytes"
-    out = fleet.rein("webhooks", "add", "--database-url", fleet.database_url, "--url", url,
-                     "--secret-env", "CONSOLE_WEBHOOK_SECRET", "--kind", "run.finished",
-                     "--kind", "run.failed", "--definition", "lifecycle")
-    return out.strip()
+WEBHOOK_SECRET = "a-secret-of-at-least-16-bytes"
+
+
+def add_webhook(fleet: ConsoleFleet, url: str, kinds: tuple[str, ...] = ("run.finished", "run.failed"),
+                definition: str = "lifecycle") -> str:
+    os.environ["CONSOLE_WEBHOOK_SECRET"] = WEBHOOK_SECRET
+    args = ["webhooks", "add", "--database-url", fleet.database_url, "--url", url,
+            "--secret-env", "CONSOLE_WEBHOOK_SECRET", "--definition", definition]
+    for kind in kinds:
+        args += ["--kind", kind]
+    return fleet.rein(*args).strip()
+
+
+def test_an_approver_is_told_of_a_refund_by_webhook_and_the_decision_in_the_console_is_announced(
+        pages: Pages, fleet: ConsoleFleet) -> None:
+    receiver = Receiver()
+    hook = add_webhook(fleet, f"{receiver.url}/ok", ("approval.requested", "approval.decided"),
+                       "refund-agent")
+    try:
+        run_id = fleet.refund(333, "W1")
+        approval = fleet.approval_of(run_id)
+
+        def announced(kind: str) -> dict[str, Any] | None:
+            for headers, body in receiver.bodies:
+                doc = json.loads(body)
+                if doc["kind"] == kind and doc["run_id"] == run_id:
+                    mac = hmac.new(WEBHOOK_SECRET.encode(), f"{headers['rein-timestamp']}.".encode() + body,
+                                   hashlib.sha256).hexdigest()
+                    assert headers["rein-signature"] == f"v1={mac}", headers
+                    assert headers["rein-delivery-id"] == doc["id"]
+                    return doc
+            return None
+
+        asked = wait_until("the approval request announced", lambda: announced("approval.requested"))
+        assert asked["approval"]["approval_id"] == approval["approval_id"]
+        assert asked["approval"]["args"] == {"order_id": "W1", "amount": 333}
+        page = pages.signed_in(hash="#/approvals")
+        card = page.locator(f"article[data-approval-id='{approval['approval_id']}']")
+        card.locator("textarea").fill("approved from the console")
+        card.get_by_role("button", name="Approve").click()
+        expect(card.locator(".decided-by")).to_have_text(ADMIN)
+        decided = wait_until("the decision announced", lambda: announced("approval.decided"))
+        assert decided["approval"]["decided_by"] == ADMIN, decided
+        assert decided["approval"]["comment"] == "approved from the console", decided
+        assert decided["approval"]["status"] == "granted", decided
+    finally:
+        receiver.close()
+        fleet.rein("webhooks", "remove", "--database-url", fleet.database_url, hook)
 
 
 def test_the_notifications_page_shows_deliveries_and_failures(pages: Pages, fleet: ConsoleFleet) -> None:
