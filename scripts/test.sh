@@ -122,6 +122,8 @@ missing_packages() {
     pkgs+=(redis-tools)
   fi
   command -v promtool >/dev/null || pkgs+=(prometheus)
+  # Clock-skew tests run roles under libfaketime.
+  command -v faketime >/dev/null || pkgs+=(faketime)
   # The OpenAPI tools (scripts/openapi-tools.sh) install with pip into a venv and with npm.
   python3 -m venv --help >/dev/null 2>&1 || pkgs+=(python3-venv)
   command -v npm >/dev/null || pkgs+=(npm)
@@ -168,7 +170,7 @@ phase_tools() {
   fi
   missing=$(missing_packages)
   if [[ -z $missing ]]; then
-    note "all tools present: initdb psql pg_isready redis-server redis-cli promtool"
+    note "all tools present: initdb psql pg_isready redis-server redis-cli promtool faketime"
     return 0
   fi
   note "missing tools; Debian packages needed: $missing"
