@@ -14,7 +14,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use common::{Fleet, rein_with, stderr, stdout, wait_for};
-use rein_store::{EnqueueRequest, Sender, Store, WebhookDelivery};
+use rein_store::{EnqueueRequest, Store, WebhookDelivery};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -251,49 +251,13 @@ impl Setup {
 }
 
 /// A research-agent run in ACTING, driven there without a worker.
-async fn acting_run(store: &Store) -> Uuid {
-    let def = store.load_definition("research-agent", None).await.unwrap();
-    let run = store
-        .enqueue(EnqueueRequest::new(def, json!({})))
-        .await
-        .unwrap()
-        .run_id;
-    common::as_the_engine(store, run, &["TASK_ACCEPTED", "PLAN_READY"]).await;
-    run
-}
-
-/// What the worker does when a refund of `amount` needs a person: opens the request and
-/// commits APPROVAL_REQUESTED with the wait's event. The request's id.
-async fn ask_for_approval(store: &Store, run: Uuid, amount: u32) -> Uuid {
-    let args = json!({"order_id": "A1", "amount": amount});
-    let hash = format!("refund-{amount}");
-    let approval = common::ask_refund_approval(store, run, args.clone(), &hash).await;
-    let engine = Sender::Engine("test-worker".into());
-    store
-        .send(
-            run,
-            "APPROVAL_REQUESTED",
-            json!({"approval_id": approval, "action_hash": hash, "tool": "refund", "args": args}),
-            &engine,
-            60_000,
-        )
-        .await
-        .unwrap();
-    store
-        .send(run, "APPROVAL_REQUIRED", json!({}), &engine, 60_000)
-        .await
-        .unwrap();
-    assert_eq!(store.run(run).await.unwrap().state, "WAITING_APPROVAL");
-    approval
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_request_is_delivered_signed_naming_the_exact_action() {
     let mut s = Setup::start("webhooks_requested").await;
     s.add_webhook(None, &[]);
     s.scheduler("sched-1", &[]);
-    let run = acting_run(&s.store).await;
-    let approval = ask_for_approval(&s.store, run, 150).await;
+    let run = common::acting_run(&s.store).await;
+    let approval = common::ask_for_approval(&s.store, run, 150).await;
     let got = s
         .receiver
         .wait_for_kind("approval.requested", 1, Duration::from_secs(20))
@@ -336,10 +300,10 @@ async fn a_grant_and_a_denial_are_delivered_as_decided_with_the_decider_and_comm
     let mut s = Setup::start("webhooks_decided").await;
     s.add_webhook(None, &["--kind", "approval.decided"]);
     s.scheduler("sched-1", &[]);
-    let granted_run = acting_run(&s.store).await;
-    let granted = ask_for_approval(&s.store, granted_run, 150).await;
-    let denied_run = acting_run(&s.store).await;
-    let denied = ask_for_approval(&s.store, denied_run, 300).await;
+    let granted_run = common::acting_run(&s.store).await;
+    let granted = common::ask_for_approval(&s.store, granted_run, 150).await;
+    let denied_run = common::acting_run(&s.store).await;
+    let denied = common::ask_for_approval(&s.store, denied_run, 300).await;
     for (id, verb, who, comment) in [
         (granted, "approve", "alice", "refund is fine"),
         (denied, "deny", "bob", "too much"),
@@ -515,14 +479,14 @@ async fn a_run_that_succeeds_is_finished_and_one_cancelled_or_failed_is_failed_s
     let mut s = Setup::start("webhooks_run_end").await;
     s.add_webhook(None, &["--kind", "run.finished", "--kind", "run.failed"]);
     s.scheduler("sched-1", &[]);
-    let succeeded = acting_run(&s.store).await;
+    let succeeded = common::acting_run(&s.store).await;
     common::as_the_engine(
         &s.store,
         succeeded,
         &["TOOL_SUCCEEDED", "TASK_READY", "OUTPUT_COMMITTED"],
     )
     .await;
-    let cancelled = acting_run(&s.store).await;
+    let cancelled = common::acting_run(&s.store).await;
     common::cancel(&s.store, cancelled).await;
     let def = s
         .store
@@ -585,7 +549,7 @@ async fn a_receiver_failing_three_times_gets_the_same_delivery_four_times_furthe
     s.receiver.state.fail_first.store(3, Ordering::SeqCst);
     let metrics = format!("127.0.0.1:{}", common::free_port());
     s.scheduler("sched-1", &["--metrics-listen", &metrics]);
-    let run = acting_run(&s.store).await;
+    let run = common::acting_run(&s.store).await;
     common::cancel(&s.store, run).await;
     let got = s
         .receiver
@@ -631,7 +595,7 @@ async fn a_receiver_that_is_down_fails_the_delivery_after_the_attempts_max() {
     let closed = format!("http://127.0.0.1:{}/hook", common::free_port());
     let hook = s.add_webhook(Some(&closed), &[]);
     s.scheduler("sched-1", &["--webhook-attempts-max", "3"]);
-    let run = acting_run(&s.store).await;
+    let run = common::acting_run(&s.store).await;
     common::cancel(&s.store, run).await;
     let queued = s.deliveries().await;
     assert_eq!(queued.len(), 1, "{queued:?}");
@@ -675,7 +639,7 @@ async fn a_delivery_whose_scheduler_is_killed_mid_post_is_delivered_by_another()
     s.add_webhook(None, &["--kind", "run.failed"]);
     s.receiver.state.hang_first.store(1, Ordering::SeqCst);
     s.scheduler("sched-1", &[]);
-    let run = acting_run(&s.store).await;
+    let run = common::acting_run(&s.store).await;
     common::cancel(&s.store, run).await;
     let first = s
         .receiver
@@ -713,15 +677,15 @@ async fn a_delivery_whose_scheduler_is_killed_mid_post_is_delivered_by_another()
 async fn a_webhook_for_another_definition_or_queue_gets_nothing_and_no_webhook_queues_nothing() {
     let mut s = Setup::start("webhooks_scope").await;
     // No webhook: the facts commit and nothing is queued.
-    let run = acting_run(&s.store).await;
-    ask_for_approval(&s.store, run, 150).await;
+    let run = common::acting_run(&s.store).await;
+    common::ask_for_approval(&s.store, run, 150).await;
     common::cancel(&s.store, run).await;
     assert!(s.deliveries().await.is_empty());
 
     s.add_webhook(None, &["--definition", "lifecycle"]);
     s.add_webhook(None, &["--queue", "elsewhere"]);
-    let run = acting_run(&s.store).await;
-    ask_for_approval(&s.store, run, 150).await;
+    let run = common::acting_run(&s.store).await;
+    common::ask_for_approval(&s.store, run, 150).await;
     common::cancel(&s.store, run).await;
     assert!(
         s.deliveries().await.is_empty(),
@@ -733,8 +697,8 @@ async fn a_webhook_for_another_definition_or_queue_gets_nothing_and_no_webhook_q
         None,
         &["--definition", "research-agent", "--queue", "default"],
     );
-    let run = acting_run(&s.store).await;
-    ask_for_approval(&s.store, run, 150).await;
+    let run = common::acting_run(&s.store).await;
+    common::ask_for_approval(&s.store, run, 150).await;
     common::cancel(&s.store, run).await;
     let mut kinds: Vec<String> = s.deliveries().await.into_iter().map(|d| d.kind).collect();
     kinds.sort();
@@ -852,7 +816,7 @@ async fn the_api_lists_webhooks_without_secrets_and_deliveries_to_operators() {
         &[("TEST_WEBHOOK_SECRET", SECRET)],
     );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let run = acting_run(&api.store).await;
+    let run = common::acting_run(&api.store).await;
     common::cancel(&api.store, run).await;
     let operator = api.token("ops", &["operate"]);
     let reader = api.token("viewer", &["read"]);

@@ -742,3 +742,50 @@ pub fn open_request(url: &str, run: uuid::Uuid) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no open request for {run}: {open}"))
         .clone()
 }
+
+/// A research-agent run in ACTING, moved there as its worker would.
+pub async fn acting_run(store: &rein_store::Store) -> uuid::Uuid {
+    let def = store.load_definition("research-agent", None).await.unwrap();
+    let run = store
+        .enqueue(rein_store::EnqueueRequest::new(def, serde_json::json!({})))
+        .await
+        .unwrap()
+        .run_id;
+    as_the_engine(store, run, &["TASK_ACCEPTED", "PLAN_READY"]).await;
+    run
+}
+
+/// What the worker does when a refund of `amount` needs a person: opens the request and
+/// commits APPROVAL_REQUESTED with the wait's event. The request's id.
+pub async fn ask_for_approval(
+    store: &rein_store::Store,
+    run: uuid::Uuid,
+    amount: u32,
+) -> uuid::Uuid {
+    let args = serde_json::json!({"order_id": "A1", "amount": amount});
+    let hash = format!("refund-{amount}");
+    let approval = ask_refund_approval(store, run, args.clone(), &hash).await;
+    let engine = rein_store::Sender::Engine("test-worker".into());
+    store
+        .send(
+            run,
+            "APPROVAL_REQUESTED",
+            serde_json::json!({"approval_id": approval, "action_hash": hash, "tool": "refund", "args": args}),
+            &engine,
+            60_000,
+        )
+        .await
+        .unwrap();
+    store
+        .send(
+            run,
+            "APPROVAL_REQUIRED",
+            serde_json::json!({}),
+            &engine,
+            60_000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.run(run).await.unwrap().state, "WAITING_APPROVAL");
+    approval
+}
