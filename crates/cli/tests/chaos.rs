@@ -104,6 +104,10 @@ fn seeded_chaos_run_injects_every_fault_and_keeps_every_invariant() {
         "scheduler_kill",
         "db_restart",
         "redis_stop",
+        "session_kill",
+        "lock_stall",
+        "leader_stop",
+        "clock_skew",
     ] {
         assert!(
             r["faults"][kind].as_u64().is_some_and(|n| n >= 1),
@@ -347,4 +351,47 @@ fn check_only_exits_3_when_the_database_is_unreachable_or_has_no_schema() {
     let out = rein(&["chaos", "--check-only"], Some(&empty));
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(stderr(&out).contains("schema"), "{}", stderr(&out));
+}
+
+#[test]
+fn faults_picks_the_kinds_injected_and_refuses_unknown_ones() {
+    let out = rein(
+        &[
+            "chaos",
+            "--faults",
+            "lock_stall,session_kill",
+            "--runs",
+            "60",
+            "--workers",
+            "2",
+            "--seed",
+            "3",
+            "--duration-s",
+            "4",
+            "--timeout-s",
+            "120",
+            "--json",
+        ],
+        None,
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let r = report_of(&out);
+    assert_eq!(r["violations"], 0, "{r}");
+    assert_eq!(r["runs_terminal"], 60, "{r}");
+    let faults = r["faults"].as_object().expect("faults");
+    for (kind, n) in faults {
+        let picked = kind == "lock_stall" || kind == "session_kill";
+        assert_eq!(n.as_u64().unwrap() >= 1, picked, "{kind}: {r}");
+    }
+    let out = rein(&["chaos", "--faults", "meteor", "--runs", "1"], None);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("lock_stall"), "{}", stderr(&out));
+    let out = rein(&["chaos", "--faults", "db_restart", "--runs", "1"], None);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--allow-db-restart"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -102,6 +102,15 @@ pub struct ChaosArgs {
     /// Keep the fleet's logs even when every check holds.
     #[arg(long)]
     keep_logs: bool,
+    /// Only these fault kinds, comma-separated (default: every kind this machine can
+    /// inject): worker_kill, worker_stop, scheduler_kill, db_restart, redis_stop,
+    /// session_kill, lock_stall, leader_stop, clock_skew.
+    #[arg(long, value_delimiter = ',', value_parser = fault_parser())]
+    faults: Vec<String>,
+}
+
+fn fault_parser() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(Fault::ALL.map(Fault::name))
 }
 
 fn validate(args: &ChaosArgs) -> Result<(), String> {
@@ -271,15 +280,28 @@ enum Fault {
     SchedulerKill,
     DbRestart,
     RedisStop,
+    /// The fleet's database sessions terminated (`pg_terminate_backend`), mid-statement.
+    SessionKill,
+    /// Row locks on runs held by an outside transaction past the lease TTL.
+    LockStall,
+    /// The leading scheduler paused (SIGSTOP) past its leader lease, then resumed: for a
+    /// while two schedulers believe they lead.
+    LeaderStop,
+    /// A worker started with its wall clock a minute ahead or behind (libfaketime).
+    ClockSkew,
 }
 
 impl Fault {
-    const ALL: [Fault; 5] = [
+    const ALL: [Fault; 9] = [
         Fault::WorkerKill,
         Fault::WorkerStop,
         Fault::SchedulerKill,
         Fault::DbRestart,
         Fault::RedisStop,
+        Fault::SessionKill,
+        Fault::LockStall,
+        Fault::LeaderStop,
+        Fault::ClockSkew,
     ];
 
     fn name(self) -> &'static str {
@@ -289,7 +311,15 @@ impl Fault {
             Fault::SchedulerKill => "scheduler_kill",
             Fault::DbRestart => "db_restart",
             Fault::RedisStop => "redis_stop",
+            Fault::SessionKill => "session_kill",
+            Fault::LockStall => "lock_stall",
+            Fault::LeaderStop => "leader_stop",
+            Fault::ClockSkew => "clock_skew",
         }
+    }
+
+    fn parse(name: &str) -> Option<Fault> {
+        Fault::ALL.into_iter().find(|f| f.name() == name)
     }
 
     /// Relative frequency after every kind has had its turn.
@@ -297,9 +327,32 @@ impl Fault {
         match self {
             Fault::WorkerKill => 3,
             Fault::WorkerStop | Fault::SchedulerKill => 2,
-            Fault::DbRestart | Fault::RedisStop => 1,
+            Fault::DbRestart
+            | Fault::RedisStop
+            | Fault::SessionKill
+            | Fault::LockStall
+            | Fault::LeaderStop
+            | Fault::ClockSkew => 1,
         }
     }
+}
+
+/// What a clock-skewed worker's wall clock is off by.
+const CLOCK_SKEW_S: i64 = 60;
+/// How many runs' rows a lock stall holds.
+const LOCK_STALL_ROWS: i64 = 20;
+
+/// libfaketime's multi-threaded build, where Debian's `faketime` package puts it.
+fn libfaketime() -> Option<std::path::PathBuf> {
+    std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|arch| arch.path().join("faketime/libfaketimeMT.so.1"))
+        .chain([std::path::PathBuf::from(
+            "/usr/lib/faketime/libfaketimeMT.so.1",
+        )])
+        .find(|p| p.is_file())
 }
 
 /// The seeded fault schedule: first every enabled kind once in a seeded order, close
@@ -552,6 +605,29 @@ impl<'a> Harness<'a> {
         if redis.is_some() {
             enabled.push(Fault::RedisStop);
         }
+        enabled.push(Fault::SessionKill);
+        enabled.push(Fault::LockStall);
+        enabled.push(Fault::LeaderStop);
+        let faketime = libfaketime();
+        match &faketime {
+            Some(_) => enabled.push(Fault::ClockSkew),
+            None => eprintln!(
+                "chaos: libfaketime is not installed (Debian: apt-get install faketime), so no worker runs on a skewed clock"
+            ),
+        }
+        if !args.faults.is_empty() {
+            let wanted: Vec<Fault> = args.faults.iter().filter_map(|f| Fault::parse(f)).collect();
+            for f in &wanted {
+                if !enabled.contains(f) {
+                    eprintln!(
+                        "error: --faults {}: this run cannot inject it (db_restart needs --allow-db-restart, worker_stop two workers, clock_skew libfaketime)",
+                        f.name()
+                    );
+                    return Err(exit::INPUT);
+                }
+            }
+            enabled.retain(|f| wanted.contains(f));
+        }
         let started = Instant::now();
         let window = Duration::from_secs(args.duration_s);
         eprintln!(
@@ -627,6 +703,11 @@ impl<'a> Harness<'a> {
     }
 
     fn spawn_worker(&mut self) -> Result<String, u8> {
+        self.spawn_worker_with(&[])
+    }
+
+    /// [`Harness::spawn_worker`] with extra environment variables.
+    fn spawn_worker_with(&mut self, env: &[(&str, String)]) -> Result<String, u8> {
         self.spawned_workers += 1;
         let id = format!("chaos-w{}", self.spawned_workers);
         let args = crate::procs::role_args(
@@ -641,7 +722,7 @@ impl<'a> Harness<'a> {
                 ("--db-pool-max", self.child_pool_max().to_string()),
             ],
         );
-        self.spawn(&id, &args)?;
+        self.spawn_env(&id, &args, env)?;
         self.workers.push(id.clone());
         Ok(id)
     }
@@ -668,20 +749,22 @@ impl<'a> Harness<'a> {
     /// Starts `rein ARGS` with chaos's own Redis, if any, and never one inherited from the
     /// environment.
     fn spawn(&mut self, id: &str, args: &[String]) -> Result<(), u8> {
+        self.spawn_env(id, args, &[])
+    }
+
+    fn spawn_env(&mut self, id: &str, args: &[String], env: &[(&str, String)]) -> Result<(), u8> {
         let mut args = args.to_vec();
         if let Some(r) = &self.redis {
             args.extend(["--redis-url".to_owned(), r.server.url()]);
         }
-        crate::procs::rein_command(
-            &args,
-            &[("REIN_LOG", CHILD_LOG_FILTER)],
-            &["REDIS_URL", "REIN_REDIS_PREFIX"],
-        )
-        .and_then(|cmd| self.children.spawn_command(id, cmd))
-        .map_err(|e| {
-            eprintln!("error: cannot start {id}: {e}");
-            exit::INPUT
-        })
+        let mut vars = vec![("REIN_LOG", CHILD_LOG_FILTER)];
+        vars.extend(env.iter().map(|(k, v)| (*k, v.as_str())));
+        crate::procs::rein_command(&args, &vars, &["REDIS_URL", "REIN_REDIS_PREFIX"])
+            .and_then(|cmd| self.children.spawn_command(id, cmd))
+            .map_err(|e| {
+                eprintln!("error: cannot start {id}: {e}");
+                exit::INPUT
+            })
     }
 
     fn db_up(&self) -> bool {
@@ -1048,6 +1131,10 @@ impl<'a> Harness<'a> {
             Fault::SchedulerKill => self.kill_scheduler()?,
             Fault::DbRestart => self.restart_db(db),
             Fault::RedisStop => self.stop_redis(),
+            Fault::SessionKill => self.kill_sessions().await,
+            Fault::LockStall => self.stall_locks().await,
+            Fault::LeaderStop => self.stop_leader().await,
+            Fault::ClockSkew => self.skew_a_worker()?,
         };
         if injected {
             *self.faults.entry(fault).or_default() += 1;
@@ -1178,7 +1265,14 @@ impl<'a> Harness<'a> {
 
     /// SIGKILL a scheduler; a new one (new id) starts first, so one is always alive.
     fn kill_scheduler(&mut self) -> Result<bool, String> {
-        let Some(victim) = self.schedulers.choose(&mut self.victims).cloned() else {
+        // Not a paused one: a leader stop ends with its scheduler resumed, stale.
+        let running: Vec<String> = self
+            .schedulers
+            .iter()
+            .filter(|s| !self.stopped.iter().any(|(p, _)| p == *s))
+            .cloned()
+            .collect();
+        let Some(victim) = running.choose(&mut self.victims).cloned() else {
             return Ok(false);
         };
         let replacement = self
@@ -1195,6 +1289,157 @@ impl<'a> Harness<'a> {
         });
         self.progress.note(&format!(
             "fault: kill -9 {victim}; {replacement} replaces it"
+        ));
+        Ok(true)
+    }
+
+    /// Terminates every database session of the fleet's roles (`rein-PID` application
+    /// names), but the harness's own, wherever they are in a statement.
+    async fn kill_sessions(&mut self) -> bool {
+        let ours = format!("rein-{}", std::process::id());
+        let killed: Result<i64, _> = sqlx::query_scalar(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
+             FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()
+               AND application_name LIKE 'rein-%' AND application_name <> $1",
+        )
+        .bind(&ours)
+        .fetch_one(self.store.pool())
+        .await;
+        let Ok(killed) = killed else {
+            return false;
+        };
+        if killed == 0 {
+            return false;
+        }
+        self.fault_log.push(FaultRecord {
+            at: Instant::now(),
+            kind: Fault::SessionKill,
+            victim: Some(format!("{killed} sessions")),
+            held: None,
+            recovery_ms: None,
+        });
+        self.progress.note(&format!(
+            "fault: pg_terminate_backend on {killed} of the fleet's sessions"
+        ));
+        true
+    }
+
+    /// Locks up to [`LOCK_STALL_ROWS`] unfinished runs' rows from an outside transaction
+    /// for twice the lease TTL: their holders' commits and renewals wait on the locks, and
+    /// may lose their leases, while the other runs go on.
+    async fn stall_locks(&mut self) -> bool {
+        let pool = self.store.pool().clone();
+        let hold = Duration::from_millis(2 * self.args.lease_ttl_ms);
+        let (locked_tx, locked_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let Ok(mut tx) = pool.begin().await else {
+                let _ = locked_tx.send(0);
+                return;
+            };
+            let rows: Result<Vec<Uuid>, _> = sqlx::query_scalar(
+                "SELECT run_id FROM rein_runs WHERE status <> 'terminal'
+                 ORDER BY run_id LIMIT $1 FOR UPDATE SKIP LOCKED",
+            )
+            .bind(LOCK_STALL_ROWS)
+            .fetch_all(&mut *tx)
+            .await;
+            let n = rows.map(|r| r.len()).unwrap_or(0);
+            let _ = locked_tx.send(n);
+            if n > 0 {
+                tokio::time::sleep(hold).await;
+            }
+            let _ = tx.rollback().await;
+        });
+        let locked = locked_rx.await.unwrap_or(0);
+        if locked == 0 {
+            return false;
+        }
+        self.fault_log.push(FaultRecord {
+            at: Instant::now(),
+            kind: Fault::LockStall,
+            victim: Some(format!("{locked} runs' rows")),
+            held: None,
+            recovery_ms: None,
+        });
+        self.progress.note(&format!(
+            "fault: an outside transaction holds {locked} runs' row locks for {} ms",
+            hold.as_millis()
+        ));
+        true
+    }
+
+    /// SIGSTOPs the scheduler holding the live leader lease past that lease, so another
+    /// takes the lead; continued later with the stopped workers, it believes it leads
+    /// until its next renewal is refused.
+    async fn stop_leader(&mut self) -> bool {
+        let Ok(Some(lease)) = self.store.leader(rein_scheduler::LEADER_LEASE).await else {
+            return false;
+        };
+        let victim = lease.holder.clone();
+        if !lease.live
+            || !self.schedulers.contains(&victim)
+            || self.stopped.iter().any(|(s, _)| *s == victim)
+        {
+            return false;
+        }
+        let Some(p) = self.children.get(&victim) else {
+            return false;
+        };
+        if p.signal(libc::SIGSTOP).is_err() {
+            return false;
+        }
+        let at = Instant::now();
+        let stop_for =
+            Duration::from_millis(2 * self.leader_ttl_ms() + self.args.scheduler_tick_ms);
+        self.stopped.push((victim.clone(), at + stop_for));
+        self.fault_log.push(FaultRecord {
+            at,
+            kind: Fault::LeaderStop,
+            victim: Some(victim.clone()),
+            held: None,
+            recovery_ms: None,
+        });
+        self.progress.note(&format!(
+            "fault: SIGSTOP the leading scheduler {victim} past its leader lease, for {} ms",
+            stop_for.as_millis()
+        ));
+        true
+    }
+
+    /// Starts one more worker whose wall clock is [`CLOCK_SKEW_S`] ahead or behind, in
+    /// turn: leases and deadlines are judged by the database clock, so it works as any.
+    fn skew_a_worker(&mut self) -> Result<bool, String> {
+        let Some(lib) = libfaketime() else {
+            return Ok(false);
+        };
+        let skewed = self
+            .fault_log
+            .iter()
+            .filter(|f| f.kind == Fault::ClockSkew)
+            .count();
+        let offset = if skewed % 2 == 0 {
+            CLOCK_SKEW_S
+        } else {
+            -CLOCK_SKEW_S
+        };
+        let env = [
+            ("LD_PRELOAD", lib.display().to_string()),
+            ("FAKETIME", format!("{offset:+}s")),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_owned()),
+        ];
+        let id = self
+            .spawn_worker_with(&env)
+            .map_err(|_| "cannot start a clock-skewed worker")?;
+        self.fault_log.push(FaultRecord {
+            at: Instant::now(),
+            kind: Fault::ClockSkew,
+            victim: Some(id.clone()),
+            held: None,
+            recovery_ms: None,
+        });
+        self.progress.note(&format!(
+            "fault: {id} starts with its clock {offset:+} s off the database's"
         ));
         Ok(true)
     }
