@@ -108,6 +108,9 @@ fn seeded_chaos_run_injects_every_fault_and_keeps_every_invariant() {
         "lock_stall",
         "leader_stop",
         "clock_skew",
+        "net_partition",
+        "net_latency",
+        "net_reset",
     ] {
         assert!(
             r["faults"][kind].as_u64().is_some_and(|n| n >= 1),

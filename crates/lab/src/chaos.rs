@@ -7,7 +7,7 @@
 //! live or not: unfinished runs are reported by what they wait for, and only broken
 //! invariants fail it.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -104,7 +104,8 @@ pub struct ChaosArgs {
     keep_logs: bool,
     /// Only these fault kinds, comma-separated (default: every kind this machine can
     /// inject): worker_kill, worker_stop, scheduler_kill, db_restart, redis_stop,
-    /// session_kill, lock_stall, leader_stop, clock_skew.
+    /// session_kill, lock_stall, leader_stop, clock_skew, net_partition, net_latency,
+    /// net_reset.
     #[arg(long, value_delimiter = ',', value_parser = fault_parser())]
     faults: Vec<String>,
 }
@@ -289,10 +290,17 @@ enum Fault {
     LeaderStop,
     /// A worker started with its wall clock a minute ahead or behind (libfaketime).
     ClockSkew,
+    /// A worker's network to PostgreSQL cut (bytes held, not refused) past its lease TTL,
+    /// then healed.
+    NetPartition,
+    /// 50–800 ms added to every chunk between a worker and PostgreSQL for a while.
+    NetLatency,
+    /// Every connection between a worker and PostgreSQL reset (RST) mid-statement.
+    NetReset,
 }
 
 impl Fault {
-    const ALL: [Fault; 9] = [
+    const ALL: [Fault; 12] = [
         Fault::WorkerKill,
         Fault::WorkerStop,
         Fault::SchedulerKill,
@@ -302,6 +310,9 @@ impl Fault {
         Fault::LockStall,
         Fault::LeaderStop,
         Fault::ClockSkew,
+        Fault::NetPartition,
+        Fault::NetLatency,
+        Fault::NetReset,
     ];
 
     fn name(self) -> &'static str {
@@ -315,6 +326,9 @@ impl Fault {
             Fault::LockStall => "lock_stall",
             Fault::LeaderStop => "leader_stop",
             Fault::ClockSkew => "clock_skew",
+            Fault::NetPartition => "net_partition",
+            Fault::NetLatency => "net_latency",
+            Fault::NetReset => "net_reset",
         }
     }
 
@@ -332,7 +346,10 @@ impl Fault {
             | Fault::SessionKill
             | Fault::LockStall
             | Fault::LeaderStop
-            | Fault::ClockSkew => 1,
+            | Fault::ClockSkew
+            | Fault::NetPartition
+            | Fault::NetLatency
+            | Fault::NetReset => 1,
         }
     }
 }
@@ -341,6 +358,33 @@ impl Fault {
 const CLOCK_SKEW_S: i64 = 60;
 /// How many runs' rows a lock stall holds.
 const LOCK_STALL_ROWS: i64 = 20;
+
+/// Where a worker's proxy forwards to, and the database URL that goes through a proxy on
+/// a given port; `None` when `url` does not name a TCP host (a Unix socket).
+#[allow(clippy::type_complexity)]
+fn proxy_target(url: &str) -> Option<(std::net::SocketAddr, Box<dyn Fn(u16) -> String>)> {
+    use std::net::ToSocketAddrs;
+    let parsed = reqwest::Url::parse(url).ok()?;
+    if parsed.query_pairs().any(|(k, _)| k == "host") {
+        return None;
+    }
+    let host = parsed.host_str()?.to_owned();
+    if host.starts_with('/') {
+        return None;
+    }
+    let port = parsed.port().unwrap_or(5432);
+    let upstream = (host.trim_matches(|c| c == '[' || c == ']'), port)
+        .to_socket_addrs()
+        .ok()?
+        .next()?;
+    let through = move |proxy_port: u16| {
+        let mut via = parsed.clone();
+        let _ = via.set_host(Some("127.0.0.1"));
+        let _ = via.set_port(Some(proxy_port));
+        via.to_string()
+    };
+    Some((upstream, Box::new(through)))
+}
 
 /// libfaketime's multi-threaded build, where Debian's `faketime` package puts it.
 fn libfaketime() -> Option<std::path::PathBuf> {
@@ -541,6 +585,10 @@ struct Harness<'a> {
     spawned_schedulers: u32,
     /// Stopped workers and when they are continued.
     stopped: Vec<(String, Instant)>,
+    /// Each worker's TCP proxy to PostgreSQL, for the network faults.
+    proxies: HashMap<String, crate::netproxy::Proxy>,
+    /// Workers whose network is faulty, until when.
+    degraded: Vec<(String, Instant)>,
     schedule: Schedule,
     /// Picks victims; apart from the schedule's so that which process is hit (which depends
     /// on who holds leases at the time) never shifts the seeded kinds and gaps.
@@ -608,6 +656,13 @@ impl<'a> Harness<'a> {
         enabled.push(Fault::SessionKill);
         enabled.push(Fault::LockStall);
         enabled.push(Fault::LeaderStop);
+        if proxy_target(&db.url).is_some() {
+            enabled.extend([Fault::NetPartition, Fault::NetLatency, Fault::NetReset]);
+        } else {
+            eprintln!(
+                "chaos: the database is not reached over TCP, so there are no network faults"
+            );
+        }
         let faketime = libfaketime();
         match &faketime {
             Some(_) => enabled.push(Fault::ClockSkew),
@@ -659,6 +714,8 @@ impl<'a> Harness<'a> {
             spawned_workers: 0,
             spawned_schedulers: 0,
             stopped: Vec::new(),
+            proxies: HashMap::new(),
+            degraded: Vec::new(),
             schedule: Schedule::new(seed, enabled.clone(), window, started),
             victims: StdRng::seed_from_u64(seed.rotate_left(32) ^ 0x5eed),
             faults: enabled.iter().map(|f| (*f, 0)).collect(),
@@ -710,9 +767,21 @@ impl<'a> Harness<'a> {
     fn spawn_worker_with(&mut self, env: &[(&str, String)]) -> Result<String, u8> {
         self.spawned_workers += 1;
         let id = format!("chaos-w{}", self.spawned_workers);
+        // Each worker reaches PostgreSQL through a proxy of its own, where the network
+        // faults happen.
+        let mut url = self.url.clone();
+        if let Some((upstream, through)) = proxy_target(&self.url) {
+            match crate::netproxy::Proxy::start_in_runtime(upstream) {
+                Ok(proxy) => {
+                    url = through(proxy.addr.port());
+                    self.proxies.insert(id.clone(), proxy);
+                }
+                Err(e) => eprintln!("warning: no network proxy for {id}: {e}"),
+            }
+        }
         let args = crate::procs::role_args(
             "worker",
-            &self.url,
+            &url,
             &id,
             &[
                 ("--concurrency", WORKER_CONCURRENCY.to_string()),
@@ -784,6 +853,7 @@ impl<'a> Harness<'a> {
                 return Outcome::Aborted(why);
             }
             self.continue_stopped(now);
+            self.heal_network(now, false);
             if let Err(why) = self.start_redis_due(now) {
                 return Outcome::Aborted(why);
             }
@@ -807,6 +877,7 @@ impl<'a> Harness<'a> {
                 }
             } else if self.healing_since.is_none() {
                 self.healing_since = Some(now);
+                self.heal_network(now, true);
                 self.progress.note(&format!(
                     "faults over ({} injected: {}); the fleet heals and must finish within {} s",
                     self.faults.values().sum::<u64>(),
@@ -1135,6 +1206,9 @@ impl<'a> Harness<'a> {
             Fault::LockStall => self.stall_locks().await,
             Fault::LeaderStop => self.stop_leader().await,
             Fault::ClockSkew => self.skew_a_worker()?,
+            Fault::NetPartition => self.degrade_network(Fault::NetPartition).await,
+            Fault::NetLatency => self.degrade_network(Fault::NetLatency).await,
+            Fault::NetReset => self.reset_network().await,
         };
         if injected {
             *self.faults.entry(fault).or_default() += 1;
@@ -1291,6 +1365,110 @@ impl<'a> Harness<'a> {
             "fault: kill -9 {victim}; {replacement} replaces it"
         ));
         Ok(true)
+    }
+
+    /// Cuts (or slows) one running worker's network to PostgreSQL, preferring one that holds
+    /// leases, for 2 × lease TTL + a tick: a cut worker must lose its leases without one
+    /// stale write accepted, and work again after the heal.
+    async fn degrade_network(&mut self, kind: Fault) -> bool {
+        let candidates: Vec<String> = self
+            .running_workers()
+            .into_iter()
+            .filter(|w| self.proxies.contains_key(w) && !self.degraded.iter().any(|(d, _)| d == w))
+            .collect();
+        if candidates.len() < 2 {
+            return false;
+        }
+        let Some(victim) = self.pick_worker(candidates).await else {
+            return false;
+        };
+        let at = Instant::now();
+        let lasts = Duration::from_millis(2 * self.args.lease_ttl_ms + self.args.scheduler_tick_ms);
+        let (mode, what) = if kind == Fault::NetPartition {
+            (
+                crate::netproxy::Mode::Partition,
+                "cut (bytes held)".to_owned(),
+            )
+        } else {
+            let ms = self.victims.random_range(50..=800);
+            (
+                crate::netproxy::Mode::Latency(Duration::from_millis(ms)),
+                format!("slowed by {ms} ms a chunk"),
+            )
+        };
+        let Some(proxy) = self.proxies.get(&victim) else {
+            return false;
+        };
+        proxy.set(mode);
+        self.degraded.push((victim.clone(), at + lasts));
+        let held = if kind == Fault::NetPartition {
+            self.held_by(&victim).await
+        } else {
+            None
+        };
+        let holding = match held {
+            Some(h) => self.track(kind, &victim, at, Some(h)),
+            None => {
+                self.fault_log.push(FaultRecord {
+                    at,
+                    kind,
+                    victim: Some(victim.clone()),
+                    held: None,
+                    recovery_ms: None,
+                });
+                String::new()
+            }
+        };
+        self.progress.note(&format!(
+            "fault: {victim}'s network to PostgreSQL {what} {holding} for {} ms",
+            lasts.as_millis()
+        ));
+        true
+    }
+
+    /// Heals the networks due now, or all of them.
+    fn heal_network(&mut self, now: Instant, all: bool) {
+        let (due, waiting): (Vec<_>, Vec<_>) = self
+            .degraded
+            .drain(..)
+            .partition(|(_, until)| all || *until <= now);
+        self.degraded = waiting;
+        for (name, _) in due {
+            if let Some(p) = self.proxies.get(&name) {
+                p.set(crate::netproxy::Mode::Forward);
+            }
+            self.progress.note(&format!("healed {name}'s network"));
+        }
+    }
+
+    /// Resets every connection between one running worker and PostgreSQL.
+    async fn reset_network(&mut self) -> bool {
+        let candidates: Vec<String> = self
+            .running_workers()
+            .into_iter()
+            .filter(|w| {
+                self.proxies
+                    .get(w)
+                    .is_some_and(|p| p.open_connections() > 0)
+            })
+            .collect();
+        let Some(victim) = self.pick_worker(candidates).await else {
+            return false;
+        };
+        let Some(reset) = self.proxies.get(&victim).map(|p| p.reset_all()) else {
+            return false;
+        };
+        self.fault_log.push(FaultRecord {
+            at: Instant::now(),
+            kind: Fault::NetReset,
+            victim: Some(victim.clone()),
+            held: None,
+            recovery_ms: None,
+        });
+        self.progress.note(&format!(
+            "fault: reset {reset} of {victim}'s connections to PostgreSQL mid-statement"
+        ));
+        true
     }
 
     /// Terminates every database session of the fleet's roles (`rein-PID` application

@@ -8,6 +8,7 @@ pub mod chaos;
 pub mod demo;
 pub mod demo_model;
 pub mod model_standin;
+pub mod netproxy;
 pub mod privdb;
 pub mod privredis;
 pub mod procs;
