@@ -46,6 +46,22 @@ async fn audit_catches_an_event_under_a_stale_token() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_catches_a_fencing_token_that_went_backwards() {
+    let f = common::finished_runs("audit_backwards").await;
+    assert_eq!(f.store.audit().await.unwrap().token_regressions, 0);
+    let report = plant(
+        &f.store,
+        "INSERT INTO rein_events (run_id, sequence, event_id, type, payload, fencing_token, worker)
+         SELECT run_id, last_sequence + 1, md5(run_id::text || 'back')::uuid, 'LEASE_EXPIRED',
+                '{}', fencing_token - 1, 'intruder'
+         FROM rein_runs WHERE run_id = $1",
+        f.done[0],
+    )
+    .await;
+    assert!(report.token_regressions > 0, "{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_catches_a_duplicate_side_effect() {
     let f = common::finished_runs("audit_dup").await;
     let report = plant(

@@ -16,13 +16,14 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 /// Every field the JSON report promises.
-const FIELDS: [&str; 16] = [
+const FIELDS: [&str; 17] = [
     "runs_enqueued",
     "runs_terminal",
     "runs_unfinished",
     "integrity_violations",
     "sequence_gaps",
     "stale_token_events",
+    "token_regressions",
     "fenced_writes_rejected",
     "duplicate_effects",
     "replay_mismatches",
@@ -91,6 +92,7 @@ fn seeded_chaos_run_injects_every_fault_and_keeps_every_invariant() {
     for field in [
         "sequence_gaps",
         "stale_token_events",
+        "token_regressions",
         "duplicate_effects",
         "replay_mismatches",
         "denied_but_applied",

@@ -1951,6 +1951,7 @@ fn summarize(
 ) -> Value {
     let violations = audit.sequence_gaps
         + audit.stale_token_events
+        + audit.token_regressions
         + audit.duplicate_effects
         + audit.replay_mismatches
         + audit.terminal_without_reason
@@ -1979,6 +1980,7 @@ fn summarize(
         "integrity_violations": audit.integrity_violations(),
         "sequence_gaps": audit.sequence_gaps,
         "stale_token_events": audit.stale_token_events,
+        "token_regressions": audit.token_regressions,
         "fenced_writes_rejected": audit.fenced_writes_rejected,
         "duplicate_effects": audit.duplicate_effects,
         "replay_mismatches": audit.replay_mismatches,
@@ -2064,6 +2066,7 @@ fn print_table(s: &Value) {
     for (key, label) in [
         ("sequence_gaps", "runs with sequence gaps"),
         ("stale_token_events", "events under a stale fencing token"),
+        ("token_regressions", "fencing tokens that went backwards"),
         (
             "duplicate_effects",
             "side effects applied twice (run, step)",

@@ -23,6 +23,9 @@ pub struct AuditReport {
     /// Events whose fencing token is not the token of the grant in force when they were
     /// written, or that have no grant in force at all (SPEC X3, C8, C9).
     pub stale_token_events: i64,
+    /// Events whose fencing token is lower than an earlier event's of the same run: a token
+    /// that went backwards (SPEC X3).
+    pub token_regressions: i64,
     /// Writes refused by fencing, as the fleet counted them (evidence, not a violation).
     pub fenced_writes_rejected: i64,
     /// Extra applications of the sim side effect for the same (run, step) (SPEC C6).
@@ -60,6 +63,7 @@ impl AuditReport {
     pub fn integrity_violations(&self) -> i64 {
         self.sequence_gaps
             + self.stale_token_events
+            + self.token_regressions
             + self.duplicate_effects
             + self.replay_mismatches
             + self.terminal_without_reason
@@ -105,6 +109,15 @@ LEFT JOIN LATERAL (
 ) g ON true
 WHERE g.fencing_token IS DISTINCT FROM e.fencing_token";
 
+/// Events written under a lower token than one before them in the same run.
+const TOKEN_REGRESSIONS: &str = "
+SELECT count(*)
+FROM (SELECT fencing_token < max(fencing_token) OVER (
+                 PARTITION BY run_id ORDER BY sequence
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS back
+      FROM rein_events_all) e
+WHERE back";
+
 const DUPLICATE_EFFECTS: &str = "
 SELECT COALESCE(sum(n - 1), 0)::bigint
 FROM (SELECT count(*) AS n FROM rein_sim_effects GROUP BY run_id, step HAVING count(*) > 1) d";
@@ -144,6 +157,7 @@ impl Store {
             unfinished,
             sequence_gaps: count(SEQUENCE_GAPS).await?,
             stale_token_events: count(STALE_TOKEN_EVENTS).await?,
+            token_regressions: count(TOKEN_REGRESSIONS).await?,
             fenced_writes_rejected: self.counter(counters::FENCED_WRITES).await?,
             duplicate_effects: count(DUPLICATE_EFFECTS).await?,
             replay_mismatches: 0,
