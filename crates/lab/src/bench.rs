@@ -195,11 +195,14 @@ impl PointCost {
             (
                 of.iter().map(|s| s.calls).sum::<i64>(),
                 of.iter().map(|s| s.rows).sum::<i64>(),
-                of.iter().map(|s| s.total_ms).sum::<f64>(),
+                of.iter().map(|s| s.total_ms).fold(0.0, |a, b| a + b),
                 of.iter().map(|s| s.wal_bytes).sum::<i64>(),
             )
         };
-        let total_ms: f64 = statements.iter().map(|s| s.total_ms).sum();
+        let total_ms = statements
+            .iter()
+            .map(|s| s.total_ms)
+            .fold(0.0, |a, b| a + b);
         cost.db_us_per_event = Some(per_event(total_ms * 1000.0));
         let (calls, _, ms, wal) = sum(StatementKind::Commit);
         cost.commit_calls = Some(calls);
@@ -959,11 +962,11 @@ fn row_cost(before: &DbCost, after: &DbCost, rows: u64) -> RowCost {
     RowCost {
         wal_bytes_per_row: ratio(wal as f64, rows),
         db_us_per_row: statements.map(|s| {
-            let ms: f64 = s
+            let ms = s
                 .iter()
                 .filter(|s| s.kind == StatementKind::Reference)
                 .map(|s| s.total_ms)
-                .sum();
+                .fold(0.0, |a, b| a + b);
             ratio(ms * 1000.0, rows)
         }),
     }

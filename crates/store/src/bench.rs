@@ -318,11 +318,12 @@ fn statement_kind(text: &str) -> StatementKind {
         (include_str!("../queries/claim.sql"), StatementKind::Claim),
         (include_str!("../queries/renew.sql"), StatementKind::Renew),
     ];
-    let text = prefix(text);
-    if let Some((_, kind)) = known.iter().find(|(sql, _)| prefix(sql) == text) {
+    // Contained rather than equal: a statement first seen as `PREPARE name AS ...` (the
+    // same query id) keeps that text.
+    if let Some((_, kind)) = known.iter().find(|(sql, _)| text.contains(&prefix(sql))) {
         return *kind;
     }
-    if text.starts_with("INSERT INTO rein_bench_scratch_") {
+    if text.trim().starts_with("INSERT INTO rein_bench_scratch_") {
         return StatementKind::Reference;
     }
     StatementKind::Other
@@ -382,7 +383,7 @@ impl Store {
              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
                AND queryid IS NOT NULL",
         )
-        .bind(i32::try_from(TEXT_PREFIX_CHARS + 8).unwrap_or(i32::MAX))
+        .bind(i32::try_from(TEXT_PREFIX_CHARS * 2).unwrap_or(i32::MAX))
         .fetch_all(self.pool())
         .await?;
         // One entry per (user, query): the same statement run by another role is added up.
@@ -427,7 +428,10 @@ mod tests {
             StatementKind::Commit
         );
         assert_eq!(
-            statement_kind(&format!("\n{}  ", include_str!("../queries/claim.sql"))),
+            statement_kind(&format!(
+                "PREPARE c AS {}  ",
+                include_str!("../queries/claim.sql")
+            )),
             StatementKind::Claim
         );
         assert_eq!(
