@@ -86,6 +86,15 @@ fn assert_complete(report: &Value, runs: i64, events_per_run: i64) {
     assert_eq!(point["steps"], runs * events_per_run, "{point}");
     assert_eq!(point["enqueue_to_start_ms"]["samples"], runs, "{point}");
     assert!(point["connections"].as_u64().is_some_and(|c| c >= 1));
+    // WAL is read on any server; per event it is at least the event row itself.
+    assert!(
+        point["cost"]["wal_bytes_per_event"].as_f64() > Some(50.0),
+        "{point}"
+    );
+    assert!(
+        report["db_cost"]["reference_batched"]["wal_bytes_per_row"].as_f64() > Some(0.0),
+        "{report}"
+    );
     assert!(
         point["peak_rss_mb"]
             .as_array()
@@ -107,6 +116,16 @@ fn bench_reports_every_figure_for_in_process_workers_and_groups_commits() {
         "800 commits in fewer statements with batching: {point}"
     );
     assert!(point["claim_queries"].as_u64() > Some(0), "{point}");
+    // A database given to the benchmark is left as it is: without pg_stat_statements in it,
+    // statement times are unavailable and say why.
+    let why = report["db_cost"]["statements_unavailable"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no reason for missing statement times: {report}"));
+    assert!(why.contains("pg_stat_statements"), "{why}");
+    assert!(
+        report["db_cost"]["commit_us_per_event"].is_null(),
+        "{report}"
+    );
 
     // Without batching, every commit is its own statement.
     let (code, report, err) = bench(&url, &["--workers", "1", "--no-commit-batching"]);
@@ -380,6 +399,79 @@ fn bench_runs_from_a_checkout_the_postgres_user_cannot_reach() {
         assert!(!Path::new(dir).exists(), "{dir} left behind");
     }
     let _ = std::fs::remove_dir_all(&locked);
+}
+
+/// On its private server the benchmark loads pg_stat_statements and reports what each
+/// committed event and each claimed run cost in statement time and WAL, next to the
+/// reference row's.
+#[test]
+fn bench_reports_the_database_cost_of_each_event_on_its_private_server() {
+    let dir = common::tmp_dir("bench_costs");
+    let out = Command::new(REIN)
+        .args([
+            "bench",
+            "--runs",
+            "40",
+            "--workers",
+            "1",
+            "--reference-s",
+            "1",
+            "--duration-s",
+            "60",
+            "--json",
+        ])
+        .current_dir(&dir)
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("run the rein binary");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON report");
+    let cost = &report["points"][0]["cost"];
+    assert!(cost["statements_unavailable"].is_null(), "{report}");
+    for key in [
+        "db_us_per_event",
+        "commit_us_per_event",
+        "commit_wal_bytes_per_event",
+        "claim_us_per_claimed_run",
+        "claim_wal_bytes_per_claimed_run",
+    ] {
+        assert!(cost[key].as_f64() > Some(0.0), "{key} in {cost}");
+    }
+    for key in [
+        "db_us_per_event",
+        "commit_us_per_event",
+        "claim_us_per_claimed_run",
+    ] {
+        assert_eq!(report["db_cost"][key], cost[key], "{key} in {report}");
+    }
+    // Every run was claimed (each finishes within its first claim), by claim statements.
+    assert!(cost["runs_claimed"].as_i64() >= Some(40), "{cost}");
+    assert!(cost["commit_calls"].as_i64() >= Some(1), "{cost}");
+    // The commit statement's time is part of all statements' time.
+    assert!(
+        cost["commit_us_per_event"].as_f64() <= cost["db_us_per_event"].as_f64(),
+        "{cost}"
+    );
+    let kinds: Vec<&str> = cost["top_statements"]
+        .as_array()
+        .expect("top statements")
+        .iter()
+        .filter_map(|s| s["kind"].as_str())
+        .collect();
+    assert!(
+        kinds.contains(&"commit") && kinds.contains(&"claim"),
+        "{cost}"
+    );
+    for phase in ["reference_batched", "reference_single"] {
+        let r = &report["db_cost"][phase];
+        assert!(r["db_us_per_row"].as_f64() > Some(0.0), "{phase}: {report}");
+        assert!(
+            r["wal_bytes_per_row"].as_f64() > Some(0.0),
+            "{phase}: {report}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `--model`: every run's three model requests are measured (the first from its enqueue,

@@ -35,6 +35,9 @@ pub struct PrivatePostgresOptions {
     /// because an immediate stop does not drop the OS page cache.
     pub fast: bool,
     pub max_connections: u32,
+    /// Loads `pg_stat_statements` at start (when the installed server has it), so a
+    /// benchmark can read what each statement cost in time and WAL.
+    pub statement_stats: bool,
     /// Defaults to `postgres.log` inside the instance directory.
     pub log_file: Option<PathBuf>,
 }
@@ -47,6 +50,7 @@ impl Default for PrivatePostgresOptions {
             port: None,
             fast: false,
             max_connections: 200,
+            statement_stats: false,
             log_file: None,
         }
     }
@@ -205,6 +209,12 @@ impl PrivatePostgres {
             server_opts
                 .push("-c fsync=off -c full_page_writes=off -c synchronous_commit=off".to_owned());
         }
+        if opts.statement_stats && pg.has_extension_library("pg_stat_statements") {
+            server_opts.push(
+                "-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=top"
+                    .to_owned(),
+            );
+        }
         pg.server_opts = server_opts.join(" ");
 
         pg.port = match opts.port {
@@ -225,6 +235,14 @@ impl PrivatePostgres {
     }
 
     /// The `postgres` database, which tests use to create their own.
+    /// Whether the server's library directory (`../lib` of its binaries, the Debian and
+    /// source-install layout) holds the shared library `name`.
+    fn has_extension_library(&self, name: &str) -> bool {
+        self.bin_dir
+            .parent()
+            .is_some_and(|root| root.join("lib").join(format!("{name}.so")).is_file())
+    }
+
     pub fn url(&self) -> String {
         self.url_for_db("postgres")
     }

@@ -14,7 +14,10 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use rein_core::Definition;
 use rein_scheduler::{Scheduler, SchedulerConfig};
-use rein_store::{EnqueueRequest, Percentiles, QueueStats, Store, StoreError};
+use rein_store::{
+    DbCost, EnqueueRequest, Percentiles, QueueStats, StatementCost, StatementKind, Store,
+    StoreError,
+};
 use rein_worker::{Worker, WorkerConfig};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -114,13 +117,116 @@ const OVERHEAD_CONNECTIONS: u32 = 8;
 /// Leave room under Postgres' default 100 connections for everything else.
 const CONNECTIONS_MAX: u32 = 90;
 
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 struct Reference {
     connections: u32,
     seconds: f64,
     single_inserts_per_s: f64,
     batched_inserts_per_s: f64,
     batch_size: usize,
+    /// What a scratch row cost the database, one row per transaction.
+    single_cost: RowCost,
+    /// What a scratch row cost the database at `batch_size` rows per transaction.
+    batched_cost: RowCost,
+}
+
+/// The database's cost of one reference row.
+#[derive(Debug, Clone, Default, Serialize)]
+struct RowCost {
+    /// WAL written per row (`pg_current_wal_lsn()` before and after; server-wide).
+    wal_bytes_per_row: f64,
+    /// Execution time of the insert statement per row (`pg_stat_statements`); None when it
+    /// is unavailable.
+    db_us_per_row: Option<f64>,
+}
+
+/// What the database spent on one point, per committed event and per claimed run.
+#[derive(Debug, Clone, Default, Serialize)]
+struct PointCost {
+    /// WAL written during the point (`pg_current_wal_lsn()` before and after; server-wide,
+    /// so other databases on a shared server are counted too).
+    wal_bytes: i64,
+    wal_bytes_per_event: f64,
+    /// Why the statement figures below are missing, when they are.
+    statements_unavailable: Option<String>,
+    /// Execution time of every statement this database ran during the point, per event.
+    db_us_per_event: Option<f64>,
+    /// The commit statement's execution time and WAL per committed event.
+    commit_us_per_event: Option<f64>,
+    commit_wal_bytes_per_event: Option<f64>,
+    commit_calls: Option<i64>,
+    /// The claim statement's execution time and WAL per run it took.
+    claim_us_per_claimed_run: Option<f64>,
+    claim_wal_bytes_per_claimed_run: Option<f64>,
+    runs_claimed: Option<i64>,
+    /// The statements that cost the most, most first.
+    top_statements: Vec<StatementFigures>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct StatementFigures {
+    kind: StatementKind,
+    text: String,
+    calls: i64,
+    rows: i64,
+    total_ms: f64,
+    us_per_event: f64,
+    wal_bytes_per_event: f64,
+}
+
+/// Statements listed in a point's cost.
+const TOP_STATEMENTS: usize = 10;
+
+impl PointCost {
+    fn new(before: &DbCost, after: &DbCost, events: i64, unavailable: Option<&str>) -> PointCost {
+        let (wal, statements) = after.since(before);
+        let per_event = |x: f64| ratio(x, events as f64);
+        let mut cost = PointCost {
+            wal_bytes: wal,
+            wal_bytes_per_event: per_event(wal as f64),
+            statements_unavailable: unavailable.map(str::to_owned),
+            ..Default::default()
+        };
+        let Some(statements) = statements else {
+            return cost;
+        };
+        let sum = |kind: StatementKind| {
+            let of: Vec<&StatementCost> = statements.iter().filter(|s| s.kind == kind).collect();
+            (
+                of.iter().map(|s| s.calls).sum::<i64>(),
+                of.iter().map(|s| s.rows).sum::<i64>(),
+                of.iter().map(|s| s.total_ms).fold(0.0, |a, b| a + b),
+                of.iter().map(|s| s.wal_bytes).sum::<i64>(),
+            )
+        };
+        let total_ms = statements
+            .iter()
+            .map(|s| s.total_ms)
+            .fold(0.0, |a, b| a + b);
+        cost.db_us_per_event = Some(per_event(total_ms * 1000.0));
+        let (calls, _, ms, wal) = sum(StatementKind::Commit);
+        cost.commit_calls = Some(calls);
+        cost.commit_us_per_event = Some(per_event(ms * 1000.0));
+        cost.commit_wal_bytes_per_event = Some(per_event(wal as f64));
+        let (_, claimed, ms, wal) = sum(StatementKind::Claim);
+        cost.runs_claimed = Some(claimed);
+        cost.claim_us_per_claimed_run = Some(ratio(ms * 1000.0, claimed as f64));
+        cost.claim_wal_bytes_per_claimed_run = Some(ratio(wal as f64, claimed as f64));
+        cost.top_statements = statements
+            .iter()
+            .take(TOP_STATEMENTS)
+            .map(|s| StatementFigures {
+                kind: s.kind,
+                text: s.text.clone(),
+                calls: s.calls,
+                rows: s.rows,
+                total_ms: s.total_ms,
+                us_per_event: per_event(s.total_ms * 1000.0),
+                wal_bytes_per_event: per_event(s.wal_bytes as f64),
+            })
+            .collect();
+        cost
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -159,6 +265,8 @@ struct Point {
     connections: u32,
     /// Peak resident set per worker process (the benchmark's own when in-process).
     peak_rss_mb: Vec<f64>,
+    /// What the database spent on the point.
+    cost: PointCost,
 }
 
 #[derive(Clone)]
@@ -178,6 +286,8 @@ struct Plan {
     json: bool,
     poll_interval_ms: u64,
     redis: rein_process::RedisArgs,
+    /// Why statement costs cannot be measured (None: pg_stat_statements is there).
+    statements_unavailable: Option<String>,
 }
 
 pub async fn bench(args: BenchArgs) -> u8 {
@@ -260,7 +370,7 @@ pub async fn bench(args: BenchArgs) -> u8 {
     let mut private = None;
     let url = match args.db.database_url.clone() {
         Some(url) => url,
-        None => match crate::privdb::start("bench", false).await {
+        None => match crate::privdb::start_with_statement_stats("bench", false).await {
             Ok(pg) => {
                 let url = pg.url();
                 private = Some(pg);
@@ -289,6 +399,7 @@ pub async fn bench(args: BenchArgs) -> u8 {
             POLL_INTERVAL_MS_DEFAULT
         }),
         redis: args.redis.clone(),
+        statements_unavailable: None,
     };
     let code = if args.model {
         run_model(&args, &plan.url, private.is_some()).await
@@ -353,6 +464,11 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
         Ok(s) => s,
         Err(code) => return code,
     };
+    // A private server is ours to add the extension to; a given database is left as it is.
+    let plan = &Plan {
+        statements_unavailable: store.statement_stats(private).await.err(),
+        ..plan.clone()
+    };
     match store.register_definition(&plan.definition).await {
         Ok(_) => {}
         Err(StoreError::DefinitionConflict { name, version }) => {
@@ -408,6 +524,9 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
             settings["fsync"],
             settings["max_connections"]
         );
+        if let Some(why) = &plan.statements_unavailable {
+            eprintln!("statement costs unavailable: {why}");
+        }
     }
 
     if args.compare_redis {
@@ -451,6 +570,7 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
         &plan.url,
         reference_connections,
         Duration::from_secs(args.reference_s),
+        plan.statements_unavailable.is_none(),
     )
     .await
     {
@@ -487,6 +607,16 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
         "steps_per_s": headline.steps_per_s,
         "events_per_s": headline.events_per_s,
         "db_transactions_per_step": headline.db_transactions_per_step,
+        "db_cost": {
+            "wal_bytes_per_event": headline.cost.wal_bytes_per_event,
+            "db_us_per_event": headline.cost.db_us_per_event,
+            "commit_us_per_event": headline.cost.commit_us_per_event,
+            "commit_wal_bytes_per_event": headline.cost.commit_wal_bytes_per_event,
+            "claim_us_per_claimed_run": headline.cost.claim_us_per_claimed_run,
+            "statements_unavailable": headline.cost.statements_unavailable,
+            "reference_batched": reference.batched_cost,
+            "reference_single": reference.single_cost,
+        },
         "latency_ms": {
             "measured_at": if half_peak.is_some() { "half of peak throughput" } else { "the single point" },
             "enqueue_to_start_p50": latency_from.enqueue_to_start_ms.p50,
@@ -512,6 +642,7 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
         println!("{summary}");
     } else {
         print_tables(&results, half_peak.as_ref(), &reference, &own_rss);
+        print_costs(headline, &reference);
     }
     exit::OK
 }
@@ -648,6 +779,72 @@ fn print_comparison(without: &Point, with: &Point, ratios: &Value) {
     );
 }
 
+/// A figure that may be unavailable, for a table cell.
+fn optional(x: Option<f64>) -> String {
+    x.map_or_else(|| "n/a".to_owned(), |x| format!("{x:.1}"))
+}
+
+/// The headline point's database cost next to the reference's, and the statements that
+/// cost the most.
+fn print_costs(p: &Point, r: &Reference) {
+    let c = &p.cost;
+    println!();
+    println!(
+        "database cost per committed event ({} workers): {} µs of statement time, {:.0} B of WAL; the commit statement {} µs and {} B",
+        p.workers,
+        optional(c.db_us_per_event),
+        c.wal_bytes_per_event,
+        optional(c.commit_us_per_event),
+        c.commit_wal_bytes_per_event
+            .map_or_else(|| "n/a".to_owned(), |x| format!("{x:.0}")),
+    );
+    println!(
+        "per claimed run: the claim statement {} µs and {} B of WAL ({} runs claimed)",
+        optional(c.claim_us_per_claimed_run),
+        c.claim_wal_bytes_per_claimed_run
+            .map_or_else(|| "n/a".to_owned(), |x| format!("{x:.0}")),
+        c.runs_claimed
+            .map_or_else(|| "n/a".to_owned(), |n| n.to_string()),
+    );
+    for (label, rc) in [
+        (format!("{} rows", r.batch_size), &r.batched_cost),
+        ("1 row".to_owned(), &r.single_cost),
+    ] {
+        println!(
+            "reference row at {label} per transaction: {} µs of statement time, {:.0} B of WAL",
+            optional(rc.db_us_per_row),
+            rc.wal_bytes_per_row
+        );
+    }
+    match &c.statements_unavailable {
+        Some(why) => println!("statement times unavailable: {why}"),
+        None => {
+            println!(
+                "{:>10} {:>9} {:>9} {:>10} {:>9} {:>9}  statement",
+                "kind", "calls", "rows", "total ms", "µs/ev", "WAL B/ev"
+            );
+            for s in &c.top_statements {
+                println!(
+                    "{:>10} {:>9} {:>9} {:>10.0} {:>9.1} {:>9.0}  {}",
+                    serde_json::to_value(s.kind)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default(),
+                    s.calls,
+                    s.rows,
+                    s.total_ms,
+                    s.us_per_event,
+                    s.wal_bytes_per_event,
+                    s.text
+                );
+            }
+        }
+    }
+    println!(
+        "WAL is the server's (pg_current_wal_lsn); statement time is execution time (pg_stat_statements), the commit's fsync not included"
+    );
+}
+
 fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 { a / b } else { 0.0 }
 }
@@ -674,11 +871,13 @@ async fn measure_reference(
     url: &str,
     connections: u32,
     measure: Duration,
+    with_statements: bool,
 ) -> Result<Reference, StoreError> {
     let store = Store::connect_without_migrating(url, connections).await?;
     let table = format!("rein_bench_scratch_{}", std::process::id());
     store.scratch_create(&table).await?;
     let mut rates = Vec::new();
+    let mut costs = Vec::new();
     for rows in [1, REFERENCE_BATCH] {
         let stop = CancellationToken::new();
         let done = Arc::new(AtomicU64::new(0));
@@ -701,11 +900,13 @@ async fn measure_reference(
         );
         let started = Instant::now();
         let mut measured_from = None;
+        let mut cost_from = None;
         loop {
             tokio::time::sleep(Duration::from_millis(200)).await;
             let elapsed = started.elapsed();
             progress.set_position(elapsed.as_secs().min(total));
             if measured_from.is_none() && elapsed >= WARM_UP {
+                cost_from = store.db_cost(with_statements).await.ok();
                 measured_from = Some((Instant::now(), done.load(Ordering::Relaxed)));
             }
             if let Some((at, from)) = measured_from {
@@ -725,6 +926,7 @@ async fn measure_reference(
         let (at, from) = measured_from.unwrap_or((started, 0));
         let n = done.load(Ordering::Relaxed) - from;
         let secs = at.elapsed().as_secs_f64();
+        let cost_to = store.db_cost(with_statements).await;
         stop.cancel();
         while let Some(joined) = tasks.join_next().await {
             if let Ok(Err(e)) = joined {
@@ -735,6 +937,10 @@ async fn measure_reference(
         }
         progress.finish_and_clear();
         rates.push((n as f64 * rows as f64 / secs, secs));
+        costs.push(match (cost_from, cost_to) {
+            (Some(from), Ok(to)) => row_cost(&from, &to, n * rows as u64),
+            _ => RowCost::default(),
+        });
     }
     store.scratch_drop(&table).await?;
     store.pool().close().await;
@@ -744,7 +950,26 @@ async fn measure_reference(
         single_inserts_per_s: rates[0].0,
         batched_inserts_per_s: rates[1].0,
         batch_size: REFERENCE_BATCH,
+        batched_cost: costs.pop().unwrap_or_default(),
+        single_cost: costs.pop().unwrap_or_default(),
     })
+}
+
+/// A reference phase's cost per row, from the counters before and after it.
+fn row_cost(before: &DbCost, after: &DbCost, rows: u64) -> RowCost {
+    let (wal, statements) = after.since(before);
+    let rows = rows as f64;
+    RowCost {
+        wal_bytes_per_row: ratio(wal as f64, rows),
+        db_us_per_row: statements.map(|s| {
+            let ms = s
+                .iter()
+                .filter(|s| s.kind == StatementKind::Reference)
+                .map(|s| s.total_ms)
+                .fold(0.0, |a, b| a + b);
+            ratio(ms * 1000.0, rows)
+        }),
+    }
 }
 
 /// What the workers said about themselves when they stopped.
@@ -975,6 +1200,11 @@ async fn run_point(
     side.pool().close().await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let txn_before = store.transactions_so_far().await.map_err(|e| report(&e))?;
+    let with_statements = plan.statements_unavailable.is_none();
+    let cost_before = store
+        .db_cost(with_statements)
+        .await
+        .map_err(|e| report(&e))?;
 
     let observer = Store::connect_without_migrating(&plan.url, 2)
         .await
@@ -1128,11 +1358,21 @@ async fn run_point(
     observer.pool().close().await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let txn_after = store.transactions_so_far().await.map_err(|e| report(&e))?;
+    let cost_after = store
+        .db_cost(with_statements)
+        .await
+        .map_err(|e| report(&e))?;
     // The count read itself and the benchmark's polls are not Rein's work.
     let db_transactions =
         (txn_after - txn_before - own_queries.load(Ordering::Relaxed) as i64 - 1).max(0);
 
     let stats: QueueStats = store.queue_stats(&queue).await.map_err(|e| report(&e))?;
+    let cost = PointCost::new(
+        &cost_before,
+        &cost_after,
+        stats.events,
+        plan.statements_unavailable.as_deref(),
+    );
     let mut claims = figures.claim_samples_us;
     claims.sort_unstable();
     let secs = stats.span_s.max(1e-9);
@@ -1162,6 +1402,7 @@ async fn run_point(
         commit_statements: figures.commit_statements,
         connections: figures.connections.max(1),
         peak_rss_mb: figures.peak_rss_mb,
+        cost,
     })
 }
 
@@ -1202,7 +1443,7 @@ fn print_tables(points: &[Point], half: Option<&Point>, r: &Reference, own_rss: 
     );
     println!();
     println!(
-        "{:>7} {:>5} {:>9} {:>8} {:>9} {:>9} {:>9} {:>8} {:>19} {:>23} {:>15} {:>10}",
+        "{:>7} {:>5} {:>9} {:>8} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9} {:>12} {:>19} {:>23} {:>15} {:>10}",
         "workers",
         "conns",
         "runs/s",
@@ -1211,6 +1452,9 @@ fn print_tables(points: &[Point], half: Option<&Point>, r: &Reference, own_rss: 
         "ev/ref10",
         "st/ref1",
         "txn/step",
+        "DB µs/ev",
+        "WAL B/ev",
+        "claim µs/run",
         "start p50/p90/p99",
         "step p50/p90/p99 ms",
         "claim p50/p99",
@@ -1223,7 +1467,7 @@ fn print_tables(points: &[Point], half: Option<&Point>, r: &Reference, own_rss: 
     for (p, mark) in rows {
         let rss = p.peak_rss_mb.iter().copied().fold(0.0f64, f64::max);
         println!(
-            "{:>5}{:<2} {:>5} {:>9.0} {:>8.0} {:>9.0} {:>9.2} {:>9.2} {:>8.2} {:>19} {:>23} {:>15} {:>10.1}",
+            "{:>5}{:<2} {:>5} {:>9.0} {:>8.0} {:>9.0} {:>9.2} {:>9.2} {:>8.2} {:>9} {:>9.0} {:>12} {:>19} {:>23} {:>15} {:>10.1}",
             p.workers,
             mark,
             p.connections,
@@ -1233,6 +1477,9 @@ fn print_tables(points: &[Point], half: Option<&Point>, r: &Reference, own_rss: 
             ratio(p.events_per_s, r.batched_inserts_per_s),
             ratio(p.steps_per_s, r.single_inserts_per_s),
             p.db_transactions_per_step,
+            optional(p.cost.db_us_per_event),
+            p.cost.wal_bytes_per_event,
+            optional(p.cost.claim_us_per_claimed_run),
             format!(
                 "{:.0}/{:.0}/{:.0}",
                 p.enqueue_to_start_ms.p50, p.enqueue_to_start_ms.p90, p.enqueue_to_start_ms.p99

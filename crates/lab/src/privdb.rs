@@ -29,13 +29,29 @@ pub async fn start(role: &str, fast: bool) -> Result<PrivatePostgres, u8> {
     start_because(role, fast, "DATABASE_URL is unset").await
 }
 
+/// Like [`start`], with `pg_stat_statements` loaded when the installed server has it (what
+/// `rein bench` reads each statement's time and WAL from).
+pub async fn start_with_statement_stats(role: &str, fast: bool) -> Result<PrivatePostgres, u8> {
+    start_options(role, fast, "DATABASE_URL is unset", true).await
+}
+
 /// Like [`start`], saying `why` a private server is started.
 pub async fn start_because(role: &str, fast: bool, why: &str) -> Result<PrivatePostgres, u8> {
+    start_options(role, fast, why, false).await
+}
+
+async fn start_options(
+    role: &str,
+    fast: bool,
+    why: &str,
+    statement_stats: bool,
+) -> Result<PrivatePostgres, u8> {
     eprintln!("{why}: starting a private PostgreSQL from the installed binaries…");
     let options = PrivatePostgresOptions {
         base_dir: base_dir(),
         name: format!("{role}-{}", std::process::id()),
         fast,
+        statement_stats,
         ..Default::default()
     };
     match tokio::task::spawn_blocking(move || PrivatePostgres::start(options)).await {

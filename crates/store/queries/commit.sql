@@ -5,6 +5,10 @@
 --   * no live lease is held and the writer takes the token itself (bump = true, SPEC X3a).
 -- Events, the grant, the ledger, consumed inbox entries, blobs and checkpoints are written only for
 -- runs whose update matched, so one fenced run never aborts the others in its batch.
+--
+-- A `-- [name]` line opens an optional part: a batch that has nothing for it (no ledger
+-- entries, no run ending, no child to start, ...) is sent without it (commit.rs), so a plain
+-- step pays for none of them. `-- [result]` opens the final SELECT.
 WITH RECURSIVE req AS (
     SELECT *
     FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::jsonb[], $5::text[], $6::text[],
@@ -94,11 +98,13 @@ grants AS (
     INSERT INTO rein_lease_grants (run_id, fencing_token, worker, at_sequence)
     SELECT run_id, fencing_token, $17, base_seq FROM upd WHERE bump
 ),
+-- [consumed]
 consumed AS (
     DELETE FROM rein_inbox i
     USING unnest($18::uuid[], $19::bigint[]) AS c(run_id, id), upd
     WHERE i.run_id = c.run_id AND i.id = c.id AND upd.run_id = c.run_id
 ),
+-- [inbox_due]
 -- Inbox entries left over were judged on the old state: the scheduler looks at them again
 -- at once. Only when no lease is left; a holder applies its inbox itself.
 inbox_due AS (
@@ -108,6 +114,7 @@ inbox_due AS (
       AND (i.scan_after > clock_timestamp() OR i.scan_misses > 0)
       AND NOT (i.id = ANY($19::bigint[]))
 ),
+-- [ledger]
 ledger AS (
     INSERT INTO rein_actions (run_id, action_id, node, step, idempotency_key, call_id, status, tool, result, result_hash, finished_at)
     SELECT l.run_id, l.action_id, l.node, l.step, l.idempotency_key, l.call_id, l.status, l.tool, l.result, l.result_hash,
@@ -119,11 +126,13 @@ ledger AS (
         call_id = EXCLUDED.call_id, status = EXCLUDED.status, result = EXCLUDED.result,
         result_hash = EXCLUDED.result_hash, finished_at = EXCLUDED.finished_at
 ),
+-- [approvals_used]
 approvals_used AS (
     UPDATE rein_approvals a SET consumed_at = clock_timestamp()
     FROM req q JOIN upd ON upd.run_id = q.run_id
     WHERE a.approval_id = q.approval_id
 ),
+-- [approvals_void]
 -- A run that ends leaves no request waiting for a person: what is still pending (and not
 -- yet expired, which keeps saying so) is void, so approvers are not asked about a run that
 -- can no longer use the answer.
@@ -134,6 +143,7 @@ approvals_void AS (
     WHERE a.run_id = q.run_id AND q.status = 'terminal' AND a.status = 'pending'
       AND a.expires_at > clock_timestamp()
 ),
+-- [blobs]
 -- Large payload values the events refer to by hash (SPEC E5): stored once, by content.
 blobs AS (
     INSERT INTO rein_blobs (sha256, size_bytes, content)
@@ -143,6 +153,7 @@ blobs AS (
     ORDER BY b.sha256
     ON CONFLICT (sha256) DO NOTHING
 ),
+-- [children]
 -- Child runs of a fan-out the commit opens (SPEC P1): same queue, priority and enqueuer as
 -- the parent, one level deeper in the parent's tree (SPEC Z4); their ids are a function of
 -- (parent, fan-out, branch), so a retried commit adds none.
@@ -159,6 +170,7 @@ children AS (
     JOIN upd ON upd.run_id = c.parent_run_id
     ON CONFLICT (run_id) DO NOTHING
 ),
+-- [branch_results]
 -- A branch's child that ends delivers its result to the parent's inbox in this same
 -- statement, so the result cannot be lost between the child's end and the parent's join.
 -- The event id is a function of the child: delivered once.
@@ -182,6 +194,7 @@ branch_results AS (
     WHERE q.status = 'terminal' AND c.branch IS NOT NULL AND c.parent_run_id IS NOT NULL
     ON CONFLICT (run_id, event_id) DO NOTHING
 ),
+-- [losers]
 -- A join this commit decides cancels the branches still running (SPEC P1): CANCEL with
 -- reason join_decided goes into each such child's inbox in this same statement, and whoever
 -- holds the child applies it (a worker also stops the running action). Once per child. The
@@ -203,6 +216,7 @@ cancel_losers AS (
     JOIN losers l ON l.run_id = x.run_id
     ON CONFLICT (run_id, event_id) DO NOTHING
 ),
+-- [descendants]
 -- A run this commit cancels cancels its live descendants (SPEC Z4): CANCEL with reason
 -- parent_cancelled goes into the inbox of every run below it that has not ended, in this
 -- same statement, and whoever holds each applies it. Once per run. A child started under it
@@ -234,6 +248,7 @@ cancel_descendants AS (
     ORDER BY d.run_id
     ON CONFLICT (run_id, event_id) DO NOTHING
 ),
+-- [checkpoints]
 checkpoints AS (
     INSERT INTO rein_checkpoints (run_id, sequence, definition, version, state)
     SELECT c.run_id, c.sequence, c.definition, c.version, c.state
@@ -242,6 +257,7 @@ checkpoints AS (
     JOIN upd ON upd.run_id = c.run_id
     ON CONFLICT DO NOTHING
 )
+-- [result]
 -- A refused run says which condition refused it, checked in this order against the row the
 -- update judged: archived, token, sequence, events already stored (a retried commit),
 -- approval, and then, by elimination, the lease (a lease that was live when the update

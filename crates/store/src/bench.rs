@@ -233,3 +233,211 @@ impl Store {
         Ok(())
     }
 }
+
+/// What one kind of statement is: the commit, the claim, the lease renewal, the reference's
+/// scratch insert, or anything else the database ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StatementKind {
+    Commit,
+    Claim,
+    Renew,
+    Reference,
+    Other,
+}
+
+/// One statement's counters in `pg_stat_statements` (cumulative, or the difference of two
+/// snapshots).
+#[derive(Debug, Clone, Serialize)]
+pub struct StatementCost {
+    pub queryid: i64,
+    pub kind: StatementKind,
+    /// The statement's first line (its leading comment for Rein's own queries).
+    pub text: String,
+    pub calls: i64,
+    /// Rows returned or changed: the runs taken, for the claim.
+    pub rows: i64,
+    /// Time spent executing, in milliseconds (planning not included; Rein's statements use
+    /// generic plans).
+    pub total_ms: f64,
+    pub wal_bytes: i64,
+}
+
+/// The database's cost counters at one moment: the server's WAL position and, when
+/// `pg_stat_statements` is loaded, every statement of this database.
+#[derive(Debug, Clone)]
+pub struct DbCost {
+    /// Bytes of WAL written since the server's start of time (`pg_current_wal_lsn()`).
+    /// Server-wide: other databases on the same server write into it too.
+    pub wal_lsn: i64,
+    /// None when `pg_stat_statements` is not available (see [`Store::statement_stats`]).
+    pub statements: Option<Vec<StatementCost>>,
+}
+
+impl DbCost {
+    /// What happened between `before` and `self`: WAL bytes, and statements that ran.
+    pub fn since(&self, before: &DbCost) -> (i64, Option<Vec<StatementCost>>) {
+        let wal = self.wal_lsn - before.wal_lsn;
+        let statements = match (&self.statements, &before.statements) {
+            (Some(after), Some(prior)) => {
+                let prior: std::collections::HashMap<i64, &StatementCost> =
+                    prior.iter().map(|s| (s.queryid, s)).collect();
+                let mut diff: Vec<StatementCost> = after
+                    .iter()
+                    .filter_map(|s| {
+                        let mut d = s.clone();
+                        if let Some(p) = prior.get(&s.queryid) {
+                            d.calls -= p.calls;
+                            d.rows -= p.rows;
+                            d.total_ms -= p.total_ms;
+                            d.wal_bytes -= p.wal_bytes;
+                        }
+                        (d.calls > 0).then_some(d)
+                    })
+                    .collect();
+                diff.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
+                Some(diff)
+            }
+            _ => None,
+        };
+        (wal, statements)
+    }
+}
+
+/// How much of a statement's text tells statements apart: Rein's own queries open with a
+/// comment of their own, and pg_stat_statements replaces constants further on.
+const TEXT_PREFIX_CHARS: usize = 120;
+
+fn prefix(sql: &str) -> String {
+    sql.trim().chars().take(TEXT_PREFIX_CHARS).collect()
+}
+
+fn statement_kind(text: &str) -> StatementKind {
+    let known = [
+        (include_str!("../queries/commit.sql"), StatementKind::Commit),
+        (include_str!("../queries/claim.sql"), StatementKind::Claim),
+        (include_str!("../queries/renew.sql"), StatementKind::Renew),
+    ];
+    // Contained rather than equal: a statement first seen as `PREPARE name AS ...` (the
+    // same query id) keeps that text.
+    if let Some((_, kind)) = known.iter().find(|(sql, _)| text.contains(&prefix(sql))) {
+        return *kind;
+    }
+    if text.trim().starts_with("INSERT INTO rein_bench_scratch_") {
+        return StatementKind::Reference;
+    }
+    StatementKind::Other
+}
+
+impl Store {
+    /// Whether this database's statements can be measured: `pg_stat_statements` must be
+    /// loaded by the server (shared_preload_libraries) and created in the database. With
+    /// `create`, the extension is created when missing (the benchmark's private server);
+    /// otherwise a database without it is left as it is. Err says why it is unavailable.
+    pub async fn statement_stats(&self, create: bool) -> Result<(), String> {
+        let installed: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements')",
+        )
+        .fetch_one(self.pool())
+        .await
+        .map_err(|e| e.to_string())?;
+        if !installed {
+            if !create {
+                return Err("pg_stat_statements is not created in this database \
+                            (CREATE EXTENSION pg_stat_statements, with it in the server's \
+                            shared_preload_libraries)"
+                    .to_owned());
+            }
+            sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                .execute(self.pool())
+                .await
+                .map_err(|e| format!("cannot create pg_stat_statements: {e}"))?;
+        }
+        sqlx::query("SELECT 1 FROM pg_stat_statements LIMIT 1")
+            .execute(self.pool())
+            .await
+            .map_err(|e| match e.as_database_error() {
+                Some(d) => format!("pg_stat_statements: {}", d.message()),
+                None => e.to_string(),
+            })?;
+        Ok(())
+    }
+
+    /// The cost counters now; statements only when `with_statements` (after
+    /// [`Store::statement_stats`] said they are available).
+    pub async fn db_cost(&self, with_statements: bool) -> Result<DbCost, StoreError> {
+        let wal_lsn: i64 =
+            sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")
+                .fetch_one(self.pool())
+                .await?;
+        if !with_statements {
+            return Ok(DbCost {
+                wal_lsn,
+                statements: None,
+            });
+        }
+        let rows: Vec<(i64, String, i64, i64, f64, i64)> = sqlx::query_as(
+            "SELECT queryid, left(query, $1), calls, rows, total_exec_time,
+                    wal_bytes::bigint
+             FROM pg_stat_statements
+             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+               AND queryid IS NOT NULL",
+        )
+        .bind(i32::try_from(TEXT_PREFIX_CHARS * 2).unwrap_or(i32::MAX))
+        .fetch_all(self.pool())
+        .await?;
+        // One entry per (user, query): the same statement run by another role is added up.
+        let mut by_id: std::collections::BTreeMap<i64, StatementCost> = Default::default();
+        for (queryid, query, calls, rows, total_ms, wal_bytes) in rows {
+            let e = by_id.entry(queryid).or_insert_with(|| StatementCost {
+                queryid,
+                kind: statement_kind(&query),
+                text: query
+                    .trim()
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(100)
+                    .collect(),
+                calls: 0,
+                rows: 0,
+                total_ms: 0.0,
+                wal_bytes: 0,
+            });
+            e.calls += calls;
+            e.rows += rows;
+            e.total_ms += total_ms;
+            e.wal_bytes += wal_bytes;
+        }
+        Ok(DbCost {
+            wal_lsn,
+            statements: Some(by_id.into_values().collect()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_are_told_apart_by_their_text() {
+        assert_eq!(
+            statement_kind(include_str!("../queries/commit.sql")),
+            StatementKind::Commit
+        );
+        assert_eq!(
+            statement_kind(&format!(
+                "PREPARE c AS {}  ",
+                include_str!("../queries/claim.sql")
+            )),
+            StatementKind::Claim
+        );
+        assert_eq!(
+            statement_kind("INSERT INTO rein_bench_scratch_12 (run_id, payload) VALUES ($1, $2)"),
+            StatementKind::Reference
+        );
+        assert_eq!(statement_kind("SELECT 1"), StatementKind::Other);
+    }
+}

@@ -920,7 +920,19 @@ async fn commit_statement(
         }
     }
 
-    let rows = sqlx::query(include_str!("../queries/commit.sql"))
+    let parts = CommitParts {
+        consumed: !q.inbox_id.is_empty(),
+        inbox_due: q.bumps.iter().zip(&q.releases).any(|(b, r)| *b || *r),
+        ledger: !q.l_run.is_empty(),
+        approvals_used: q.approvals.iter().any(Option::is_some),
+        ending: q.statuses.iter().any(|s| s == RunStatus::Terminal.as_str()),
+        blobs: !q.blob_run.is_empty(),
+        children: !q.c_run.is_empty(),
+        losers: !q.x_run.is_empty(),
+        descendants: q.cancels.iter().any(|c| *c),
+        checkpoints: !q.ck_run.is_empty(),
+    };
+    let rows = sqlx::query(commit_sql(parts))
         .bind(&q.run_ids)
         .bind(&q.tokens)
         .bind(&q.base_seqs)
@@ -1087,6 +1099,94 @@ async fn commit_statement(
         .collect()
 }
 
+/// The optional parts of the commit statement a batch needs (`-- [name]` in commit.sql).
+/// Each left out would have found nothing to do: its input is empty or no run of the batch
+/// can reach it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+struct CommitParts {
+    /// Inbox entries the batch applied.
+    consumed: bool,
+    /// A run that releases its lease or takes the token: its inbox is looked at again.
+    inbox_due: bool,
+    ledger: bool,
+    approvals_used: bool,
+    /// A run that ends: pending approvals go void, a branch child delivers its result.
+    ending: bool,
+    blobs: bool,
+    children: bool,
+    losers: bool,
+    descendants: bool,
+    checkpoints: bool,
+}
+
+impl CommitParts {
+    fn wants(&self, part: &str) -> bool {
+        match part {
+            "consumed" => self.consumed,
+            "inbox_due" => self.inbox_due,
+            "ledger" => self.ledger,
+            "approvals_used" => self.approvals_used,
+            "approvals_void" | "branch_results" => self.ending,
+            "blobs" => self.blobs,
+            "children" => self.children,
+            "losers" => self.losers,
+            "descendants" => self.descendants,
+            "checkpoints" => self.checkpoints,
+            other => panic!("commit.sql has a part `{other}` that commit.rs does not know"),
+        }
+    }
+}
+
+/// commit.sql with only the parts `parts` names. Each variant is built once per process
+/// (there are few: most batches are plain steps) and prepared once per connection.
+fn commit_sql(parts: CommitParts) -> &'static str {
+    static BUILT: std::sync::OnceLock<std::sync::Mutex<HashMap<CommitParts, &'static str>>> =
+        std::sync::OnceLock::new();
+    let built = BUILT.get_or_init(Default::default);
+    let mut built = built.lock().unwrap_or_else(|e| e.into_inner());
+    built
+        .entry(parts)
+        .or_insert_with(|| Box::leak(assemble_commit(parts).into_boxed_str()))
+}
+
+/// Splits commit.sql at its `-- [name]` lines and joins the head (the CTEs every commit
+/// runs), the parts wanted and the result.
+fn assemble_commit(parts: CommitParts) -> String {
+    let sql = include_str!("../queries/commit.sql");
+    let mut head = String::new();
+    let mut pieces: Vec<(String, String)> = Vec::new();
+    for line in sql.lines() {
+        if let Some(name) = line
+            .strip_prefix("-- [")
+            .and_then(|rest| rest.strip_suffix(']'))
+        {
+            pieces.push((name.to_owned(), String::new()));
+            continue;
+        }
+        let into = match pieces.last_mut() {
+            Some((_, text)) => text,
+            None => &mut head,
+        };
+        into.push_str(line);
+        into.push('\n');
+    }
+    let (result_name, result) = pieces.pop().expect("commit.sql ends with its result");
+    assert_eq!(
+        result_name, "result",
+        "commit.sql's last part is its result"
+    );
+    // CTEs are joined by commas: each piece's own trailing comma is dropped first.
+    let trim = |text: &str| text.trim_end().trim_end_matches(',').to_owned();
+    let mut ctes = vec![trim(&head)];
+    ctes.extend(
+        pieces
+            .iter()
+            .filter(|(name, _)| parts.wants(name))
+            .map(|(_, text)| trim(text)),
+    );
+    format!("{}\n{result}", ctes.join(",\n"))
+}
+
 #[derive(Default)]
 struct Columns {
     run_ids: Vec<Uuid>,
@@ -1143,4 +1243,79 @@ struct Columns {
     cancels: Vec<bool>,
     x_run: Vec<Uuid>,
     x_parent: Vec<Uuid>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CommitParts, assemble_commit};
+
+    /// The CTE names of a statement, in order.
+    fn ctes(sql: &str) -> Vec<String> {
+        sql.lines()
+            .filter_map(|l| {
+                let l = l.strip_prefix("WITH RECURSIVE ").unwrap_or(l);
+                let (name, _) = l.split_once(" AS (")?;
+                name.chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '_')
+                    .then(|| name.to_owned())
+            })
+            .collect()
+    }
+
+    fn all() -> CommitParts {
+        CommitParts {
+            consumed: true,
+            inbox_due: true,
+            ledger: true,
+            approvals_used: true,
+            ending: true,
+            blobs: true,
+            children: true,
+            losers: true,
+            descendants: true,
+            checkpoints: true,
+        }
+    }
+
+    #[test]
+    fn every_part_of_the_commit_is_kept_when_a_batch_needs_it() {
+        let file = include_str!("../queries/commit.sql");
+        let full = assemble_commit(all());
+        assert_eq!(ctes(&full), ctes(file));
+        // Nothing but the part lines is left out, and the CTEs stay joined by commas.
+        let without_marks: String = file
+            .lines()
+            .filter(|l| !l.starts_with("-- ["))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let squash = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert_eq!(squash(&full), squash(&without_marks));
+    }
+
+    #[test]
+    fn a_plain_step_is_sent_without_the_parts_it_does_not_reach() {
+        let plain = assemble_commit(CommitParts::default());
+        assert_eq!(
+            ctes(&plain),
+            ["req", "ev", "t", "locked", "upd", "ins", "grants"]
+        );
+        assert!(plain.contains("SELECT q.run_id,"), "{plain}");
+        assert!(!plain.contains(",\n-- A refused"), "{plain}");
+        let ending = assemble_commit(CommitParts {
+            ending: true,
+            ..Default::default()
+        });
+        assert_eq!(
+            ctes(&ending)[7..],
+            ["approvals_void", "branch_results"].map(String::from)
+        );
+        let cancelling = assemble_commit(CommitParts {
+            descendants: true,
+            ..Default::default()
+        });
+        assert_eq!(
+            ctes(&cancelling)[7..],
+            ["descendants", "doomed", "cancel_descendants"].map(String::from)
+        );
+    }
 }

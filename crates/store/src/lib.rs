@@ -35,7 +35,7 @@ use sqlx::{ConnectOptions, Connection, PgPool};
 
 pub use approvals::{Approval, ApprovalAsk, COMMENT_BYTES_MAX};
 pub use audit::*;
-pub use bench::{Percentiles, QueueStats};
+pub use bench::{DbCost, Percentiles, QueueStats, StatementCost, StatementKind};
 pub use blobs::BlobStats;
 pub use commit::{
     ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, Committed, FenceReason, LedgerOp,
@@ -423,7 +423,13 @@ fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
         .application_name(&format!("rein-{}", std::process::id()))
         // Rein's statements are few, fixed and index-driven: plan each once per
         // connection instead of re-planning the claim on every call.
-        .options([("plan_cache_mode", "force_generic_plan")])
+        //
+        // No JIT: a generic plan made while a table has no statistics yet (a fresh database
+        // that just took a batch of runs) can carry estimates far past jit_above_cost, and
+        // JIT compiles the plan again on every execution: `rein bench` saw each commit spend
+        // 8 s compiling (10 events/s instead of thousands). Rein's statements touch a few rows
+        // each; compiling never pays.
+        .options([("plan_cache_mode", "force_generic_plan"), ("jit", "off")])
         .log_statements(tracing::log::LevelFilter::Trace)
         .log_slow_statements(tracing::log::LevelFilter::Debug, Duration::from_secs(1)))
 }
