@@ -113,6 +113,7 @@ fn seeded_chaos_run_injects_every_fault_and_keeps_every_invariant() {
         "net_partition",
         "net_latency",
         "net_reset",
+        "backend_stop",
     ] {
         assert!(
             r["faults"][kind].as_u64().is_some_and(|n| n >= 1),

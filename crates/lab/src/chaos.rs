@@ -105,7 +105,7 @@ pub struct ChaosArgs {
     /// Only these fault kinds, comma-separated (default: every kind this machine can
     /// inject): worker_kill, worker_stop, scheduler_kill, db_restart, redis_stop,
     /// session_kill, lock_stall, leader_stop, clock_skew, net_partition, net_latency,
-    /// net_reset.
+    /// net_reset, backend_stop.
     #[arg(long, value_delimiter = ',', value_parser = fault_parser())]
     faults: Vec<String>,
 }
@@ -297,10 +297,13 @@ enum Fault {
     NetLatency,
     /// Every connection between a worker and PostgreSQL reset (RST) mid-statement.
     NetReset,
+    /// The PostgreSQL backends serving one worker frozen (SIGSTOP on the private server)
+    /// past the lease TTL, then continued.
+    BackendStop,
 }
 
 impl Fault {
-    const ALL: [Fault; 12] = [
+    const ALL: [Fault; 13] = [
         Fault::WorkerKill,
         Fault::WorkerStop,
         Fault::SchedulerKill,
@@ -313,6 +316,7 @@ impl Fault {
         Fault::NetPartition,
         Fault::NetLatency,
         Fault::NetReset,
+        Fault::BackendStop,
     ];
 
     fn name(self) -> &'static str {
@@ -329,6 +333,7 @@ impl Fault {
             Fault::NetPartition => "net_partition",
             Fault::NetLatency => "net_latency",
             Fault::NetReset => "net_reset",
+            Fault::BackendStop => "backend_stop",
         }
     }
 
@@ -349,7 +354,8 @@ impl Fault {
             | Fault::ClockSkew
             | Fault::NetPartition
             | Fault::NetLatency
-            | Fault::NetReset => 1,
+            | Fault::NetReset
+            | Fault::BackendStop => 1,
         }
     }
 }
@@ -589,6 +595,8 @@ struct Harness<'a> {
     proxies: HashMap<String, crate::netproxy::Proxy>,
     /// Workers whose network is faulty, until when.
     degraded: Vec<(String, Instant)>,
+    /// PostgreSQL backends frozen by SIGSTOP, until when they are continued.
+    frozen: Vec<(i32, Instant)>,
     schedule: Schedule,
     /// Picks victims; apart from the schedule's so that which process is hit (which depends
     /// on who holds leases at the time) never shifts the seeded kinds and gaps.
@@ -656,6 +664,10 @@ impl<'a> Harness<'a> {
         enabled.push(Fault::SessionKill);
         enabled.push(Fault::LockStall);
         enabled.push(Fault::LeaderStop);
+        // Only the private server's processes are ever signalled.
+        if db.private.is_some() {
+            enabled.push(Fault::BackendStop);
+        }
         if proxy_target(&db.url).is_some() {
             enabled.extend([Fault::NetPartition, Fault::NetLatency, Fault::NetReset]);
         } else {
@@ -716,6 +728,7 @@ impl<'a> Harness<'a> {
             stopped: Vec::new(),
             proxies: HashMap::new(),
             degraded: Vec::new(),
+            frozen: Vec::new(),
             schedule: Schedule::new(seed, enabled.clone(), window, started),
             victims: StdRng::seed_from_u64(seed.rotate_left(32) ^ 0x5eed),
             faults: enabled.iter().map(|f| (*f, 0)).collect(),
@@ -854,6 +867,7 @@ impl<'a> Harness<'a> {
             }
             self.continue_stopped(now);
             self.heal_network(now, false);
+            self.thaw_backends(now, false);
             if let Err(why) = self.start_redis_due(now) {
                 return Outcome::Aborted(why);
             }
@@ -878,6 +892,7 @@ impl<'a> Harness<'a> {
             } else if self.healing_since.is_none() {
                 self.healing_since = Some(now);
                 self.heal_network(now, true);
+                self.thaw_backends(now, true);
                 self.progress.note(&format!(
                     "faults over ({} injected: {}); the fleet heals and must finish within {} s",
                     self.faults.values().sum::<u64>(),
@@ -1209,6 +1224,7 @@ impl<'a> Harness<'a> {
             Fault::NetPartition => self.degrade_network(Fault::NetPartition).await,
             Fault::NetLatency => self.degrade_network(Fault::NetLatency).await,
             Fault::NetReset => self.reset_network().await,
+            Fault::BackendStop => self.freeze_backends().await,
         };
         if injected {
             *self.faults.entry(fault).or_default() += 1;
@@ -1441,6 +1457,72 @@ impl<'a> Harness<'a> {
         }
     }
 
+    /// Freezes (SIGSTOP) the private server's backends that serve one running worker, found
+    /// by its application name `rein-PID`, for 2 × lease TTL + a tick: its statements hang
+    /// mid-way as on a stalled database, and it must lose its leases without a stale write.
+    async fn freeze_backends(&mut self) -> bool {
+        let candidates = self.running_workers();
+        let Some(victim) = self.pick_worker(candidates).await else {
+            return false;
+        };
+        let Some(pid) = self.children.get(&victim).map(|p| p.pid()) else {
+            return false;
+        };
+        let backends: Vec<i32> = match sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = $1",
+        )
+        .bind(format!("rein-{pid}"))
+        .fetch_all(self.store.pool())
+        .await
+        {
+            Ok(b) if !b.is_empty() => b,
+            _ => return false,
+        };
+        let at = Instant::now();
+        let until =
+            at + Duration::from_millis(2 * self.args.lease_ttl_ms + self.args.scheduler_tick_ms);
+        let mut frozen = 0;
+        for backend in &backends {
+            // SAFETY: kill(2) with a pid read from the private server's own activity view.
+            if unsafe { libc::kill(*backend, libc::SIGSTOP) } == 0 {
+                self.frozen.push((*backend, until));
+                frozen += 1;
+            }
+        }
+        if frozen == 0 {
+            return false;
+        }
+        let held = self.held_by(&victim).await;
+        let what = self.track(Fault::BackendStop, &victim, at, held);
+        self.progress.note(&format!(
+            "fault: SIGSTOP {frozen} PostgreSQL backend(s) serving {victim} {what}, for {} ms",
+            (until - at).as_millis()
+        ));
+        true
+    }
+
+    /// Continues the frozen backends due now, or all of them.
+    fn thaw_backends(&mut self, now: Instant, all: bool) {
+        let (due, waiting): (Vec<_>, Vec<_>) = self
+            .frozen
+            .drain(..)
+            .partition(|(_, until)| all || *until <= now);
+        self.frozen = waiting;
+        for (backend, _) in &due {
+            // SAFETY: as in `freeze_backends`.
+            unsafe {
+                libc::kill(*backend, libc::SIGCONT);
+            }
+        }
+        if !due.is_empty() {
+            self.progress.note(&format!(
+                "continued {} PostgreSQL backend(s) (SIGCONT)",
+                due.len()
+            ));
+        }
+    }
+
     /// Resets every connection between one running worker and PostgreSQL.
     async fn reset_network(&mut self) -> bool {
         let candidates: Vec<String> = self
@@ -1624,6 +1706,10 @@ impl<'a> Harness<'a> {
 
     /// Crash-stop and start the private server on the same port, off the async threads.
     fn restart_db(&mut self, db: &mut Database) -> bool {
+        // A frozen backend would hold up the server's stop: not while one is.
+        if !self.frozen.is_empty() {
+            return false;
+        }
         let Some(mut pg) = db.private.take() else {
             return false;
         };
@@ -1672,6 +1758,8 @@ impl<'a> Harness<'a> {
 
     /// Stops the fleet, audits the database and builds the report.
     async fn finish(&mut self, outcome: Outcome, db: &mut Database) -> (u8, Option<Value>) {
+        self.thaw_backends(Instant::now(), true);
+        self.heal_network(Instant::now(), true);
         let children = &mut self.children;
         tokio::task::block_in_place(|| {
             for (name, _) in &self.stopped {
