@@ -120,6 +120,19 @@ fn seeded_chaos_run_injects_every_fault_and_keeps_every_invariant() {
             "no {kind} injected: {r}"
         );
     }
+    // Every kind that fired has its recovery measured: the fleet moved on after it.
+    for (kind, n) in r["faults"].as_object().unwrap() {
+        if n.as_u64() > Some(0) {
+            let measured = r["recovery_by_kind"][kind]["measured"]
+                .as_u64()
+                .unwrap_or(0);
+            assert!(measured >= 1, "no recovery measured for {kind}: {r}");
+            assert!(
+                r["recovery_by_kind"][kind]["p50"].as_u64().is_some(),
+                "{kind}: {r}"
+            );
+        }
+    }
     // After each Redis outage every worker subscribed to wake-ups again, as Redis saw it.
     assert_eq!(r["redis"]["enabled"], true, "{r}");
     assert_eq!(r["redis"]["not_resubscribed"], 0, "{r}");

@@ -514,7 +514,12 @@ struct FaultRecord {
     victim: Option<String>,
     /// Live leases the victim held; `None` when not a worker or they could not be read.
     held: Option<usize>,
+    /// For a worker holding leases: until every run it held moved on. For a Redis stop:
+    /// until every worker subscribed again. For the others: until the fleet finished
+    /// another run.
     recovery_ms: Option<u64>,
+    /// Runs terminal when the fault was injected.
+    terminal_at: i64,
 }
 
 struct Progress {
@@ -879,6 +884,7 @@ impl<'a> Harness<'a> {
                 self.enqueue_due().await;
                 self.approve().await;
                 self.check_recoveries().await;
+                self.note_progress_after_faults();
                 self.refresh_totals().await;
             }
             let faulting = now < self.window_end
@@ -1182,6 +1188,20 @@ impl<'a> Harness<'a> {
         }
     }
 
+    /// A fault whose recovery is not measured otherwise has recovered once the fleet
+    /// finished another run after it.
+    fn note_progress_after_faults(&mut self) {
+        let tracked: HashSet<usize> = self.recoveries.iter().map(|r| r.fault).collect();
+        let terminal = self.totals.1;
+        for (i, record) in self.fault_log.iter_mut().enumerate() {
+            let measured_elsewhere = tracked.contains(&i) || record.kind == Fault::RedisStop;
+            if record.recovery_ms.is_none() && !measured_elsewhere && terminal > record.terminal_at
+            {
+                record.recovery_ms = Some(record.at.elapsed().as_millis() as u64);
+            }
+        }
+    }
+
     fn show_progress(&mut self) {
         let mut message = format!(
             "enqueued {}/{}, faults {}",
@@ -1288,6 +1308,7 @@ impl<'a> Harness<'a> {
             victim: Some(victim.to_owned()),
             held: held.as_ref().map(Vec::len),
             recovery_ms: None,
+            terminal_at: self.totals.1,
         });
         match held {
             Some(held) if !held.is_empty() => {
@@ -1376,6 +1397,7 @@ impl<'a> Harness<'a> {
             victim: Some(victim.clone()),
             held: None,
             recovery_ms: None,
+            terminal_at: self.totals.1,
         });
         self.progress.note(&format!(
             "fault: kill -9 {victim}; {replacement} replaces it"
@@ -1431,6 +1453,7 @@ impl<'a> Harness<'a> {
                     victim: Some(victim.clone()),
                     held: None,
                     recovery_ms: None,
+                    terminal_at: self.totals.1,
                 });
                 String::new()
             }
@@ -1546,6 +1569,7 @@ impl<'a> Harness<'a> {
             victim: Some(victim.clone()),
             held: None,
             recovery_ms: None,
+            terminal_at: self.totals.1,
         });
         self.progress.note(&format!(
             "fault: reset {reset} of {victim}'s connections to PostgreSQL mid-statement"
@@ -1578,6 +1602,7 @@ impl<'a> Harness<'a> {
             victim: Some(format!("{killed} sessions")),
             held: None,
             recovery_ms: None,
+            terminal_at: self.totals.1,
         });
         self.progress.note(&format!(
             "fault: pg_terminate_backend on {killed} of the fleet's sessions"
@@ -1621,6 +1646,7 @@ impl<'a> Harness<'a> {
             victim: Some(format!("{locked} runs' rows")),
             held: None,
             recovery_ms: None,
+            terminal_at: self.totals.1,
         });
         self.progress.note(&format!(
             "fault: an outside transaction holds {locked} runs' row locks for {} ms",
@@ -1659,6 +1685,7 @@ impl<'a> Harness<'a> {
             victim: Some(victim.clone()),
             held: None,
             recovery_ms: None,
+            terminal_at: self.totals.1,
         });
         self.progress.note(&format!(
             "fault: SIGSTOP the leading scheduler {victim} past its leader lease, for {} ms",
@@ -1697,6 +1724,7 @@ impl<'a> Harness<'a> {
             victim: Some(id.clone()),
             held: None,
             recovery_ms: None,
+            terminal_at: self.totals.1,
         });
         self.progress.note(&format!(
             "fault: {id} starts with its clock {offset:+} s off the database's"
@@ -1721,6 +1749,7 @@ impl<'a> Harness<'a> {
             victim: None,
             held: None,
             recovery_ms: None,
+            terminal_at: self.totals.1,
         });
         self.restarting = Some(tokio::task::spawn_blocking(move || {
             let result = pg.restart_immediate();
@@ -1748,6 +1777,7 @@ impl<'a> Harness<'a> {
             victim: Some("redis-server".to_owned()),
             held: None,
             recovery_ms: None,
+            terminal_at: self.totals.1,
         });
         self.progress.note(&format!(
             "fault: kill -9 the private redis-server (port {port}) for {} ms; the fleet polls meanwhile",
@@ -1834,6 +1864,7 @@ impl<'a> Harness<'a> {
             "denied": self.approvals.get("denied").copied().unwrap_or(0),
         });
         summary["exited_on_their_own"] = json!(self.exited);
+        summary["recovery_by_kind"] = recovery_by_kind(&self.fault_log);
         summary["fault_log"] = self
             .fault_log
             .iter()
@@ -2029,6 +2060,29 @@ fn expiring_copy(def: &Definition) -> Result<Definition, rein_store::StoreError>
     .map_err(rein_store::StoreError::Invalid)
 }
 
+/// Each fault kind's recovery times: how many were measured, p50 and max in ms.
+fn recovery_by_kind(log: &[FaultRecord]) -> Value {
+    let mut by: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for f in log {
+        let times = by.entry(f.kind.name()).or_default();
+        if let Some(ms) = f.recovery_ms {
+            times.push(ms);
+        }
+    }
+    let out: serde_json::Map<String, Value> = by
+        .into_iter()
+        .map(|(kind, mut times)| {
+            times.sort_unstable();
+            let p50 = (!times.is_empty()).then(|| times[(times.len() - 1) / 2]);
+            (
+                kind.to_owned(),
+                json!({ "measured": times.len(), "p50": p50, "max": times.last() }),
+            )
+        })
+        .collect();
+    Value::Object(out)
+}
+
 /// The report's core: the audit's counts, the faults and the recovery times. `violations`
 /// sums every count that must be zero, runs enqueued but not terminal included.
 fn summarize(
@@ -2188,7 +2242,12 @@ fn print_table(s: &Value) {
             } else {
                 ""
             };
-            println!("  {kind:<46} {:>8}{note}", n.to_string());
+            let recovered = &s["recovery_by_kind"][kind.as_str()];
+            let times = match (recovered["p50"].as_u64(), recovered["max"].as_u64()) {
+                (Some(p50), Some(max)) => format!("  recovered p50 {p50} ms, max {max} ms"),
+                _ => String::new(),
+            };
+            println!("  {kind:<46} {:>8}{times}{note}", n.to_string());
         }
         let r = &s["recovery_ms"];
         match (r["p50"].as_u64(), r["max"].as_u64()) {
