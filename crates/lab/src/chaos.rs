@@ -105,7 +105,7 @@ pub struct ChaosArgs {
     /// Only these fault kinds, comma-separated (default: every kind this machine can
     /// inject): worker_kill, worker_stop, scheduler_kill, db_restart, redis_stop,
     /// session_kill, lock_stall, leader_stop, clock_skew, net_partition, net_latency,
-    /// net_reset, backend_stop.
+    /// net_reset, backend_stop, statement_timeout.
     #[arg(long, value_delimiter = ',', value_parser = fault_parser())]
     faults: Vec<String>,
 }
@@ -300,10 +300,13 @@ enum Fault {
     /// The PostgreSQL backends serving one worker frozen (SIGSTOP on the private server)
     /// past the lease TTL, then continued.
     BackendStop,
+    /// Statements cut off by a statement timeout: the database's `statement_timeout` set
+    /// low and the fleet's sessions made to reconnect under it, for 2 × lease TTL.
+    StatementTimeout,
 }
 
 impl Fault {
-    const ALL: [Fault; 13] = [
+    const ALL: [Fault; 14] = [
         Fault::WorkerKill,
         Fault::WorkerStop,
         Fault::SchedulerKill,
@@ -317,6 +320,7 @@ impl Fault {
         Fault::NetLatency,
         Fault::NetReset,
         Fault::BackendStop,
+        Fault::StatementTimeout,
     ];
 
     fn name(self) -> &'static str {
@@ -334,6 +338,7 @@ impl Fault {
             Fault::NetLatency => "net_latency",
             Fault::NetReset => "net_reset",
             Fault::BackendStop => "backend_stop",
+            Fault::StatementTimeout => "statement_timeout",
         }
     }
 
@@ -355,13 +360,16 @@ impl Fault {
             | Fault::NetPartition
             | Fault::NetLatency
             | Fault::NetReset
-            | Fault::BackendStop => 1,
+            | Fault::BackendStop
+            | Fault::StatementTimeout => 1,
         }
     }
 }
 
 /// What a clock-skewed worker's wall clock is off by.
 const CLOCK_SKEW_S: i64 = 60;
+/// The statement timeout a `statement_timeout` fault sets: a commit under load takes longer.
+const STATEMENT_TIMEOUT_MS: u64 = 20;
 /// How many runs' rows a lock stall holds.
 const LOCK_STALL_ROWS: i64 = 20;
 
@@ -602,6 +610,8 @@ struct Harness<'a> {
     degraded: Vec<(String, Instant)>,
     /// PostgreSQL backends frozen by SIGSTOP, until when they are continued.
     frozen: Vec<(i32, Instant)>,
+    /// Until when the database's statement timeout is set low.
+    timeouts_until: Option<Instant>,
     schedule: Schedule,
     /// Picks victims; apart from the schedule's so that which process is hit (which depends
     /// on who holds leases at the time) never shifts the seeded kinds and gaps.
@@ -669,6 +679,7 @@ impl<'a> Harness<'a> {
         enabled.push(Fault::SessionKill);
         enabled.push(Fault::LockStall);
         enabled.push(Fault::LeaderStop);
+        enabled.push(Fault::StatementTimeout);
         // Only the private server's processes are ever signalled.
         if db.private.is_some() {
             enabled.push(Fault::BackendStop);
@@ -734,6 +745,7 @@ impl<'a> Harness<'a> {
             proxies: HashMap::new(),
             degraded: Vec::new(),
             frozen: Vec::new(),
+            timeouts_until: None,
             schedule: Schedule::new(seed, enabled.clone(), window, started),
             victims: StdRng::seed_from_u64(seed.rotate_left(32) ^ 0x5eed),
             faults: enabled.iter().map(|f| (*f, 0)).collect(),
@@ -873,6 +885,7 @@ impl<'a> Harness<'a> {
             self.continue_stopped(now);
             self.heal_network(now, false);
             self.thaw_backends(now, false);
+            self.lift_statement_timeout(now, false).await;
             if let Err(why) = self.start_redis_due(now) {
                 return Outcome::Aborted(why);
             }
@@ -899,6 +912,7 @@ impl<'a> Harness<'a> {
                 self.healing_since = Some(now);
                 self.heal_network(now, true);
                 self.thaw_backends(now, true);
+                self.lift_statement_timeout(now, true).await;
                 self.progress.note(&format!(
                     "faults over ({} injected: {}); the fleet heals and must finish within {} s",
                     self.faults.values().sum::<u64>(),
@@ -1245,6 +1259,7 @@ impl<'a> Harness<'a> {
             Fault::NetLatency => self.degrade_network(Fault::NetLatency).await,
             Fault::NetReset => self.reset_network().await,
             Fault::BackendStop => self.freeze_backends().await,
+            Fault::StatementTimeout => self.cut_statements().await,
         };
         if injected {
             *self.faults.entry(fault).or_default() += 1;
@@ -1525,6 +1540,70 @@ impl<'a> Harness<'a> {
         true
     }
 
+    /// Sets this database's `statement_timeout` to [`STATEMENT_TIMEOUT_MS`] and terminates
+    /// the fleet's sessions, so they reconnect under it: statements that take longer are
+    /// cancelled mid-way (SQLSTATE 57014) until it is lifted, 2 × lease TTL later.
+    async fn cut_statements(&mut self) -> bool {
+        if self.timeouts_until.is_some() {
+            return false;
+        }
+        let set = format!(
+            "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET statement_timeout = %L', current_database(), '{STATEMENT_TIMEOUT_MS}ms'); END $$"
+        );
+        if sqlx::query(sqlx::AssertSqlSafe(set))
+            .execute(self.store.pool())
+            .await
+            .is_err()
+        {
+            return false;
+        }
+        let at = Instant::now();
+        self.timeouts_until = Some(at + Duration::from_millis(2 * self.args.lease_ttl_ms));
+        let reconnected = self.terminate_fleet_sessions().await.unwrap_or(0);
+        self.fault_log.push(FaultRecord {
+            at,
+            kind: Fault::StatementTimeout,
+            victim: Some(format!("{reconnected} sessions")),
+            held: None,
+            recovery_ms: None,
+            terminal_at: self.totals.1,
+        });
+        self.progress.note(&format!(
+            "fault: statement_timeout {STATEMENT_TIMEOUT_MS} ms for the fleet ({reconnected} sessions made to reconnect under it) for {} ms",
+            2 * self.args.lease_ttl_ms
+        ));
+        true
+    }
+
+    /// Lifts the low statement timeout when due (or now), and makes the fleet reconnect
+    /// without it.
+    async fn lift_statement_timeout(&mut self, now: Instant, all: bool) {
+        match self.timeouts_until {
+            Some(until) if all || until <= now => {}
+            _ => return,
+        }
+        let reset = "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I RESET statement_timeout', current_database()); END $$";
+        if sqlx::query(reset).execute(self.store.pool()).await.is_ok() {
+            self.timeouts_until = None;
+            let _ = self.terminate_fleet_sessions().await;
+            self.progress.note("statement_timeout lifted");
+        }
+    }
+
+    /// Terminates the fleet's sessions (not the harness's own); how many.
+    async fn terminate_fleet_sessions(&self) -> Result<i64, sqlx::Error> {
+        let ours = format!("rein-{}", std::process::id());
+        sqlx::query_scalar(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
+             FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()
+               AND application_name LIKE 'rein-%' AND application_name <> $1",
+        )
+        .bind(&ours)
+        .fetch_one(self.store.pool())
+        .await
+    }
+
     /// Continues the frozen backends due now, or all of them.
     fn thaw_backends(&mut self, now: Instant, all: bool) {
         let (due, waiting): (Vec<_>, Vec<_>) = self
@@ -1580,17 +1659,7 @@ impl<'a> Harness<'a> {
     /// Terminates every database session of the fleet's roles (`rein-PID` application
     /// names), but the harness's own, wherever they are in a statement.
     async fn kill_sessions(&mut self) -> bool {
-        let ours = format!("rein-{}", std::process::id());
-        let killed: Result<i64, _> = sqlx::query_scalar(
-            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
-             FROM pg_stat_activity
-             WHERE datname = current_database() AND pid <> pg_backend_pid()
-               AND application_name LIKE 'rein-%' AND application_name <> $1",
-        )
-        .bind(&ours)
-        .fetch_one(self.store.pool())
-        .await;
-        let Ok(killed) = killed else {
+        let Ok(killed) = self.terminate_fleet_sessions().await else {
             return false;
         };
         if killed == 0 {
@@ -1790,6 +1859,7 @@ impl<'a> Harness<'a> {
     async fn finish(&mut self, outcome: Outcome, db: &mut Database) -> (u8, Option<Value>) {
         self.thaw_backends(Instant::now(), true);
         self.heal_network(Instant::now(), true);
+        self.lift_statement_timeout(Instant::now(), true).await;
         let children = &mut self.children;
         tokio::task::block_in_place(|| {
             for (name, _) in &self.stopped {
