@@ -2413,7 +2413,7 @@ mod tests {
     fn first_round_is_every_enabled_kind_once_then_a_seeded_mix() {
         let all = Fault::ALL.to_vec();
         for seed in 0..50 {
-            let drawn = draw(seed, &all, 12);
+            let drawn = draw(seed, &all, all.len() + 6);
             let mut first: Vec<Fault> = drawn[..all.len()].iter().map(|d| d.0).collect();
             first.sort();
             assert_eq!(first, all, "seed {seed}");
