@@ -1310,6 +1310,18 @@ impl<'a> Harness<'a> {
     }
 
     /// Logs a fault on `victim` and, when it held leases, waits for their takeover.
+    /// Logs a fault that is not tracked by held leases; its recovery is measured later.
+    fn record_fault(&mut self, kind: Fault, victim: Option<String>, at: Instant) {
+        self.fault_log.push(FaultRecord {
+            at,
+            kind,
+            victim,
+            held: None,
+            recovery_ms: None,
+            terminal_at: self.totals.1,
+        });
+    }
+
     fn track(
         &mut self,
         kind: Fault,
@@ -1406,14 +1418,7 @@ impl<'a> Harness<'a> {
             .map_err(|_| "cannot start a scheduler")?;
         let _ = self.children.kill(&victim);
         self.schedulers.retain(|s| *s != victim);
-        self.fault_log.push(FaultRecord {
-            at: Instant::now(),
-            kind: Fault::SchedulerKill,
-            victim: Some(victim.clone()),
-            held: None,
-            recovery_ms: None,
-            terminal_at: self.totals.1,
-        });
+        self.record_fault(Fault::SchedulerKill, Some(victim.clone()), Instant::now());
         self.progress.note(&format!(
             "fault: kill -9 {victim}; {replacement} replaces it"
         ));
@@ -1462,14 +1467,7 @@ impl<'a> Harness<'a> {
         let holding = match held {
             Some(h) => self.track(kind, &victim, at, Some(h)),
             None => {
-                self.fault_log.push(FaultRecord {
-                    at,
-                    kind,
-                    victim: Some(victim.clone()),
-                    held: None,
-                    recovery_ms: None,
-                    terminal_at: self.totals.1,
-                });
+                self.record_fault(kind, Some(victim.clone()), at);
                 String::new()
             }
         };
@@ -1560,14 +1558,11 @@ impl<'a> Harness<'a> {
         let at = Instant::now();
         self.timeouts_until = Some(at + Duration::from_millis(2 * self.args.lease_ttl_ms));
         let reconnected = self.terminate_fleet_sessions().await.unwrap_or(0);
-        self.fault_log.push(FaultRecord {
+        self.record_fault(
+            Fault::StatementTimeout,
+            Some(format!("{reconnected} sessions")),
             at,
-            kind: Fault::StatementTimeout,
-            victim: Some(format!("{reconnected} sessions")),
-            held: None,
-            recovery_ms: None,
-            terminal_at: self.totals.1,
-        });
+        );
         self.progress.note(&format!(
             "fault: statement_timeout {STATEMENT_TIMEOUT_MS} ms for the fleet ({reconnected} sessions made to reconnect under it) for {} ms",
             2 * self.args.lease_ttl_ms
@@ -1642,14 +1637,7 @@ impl<'a> Harness<'a> {
         let Some(reset) = self.proxies.get(&victim).map(|p| p.reset_all()) else {
             return false;
         };
-        self.fault_log.push(FaultRecord {
-            at: Instant::now(),
-            kind: Fault::NetReset,
-            victim: Some(victim.clone()),
-            held: None,
-            recovery_ms: None,
-            terminal_at: self.totals.1,
-        });
+        self.record_fault(Fault::NetReset, Some(victim.clone()), Instant::now());
         self.progress.note(&format!(
             "fault: reset {reset} of {victim}'s connections to PostgreSQL mid-statement"
         ));
@@ -1665,14 +1653,11 @@ impl<'a> Harness<'a> {
         if killed == 0 {
             return false;
         }
-        self.fault_log.push(FaultRecord {
-            at: Instant::now(),
-            kind: Fault::SessionKill,
-            victim: Some(format!("{killed} sessions")),
-            held: None,
-            recovery_ms: None,
-            terminal_at: self.totals.1,
-        });
+        self.record_fault(
+            Fault::SessionKill,
+            Some(format!("{killed} sessions")),
+            Instant::now(),
+        );
         self.progress.note(&format!(
             "fault: pg_terminate_backend on {killed} of the fleet's sessions"
         ));
@@ -1709,14 +1694,11 @@ impl<'a> Harness<'a> {
         if locked == 0 {
             return false;
         }
-        self.fault_log.push(FaultRecord {
-            at: Instant::now(),
-            kind: Fault::LockStall,
-            victim: Some(format!("{locked} runs' rows")),
-            held: None,
-            recovery_ms: None,
-            terminal_at: self.totals.1,
-        });
+        self.record_fault(
+            Fault::LockStall,
+            Some(format!("{locked} runs' rows")),
+            Instant::now(),
+        );
         self.progress.note(&format!(
             "fault: an outside transaction holds {locked} runs' row locks for {} ms",
             hold.as_millis()
@@ -1748,14 +1730,7 @@ impl<'a> Harness<'a> {
         let stop_for =
             Duration::from_millis(2 * self.leader_ttl_ms() + self.args.scheduler_tick_ms);
         self.stopped.push((victim.clone(), at + stop_for));
-        self.fault_log.push(FaultRecord {
-            at,
-            kind: Fault::LeaderStop,
-            victim: Some(victim.clone()),
-            held: None,
-            recovery_ms: None,
-            terminal_at: self.totals.1,
-        });
+        self.record_fault(Fault::LeaderStop, Some(victim.clone()), at);
         self.progress.note(&format!(
             "fault: SIGSTOP the leading scheduler {victim} past its leader lease, for {} ms",
             stop_for.as_millis()
@@ -1787,14 +1762,7 @@ impl<'a> Harness<'a> {
         let id = self
             .spawn_worker_with(&env)
             .map_err(|_| "cannot start a clock-skewed worker")?;
-        self.fault_log.push(FaultRecord {
-            at: Instant::now(),
-            kind: Fault::ClockSkew,
-            victim: Some(id.clone()),
-            held: None,
-            recovery_ms: None,
-            terminal_at: self.totals.1,
-        });
+        self.record_fault(Fault::ClockSkew, Some(id.clone()), Instant::now());
         self.progress.note(&format!(
             "fault: {id} starts with its clock {offset:+} s off the database's"
         ));
@@ -1812,14 +1780,7 @@ impl<'a> Harness<'a> {
         };
         self.progress
             .note("fault: PostgreSQL crash-restart (immediate stop, then start)");
-        self.fault_log.push(FaultRecord {
-            at: Instant::now(),
-            kind: Fault::DbRestart,
-            victim: None,
-            held: None,
-            recovery_ms: None,
-            terminal_at: self.totals.1,
-        });
+        self.record_fault(Fault::DbRestart, None, Instant::now());
         self.restarting = Some(tokio::task::spawn_blocking(move || {
             let result = pg.restart_immediate();
             (pg, result)
@@ -1840,14 +1801,7 @@ impl<'a> Harness<'a> {
         let at = Instant::now();
         r.down_until = Some(at + REDIS_DOWN_FOR);
         let port = r.server.port();
-        self.fault_log.push(FaultRecord {
-            at,
-            kind: Fault::RedisStop,
-            victim: Some("redis-server".to_owned()),
-            held: None,
-            recovery_ms: None,
-            terminal_at: self.totals.1,
-        });
+        self.record_fault(Fault::RedisStop, Some("redis-server".to_owned()), at);
         self.progress.note(&format!(
             "fault: kill -9 the private redis-server (port {port}) for {} ms; the fleet polls meanwhile",
             REDIS_DOWN_FOR.as_millis()
