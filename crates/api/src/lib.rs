@@ -7,6 +7,7 @@ pub mod error;
 mod extract;
 pub(crate) mod http_metrics;
 pub mod metrics_endpoint;
+mod moves;
 mod recovery;
 mod routes;
 pub mod server;

@@ -90,6 +90,8 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(list_definitions, register_definition))
         .routes(routes!(get_definition))
         .routes(routes!(set_current_definition))
+        .routes(routes!(crate::moves::migrate_definition))
+        .routes(routes!(crate::moves::fork_run))
         .routes(routes!(crate::recovery::brief_run))
         .routes(routes!(crate::recovery::verify_run))
         .routes(routes!(crate::recovery::resolve_run))

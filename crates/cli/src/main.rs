@@ -4,6 +4,7 @@
 mod approvals;
 mod brief;
 mod commands;
+mod moves;
 mod offline;
 mod print;
 mod remote;
@@ -54,6 +55,9 @@ enum Command {
     /// Start a new run like a finished one (same definition version, input, queue), linked
     /// to it.
     Rerun(commands::RerunArgs),
+    /// Start a new run from a run's state at a sequence of its log, optionally on another
+    /// version or with patched data; the source is never changed.
+    Fork(moves::ForkArgs),
     /// Cancel a run, with a reason.
     Cancel(commands::CancelArgs),
     /// Live workers and schedulers: last heartbeat and leases held (one silent for longer
@@ -185,6 +189,7 @@ fn main() -> ExitCode {
                     Command::Send(args) => commands::send(args).await,
                     Command::Resolve(args) => commands::resolve(args).await,
                     Command::Rerun(args) => commands::rerun(args).await,
+                    Command::Fork(args) => moves::fork(args).await,
                     Command::Cancel(args) => commands::cancel(args).await,
                     Command::Workers(args) => commands::workers(args).await,
                     Command::Limits(args) => commands::limits(args).await,

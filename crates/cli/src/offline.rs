@@ -72,6 +72,11 @@ pub enum DefinitionsCommand {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Move the unfinished runs of one version to a newer one, with the `[migration]` the
+    /// newer version declares (a state map, data renames, defaults and drops, and states that
+    /// stay); each moved run records DEFINITION_MIGRATED. --dry-run lists what would move and
+    /// what would not, and why. Through the API this needs the admin scope.
+    Migrate(crate::moves::MigrateArgs),
     /// Make a registered version the name's current one: runs enqueued without a version
     /// (and fan-out branches that name none) start with it from now on; runs already started
     /// keep theirs. Through the API this needs the publish scope.
@@ -110,7 +115,9 @@ impl DefinitionsCommand {
     pub fn needs_service(&self) -> bool {
         match self {
             DefinitionsCommand::Check { .. } => false,
-            DefinitionsCommand::Register { .. } | DefinitionsCommand::Current { .. } => true,
+            DefinitionsCommand::Register { .. }
+            | DefinitionsCommand::Current { .. }
+            | DefinitionsCommand::Migrate(_) => true,
             DefinitionsCommand::List {
                 registered, conn, ..
             } => *registered || conn.api.url.is_some(),
@@ -276,19 +283,27 @@ pub fn definitions(cmd: DefinitionsCommand) -> u8 {
             exit::OK
         }
         // Need the database or the API; main runs them on the async runtime.
-        DefinitionsCommand::Register { .. } | DefinitionsCommand::Current { .. } => exit::INPUT,
+        DefinitionsCommand::Register { .. }
+        | DefinitionsCommand::Current { .. }
+        | DefinitionsCommand::Migrate(_) => exit::INPUT,
     }
 }
 
 /// The definition commands that read or write registered versions, through the API when
 /// REIN_URL is set and the database otherwise.
 pub async fn registered(cmd: DefinitionsCommand) -> u8 {
+    let cmd = match cmd {
+        DefinitionsCommand::Migrate(args) => return crate::moves::migrate(args).await,
+        other => other,
+    };
     let conn = match &cmd {
         DefinitionsCommand::List { conn, .. }
         | DefinitionsCommand::Show { conn, .. }
         | DefinitionsCommand::Register { conn, .. }
         | DefinitionsCommand::Current { conn, .. } => conn.clone(),
-        DefinitionsCommand::Check { .. } => return definitions(cmd),
+        DefinitionsCommand::Check { .. } | DefinitionsCommand::Migrate(_) => {
+            return definitions(cmd);
+        }
     };
     let backend = match Backend::open(&conn).await {
         Ok(b) => b,
@@ -453,7 +468,7 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
                 );
             },
         ),
-        DefinitionsCommand::Check { .. } => exit::INPUT,
+        DefinitionsCommand::Check { .. } | DefinitionsCommand::Migrate(_) => exit::INPUT,
     }
 }
 

@@ -352,6 +352,61 @@ impl Backend {
         }
     }
 
+    /// Moves (or lists) the runs of `name` between versions (`rein definitions migrate`).
+    pub async fn migrate(
+        &self,
+        name: &str,
+        body: &rein_ops::moves::MigrateBody,
+        by: &str,
+        progress: &(dyn Fn(&rein_ops::moves::MigratedRun) + Sync),
+    ) -> Result<Value, Error> {
+        match self {
+            Backend::Db(store) => to_value(
+                rein_ops::moves::migrate(
+                    store,
+                    name,
+                    body,
+                    by,
+                    &rein_core::checkpoint::Migrations::new(),
+                    progress,
+                )
+                .await?,
+            ),
+            Backend::Api(c) => {
+                let request = c
+                    .request(
+                        reqwest::Method::POST,
+                        &["v1", "definitions", name, "migrate"],
+                    )
+                    .json(body);
+                c.send(request).await.map(|(v, _)| v)
+            }
+        }
+    }
+
+    /// Forks `run` (`rein fork`).
+    pub async fn fork(
+        &self,
+        run: Uuid,
+        body: &rein_ops::moves::ForkBody,
+        by: &str,
+    ) -> Result<Value, Error> {
+        match self {
+            Backend::Db(store) => {
+                to_value(rein_ops::moves::fork(store, run, body, by, None).await?)
+            }
+            Backend::Api(c) => {
+                let request = c
+                    .request(
+                        reqwest::Method::POST,
+                        &["v1", "runs", &run.to_string(), "fork"],
+                    )
+                    .json(body);
+                c.send(request).await.map(|(v, _)| v)
+            }
+        }
+    }
+
     pub async fn workers(&self) -> Result<Value, Error> {
         match self {
             Backend::Db(store) => to_value(service::workers(store).await?),

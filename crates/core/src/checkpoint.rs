@@ -149,23 +149,46 @@ pub fn replay_judging<'e>(
     events: impl IntoIterator<Item = &'e Event>,
     checkpoints: &[Checkpoint],
 ) -> Result<(RunState, Vec<String>), (usize, InvalidTransition)> {
+    replay_judging_across(&|_| Some(def), initial, events, checkpoints)
+}
+
+/// [`replay_judging`] for a log that may move between versions (DEFINITION_MIGRATED): each
+/// event is reduced with the version it belongs to, from `def_of`, and each checkpoint is
+/// judged against the version it is bound to.
+pub fn replay_judging_across<'d, 'e>(
+    def_of: &dyn Fn(u32) -> Option<&'d Definition>,
+    initial: RunState,
+    events: impl IntoIterator<Item = &'e Event>,
+    checkpoints: &[Checkpoint],
+) -> Result<(RunState, Vec<String>), (usize, InvalidTransition)> {
     let mut pending: Vec<&Checkpoint> = checkpoints.iter().collect();
     pending.sort_by_key(|c| std::cmp::Reverse(c.sequence));
     let mut problems = Vec::new();
     let mut judge = |state: &RunState, pending: &mut Vec<&Checkpoint>| {
         while let Some(c) = pending.last().filter(|c| c.sequence <= state.sequence) {
-            problems.extend(c.disagreement(def, state));
+            match def_of(state.version) {
+                Some(def) => problems.extend(c.disagreement(def, state)),
+                None => problems.push(format!(
+                    "checkpoint at sequence {}: version {} is not known",
+                    c.sequence, state.version
+                )),
+            }
             pending.pop();
         }
     };
     let mut run = initial;
     judge(&run, &mut pending);
     for (i, event) in events.into_iter().enumerate() {
-        run = crate::reducer::apply(def, &run, event).map_err(|e| (i, e))?;
+        run = crate::reducer::apply_across(def_of, &run, event)
+            .map_err(|e| (i, e))?
+            .0;
         judge(&run, &mut pending);
     }
     for c in pending.into_iter().rev() {
-        problems.extend(c.disagreement(def, &run));
+        match def_of(run.version) {
+            Some(def) => problems.extend(c.disagreement(def, &run)),
+            None => problems.push(format!("checkpoint at sequence {}", c.sequence)),
+        }
     }
     Ok((run, problems))
 }
@@ -177,7 +200,8 @@ pub type MigrationFn = Arc<dyn Fn(RunState) -> Result<RunState, String> + Send +
 /// compatible: a missing step is an error.
 #[derive(Clone, Default)]
 pub struct Migrations {
-    steps: HashMap<(String, u32), MigrationFn>,
+    /// (definition, from) -> (to, step).
+    steps: HashMap<(String, u32), (u32, MigrationFn)>,
 }
 
 impl Migrations {
@@ -192,18 +216,49 @@ impl Migrations {
         from: u32,
         f: impl Fn(RunState) -> Result<RunState, String> + Send + Sync + 'static,
     ) -> &mut Self {
+        self.register_to(definition, from, from + 1, f)
+    }
+
+    /// Registers a migration of `definition` from `from` straight to `to`.
+    pub fn register_to(
+        &mut self,
+        definition: &str,
+        from: u32,
+        to: u32,
+        f: impl Fn(RunState) -> Result<RunState, String> + Send + Sync + 'static,
+    ) -> &mut Self {
         self.steps
-            .insert((definition.to_owned(), from), Arc::new(f));
+            .insert((definition.to_owned(), from), (to, Arc::new(f)));
         self
+    }
+
+    /// Registers the migration `def` declares in `[migration]` (from its `from` to its own
+    /// version), if it declares one. Registered closures for the same step are replaced.
+    pub fn declare(&mut self, def: &Definition) -> &mut Self {
+        if let Some(spec) = def.spec().migration.clone() {
+            self.register_to(def.name(), spec.from, def.version(), move |mut run| {
+                let (state, data) = spec.apply(&run)?;
+                run.state = state;
+                run.data = data;
+                Ok(run)
+            });
+        }
+        self
+    }
+
+    /// Whether a step starts at `from` for `definition`.
+    pub fn has_step(&self, definition: &str, from: u32) -> bool {
+        self.steps.contains_key(&(definition.to_owned(), from))
     }
 
     pub fn migrate(&self, checkpoint: &Checkpoint, to: u32) -> Result<Checkpoint, RecoveryError> {
         let mut state = checkpoint.state.clone();
         let mut version = checkpoint.version;
         while version < to {
-            let step = self
+            let (next, step) = self
                 .steps
                 .get(&(checkpoint.definition.clone(), version))
+                .filter(|(next, _)| *next > version && *next <= to)
                 .ok_or_else(|| RecoveryError::NoMigration {
                     definition: checkpoint.definition.clone(),
                     from: version,
@@ -212,10 +267,10 @@ impl Migrations {
             state = step(state).map_err(|message| RecoveryError::MigrationFailed {
                 definition: checkpoint.definition.clone(),
                 from: version,
-                to: version + 1,
+                to: *next,
                 message,
             })?;
-            version += 1;
+            version = *next;
             state.version = version;
         }
         if version != to {

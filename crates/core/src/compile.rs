@@ -699,6 +699,23 @@ impl Definition {
         }
 
         let senders = crate::external::resolve(&spec, &events, &call_results, &table, &mut p);
+        if let Some(migration) = &spec.migration {
+            let names: BTreeSet<&str> = spec.states.iter().map(|s| s.name.as_str()).collect();
+            for (item, reason) in migration.problems(spec.version, &names) {
+                p(item, reason);
+            }
+            for (old, new) in &migration.states {
+                if states
+                    .get(new)
+                    .is_some_and(|s| s.kind == StateKind::Terminal)
+                {
+                    p(
+                        format!("migration.states.{old}"),
+                        format!("maps to `{new}`, a terminal state: a migration does not end runs"),
+                    );
+                }
+            }
+        }
         if let Some(problem) = spec.max_events.and_then(crate::runaway::max_events_problem) {
             p("max_events".into(), problem);
         }

@@ -69,10 +69,19 @@ pub enum EngineEvent {
     /// sha256, parent, new: [message hashes]}, reply, finish_reason?, usage?}`. Changes
     /// nothing but the sequence and the run's usage; the decision it carried follows.
     ModelReplied,
+    /// The run moves to another version of its definition (SPEC V1): `{from_version,
+    /// to_version, state, data, by, reason?}`. Reduced with the new version: the control
+    /// state and business data become the migrated ones; the log before it replays on the old
+    /// version, after it on the new. Written only by `rein definitions migrate`.
+    DefinitionMigrated,
+    /// The first event of a fork (SPEC E6): `{source_run_id, at_sequence, source_version,
+    /// snapshot}`, where `snapshot` is the source's state at `at_sequence` (a state, not a copy
+    /// of history). Written only by `rein fork`.
+    RunForked,
 }
 
 impl EngineEvent {
-    pub const ALL: [EngineEvent; 17] = [
+    pub const ALL: [EngineEvent; 19] = [
         EngineEvent::Cancel,
         EngineEvent::ActionDispatched,
         EngineEvent::ActionResultInDoubt,
@@ -90,6 +99,8 @@ impl EngineEvent {
         EngineEvent::ActionDeferred,
         EngineEvent::StepLimitReached,
         EngineEvent::ModelReplied,
+        EngineEvent::DefinitionMigrated,
+        EngineEvent::RunForked,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -111,6 +122,8 @@ impl EngineEvent {
             EngineEvent::ActionDeferred => "ACTION_DEFERRED",
             EngineEvent::StepLimitReached => "STEP_LIMIT_REACHED",
             EngineEvent::ModelReplied => "MODEL_REPLIED",
+            EngineEvent::DefinitionMigrated => "DEFINITION_MIGRATED",
+            EngineEvent::RunForked => "RUN_FORKED",
         }
     }
 
@@ -127,6 +140,15 @@ impl EngineEvent {
                     | EngineEvent::BranchFailed
                     | EngineEvent::BranchRejected
             )
+        )
+    }
+
+    /// Events only an operation on the whole run writes (`rein definitions migrate`, `rein
+    /// fork`), never a sender.
+    pub fn is_operation_only(name: &str) -> bool {
+        matches!(
+            EngineEvent::parse(name),
+            Some(EngineEvent::DefinitionMigrated | EngineEvent::RunForked)
         )
     }
 

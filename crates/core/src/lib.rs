@@ -35,6 +35,7 @@ pub mod http_url;
 pub mod join;
 pub mod labels;
 pub mod limits;
+pub mod migration;
 pub mod model;
 pub mod reducer;
 mod reject;

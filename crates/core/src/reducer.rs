@@ -373,6 +373,8 @@ fn apply_engine(
         | EngineEvent::InboxExpired
         | EngineEvent::BranchRejected
         | EngineEvent::ModelReplied => {}
+        EngineEvent::DefinitionMigrated => migrated(def, run, event, &mut next)?,
+        EngineEvent::RunForked => forked(def, run, event, &mut next)?,
         EngineEvent::BranchSucceeded | EngineEvent::BranchFailed => {
             if def.is_terminal(&run.state) {
                 return Err(RejectReason::Terminal);
@@ -383,6 +385,135 @@ fn apply_engine(
     }
     crate::budget::account(def, &mut next, event, false)?;
     Ok(next)
+}
+
+fn bad(message: String) -> RejectReason {
+    RejectReason::BadPayload { message }
+}
+
+fn version_field(event: &Event, name: &str) -> Result<u32, RejectReason> {
+    event
+        .payload
+        .get(name)
+        .and_then(|v| v.as_u64())
+        .and_then(|v| u32::try_from(v).ok())
+        .ok_or_else(|| bad(format!("{} needs a numeric `{name}`", event.kind)))
+}
+
+/// DEFINITION_MIGRATED, reduced with the version the run moves to (SPEC V1).
+fn migrated(
+    def: &Definition,
+    run: &RunState,
+    event: &Event,
+    next: &mut RunState,
+) -> Result<(), RejectReason> {
+    let (from, to) = (
+        version_field(event, "from_version")?,
+        version_field(event, "to_version")?,
+    );
+    if run.definition != def.name() || run.version != from || def.version() != to || from == to {
+        return Err(bad(format!(
+            "moves {}@v{from} to v{to}, but the run is {}@v{} and the event is reduced with v{}",
+            def.name(),
+            run.definition,
+            run.version,
+            def.version()
+        )));
+    }
+    crate::migration::between_steps(run).map_err(|why| bad(format!("cannot move: {why}")))?;
+    let state = event
+        .payload
+        .get("state")
+        .and_then(|v| v.as_str())
+        .ok_or_else(|| bad("DEFINITION_MIGRATED needs a string `state`".into()))?;
+    if def.state(state).is_none() || def.is_terminal(state) {
+        return Err(bad(format!(
+            "state `{state}` is not a non-terminal state of v{to}"
+        )));
+    }
+    let data = event
+        .payload
+        .get("data")
+        .filter(|d| d.is_object())
+        .ok_or_else(|| bad("DEFINITION_MIGRATED needs an object `data`".into()))?;
+    next.version = to;
+    next.data = data.clone();
+    if state != run.state {
+        next.state = state.to_owned();
+        next.entered_at_sequence = event.sequence;
+        next.attempt = 0;
+        next.action = None;
+        next.reminders_sent = 0;
+    }
+    Ok(())
+}
+
+/// RUN_FORKED: the fork's first event, which makes its state the source's snapshot (SPEC E6).
+fn forked(
+    def: &Definition,
+    run: &RunState,
+    event: &Event,
+    next: &mut RunState,
+) -> Result<(), RejectReason> {
+    if run.sequence != 0 {
+        return Err(bad("RUN_FORKED can only be a run's first event".into()));
+    }
+    let snapshot: RunState = event
+        .payload
+        .get("snapshot")
+        .cloned()
+        .ok_or_else(|| bad("RUN_FORKED needs a `snapshot`".into()))
+        .and_then(|s| {
+            serde_json::from_value(s).map_err(|e| bad(format!("RUN_FORKED snapshot: {e}")))
+        })?;
+    if snapshot.definition != def.name() || snapshot.version != def.version() {
+        return Err(bad(format!(
+            "the snapshot is of {}@v{}, the run of {}@v{}",
+            snapshot.definition,
+            snapshot.version,
+            def.name(),
+            def.version()
+        )));
+    }
+    if def.state(&snapshot.state).is_none() || def.is_terminal(&snapshot.state) {
+        return Err(bad(format!(
+            "the snapshot's state `{}` is not a non-terminal state of v{}",
+            snapshot.state,
+            def.version()
+        )));
+    }
+    crate::migration::between_steps(&snapshot).map_err(|why| bad(format!("cannot fork: {why}")))?;
+    *next = snapshot;
+    next.sequence = event.sequence;
+    next.entered_at_sequence = event.sequence;
+    Ok(())
+}
+
+/// Applies `event` with the version of the definition it is reduced with: the one the run is
+/// on, or for DEFINITION_MIGRATED the one it moves to. `def_of` gives a version of the run's
+/// definition, `None` when it is not known.
+pub fn apply_across<'d>(
+    def_of: &dyn Fn(u32) -> Option<&'d Definition>,
+    run: &RunState,
+    event: &Event,
+) -> Result<(RunState, &'d Definition), InvalidTransition> {
+    let version = if event.kind == EngineEvent::DefinitionMigrated.as_str() {
+        version_field(event, "to_version").ok()
+    } else {
+        Some(run.version)
+    };
+    let reject = |reason| InvalidTransition {
+        state: run.state.clone(),
+        event: event.kind.clone(),
+        sequence: event.sequence,
+        reason,
+    };
+    let def = version.and_then(def_of).ok_or_else(|| {
+        reject(bad(format!(
+            "version {version:?} of the definition is not known"
+        )))
+    })?;
+    Ok((apply(def, run, event)?, def))
 }
 
 /// Picks among competing candidate events by the definition's declared priority (SPEC M6),

@@ -63,6 +63,9 @@ pub struct DefinitionSpec {
     /// scopes of the callers' tokens.
     #[serde(default, skip_serializing_if = "PolicySpec::is_empty")]
     pub policy: PolicySpec,
+    /// How runs of an older version move to this one (`[migration]`, SPEC V1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration: Option<crate::migration::MigrationSpec>,
 }
 
 /// Separation-of-duties rules of a definition (`[policy]`).

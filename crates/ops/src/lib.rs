@@ -7,6 +7,7 @@
 
 mod definition_file;
 pub mod error;
+pub mod moves;
 pub mod paging;
 pub mod recovery;
 pub mod schema;

@@ -16,6 +16,7 @@ mod gauges;
 pub mod input;
 mod leader;
 pub mod metrics;
+mod moves;
 mod operate;
 mod reads;
 mod retention;
@@ -48,6 +49,7 @@ pub use definitions::{
 pub use error::{StoreError, is_unreachable};
 pub use gauges::{FleetGauges, RETRYING_ATTEMPTS_MIN};
 pub use leader::{LEADER_TTL_MS_MAX, LEADER_TTL_MS_MIN, LeaderInfo, LeaderLease};
+pub use moves::{FORK_DEPTH_MAX, MIGRATION_PAGE_MAX, MigrationCandidate, Moved};
 pub use operate::Member;
 pub use reads::{
     Budgeted, EventAt, EventTime, ID_PREFIX_LEN_MAX, PageView, ROW_BYTES_BESIDES_JSON, Recovered,
@@ -57,7 +59,7 @@ pub use retention::{ARCHIVE_BATCH_MAX, ArchiveCandidates, ArchivedBatch, EventsT
 pub use scans::{NextLook, SCAN_BACKOFF_MS_MAX, SCAN_BACKOFF_MS_MIN, Seen};
 pub use send::{
     CLIENT_KEY_LEN_MAX, ClientKey, EnqueueRequest, Enqueued, INBOX_READ_MAX, INBOX_TTL_MS_DEFAULT,
-    InboxEntry, SendOutcome, plan_inbox, sent_event_id,
+    INPUT_BYTES_MAX, InboxEntry, SendOutcome, plan_inbox, sent_event_id,
 };
 pub use sender::{API_SENDER_PREFIX, SENDER_BYTES_MAX, Sender};
 pub use tokens::{

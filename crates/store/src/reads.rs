@@ -473,9 +473,6 @@ impl Store {
     /// they all agree; `Ok(Some(reason))` describes the first mismatch.
     pub async fn verify_run(&self, run_id: Uuid) -> Result<Option<String>, StoreError> {
         let row = self.run(run_id).await?;
-        let def = self
-            .load_definition(&row.definition, Some(row.version))
-            .await?;
         let input = self.run_input(run_id).await?;
         let events = self.history(run_id).await?;
         for (i, e) in events.iter().enumerate() {
@@ -492,14 +489,21 @@ impl Store {
             Err(StoreError::Corrupt(problem)) => return Ok(Some(problem)),
             Err(e) => return Err(e),
         };
-        let (replayed, bad_checkpoints) = match rein_core::checkpoint::replay_judging(
-            &def,
-            RunState::initial(&def, input),
-            events
-                .iter()
-                .map(|e| e.as_event())
-                .collect::<Vec<_>>()
-                .iter(),
+        let logged: Vec<Event> = events.iter().map(StoredEvent::as_event).collect();
+        let defs = self
+            .log_definitions(&row.definition, row.version, &logged)
+            .await?;
+        let first = rein_core::migration::first_version(row.version, logged.iter());
+        let Some(first_def) = defs.get(&first) else {
+            return Ok(Some(format!(
+                "the log starts on v{first}, which is not registered"
+            )));
+        };
+        let def_of = |v: u32| defs.get(&v);
+        let (replayed, bad_checkpoints) = match rein_core::checkpoint::replay_judging_across(
+            &def_of,
+            RunState::initial(first_def, input),
+            logged.iter(),
             &checkpoints,
         ) {
             Ok(judged) => judged,
@@ -578,9 +582,17 @@ impl Store {
         }
         let input = self.run_input(run_id).await?;
         let events = self.events_between(run_id, 0, upto).await?;
-        let (replayed, bad_checkpoint) = rein_core::checkpoint::replay_judging(
-            &def,
-            RunState::initial(&def, input),
+        let defs = self
+            .log_definitions(&row.definition, row.version, &events)
+            .await?;
+        let first = rein_core::migration::first_version(row.version, events.iter());
+        let first_def = defs
+            .get(&first)
+            .ok_or_else(|| StoreError::Corrupt(format!("the log starts on unknown v{first}")))?;
+        let def_of = |v: u32| defs.get(&v);
+        let (replayed, bad_checkpoint) = rein_core::checkpoint::replay_judging_across(
+            &def_of,
+            RunState::initial(first_def, input),
             events.iter(),
             checkpoint.as_slice(),
         )

@@ -276,6 +276,11 @@ impl Store {
                 "{kind} is delivered by the engine when a branch's run ends; it cannot be sent"
             )));
         }
+        if EngineEvent::is_operation_only(kind) {
+            return Err(StoreError::Invalid(format!(
+                "{kind} is written by `rein definitions migrate` or `rein fork`; it cannot be sent"
+            )));
+        }
         if kind == EngineEvent::ActionDeferred.as_str() {
             return Err(StoreError::Invalid(format!(
                 "{kind} is written by the worker a fleet-wide limit holds back; it cannot be sent"

@@ -214,9 +214,10 @@ impl Model {
             ))
         };
         let input = self.store.run_input(ctx.run_id).await.map_err(unreadable)?;
+        // A fork continues its source's conversation up to where it was forked.
         let log: Vec<Event> = self
             .store
-            .history(ctx.run_id)
+            .lineage(ctx.run_id)
             .await
             .map_err(unreadable)?
             .into_iter()

@@ -1,0 +1,73 @@
+//! Routes that change runs in flight ([`rein_ops::moves`]): moving the runs of a definition
+//! version to another, and forking a run from a sequence of its log.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Extension, Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use rein_core::checkpoint::Migrations;
+use rein_ops::ErrorBody;
+use rein_ops::moves::{self, ForkBody, ForkResponse, MigrateBody, MigrateResponse};
+use rein_store::Scope;
+use uuid::Uuid;
+
+use crate::extract::{definition_name, parse_body, path_id};
+use crate::{ApiError, App, Caller};
+
+/// Move the unfinished runs of one version of a definition to a newer one (what `rein
+/// definitions migrate` does), with the `[migration]` the newer versions declare; `dry_run`
+/// lists what would move and what would not, and why. Each moved run gets a
+/// DEFINITION_MIGRATED event recording both versions and the token's subject; a run a worker
+/// holds is waited for up to `wait_s`, then reported `busy`.
+#[utoipa::path(post, path = "/v1/definitions/{name}/migrate", tag = "definitions",
+    request_body = MigrateBody,
+    params(("name" = String, Path, description = "Definition name")),
+    responses((status = 200, description = "What moved, what would, and what did not, with why", body = MigrateResponse),
+              (status = 401, description = "No or bad token", body = ErrorBody),
+              (status = 403, description = "Needs the admin scope: a migration moves runs of every queue", body = ErrorBody),
+              (status = 404, description = "No such name or version", body = ErrorBody),
+              (status = 422, description = "Invalid request", body = ErrorBody)))]
+pub async fn migrate_definition(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    name: Result<Path<String>, PathRejection>,
+    body: Bytes,
+) -> Result<Json<MigrateResponse>, ApiError> {
+    let who = caller.require(Scope::Admin)?;
+    let name = definition_name(name)?;
+    let body: MigrateBody = parse_body(&body)?;
+    let by = format!("operator:{}", who.subject);
+    let done = moves::migrate(&app.store, &name, &body, &by, &Migrations::new(), &|_| {}).await?;
+    Ok(Json(done))
+}
+
+/// Fork a run (what `rein fork` does): a new run, linked to the source as its parent, whose
+/// log starts with the source's state at sequence `at` (a RUN_FORKED event carrying it) and
+/// continues live, optionally on another version and with patched data. The source is never
+/// touched. A fork at an open or in-doubt call is refused.
+#[utoipa::path(post, path = "/v1/runs/{id}/fork", tag = "runs",
+    params(("id" = Uuid, Path, description = "The run to fork")),
+    request_body = ForkBody,
+    responses((status = 201, description = "The fork", body = ForkResponse),
+              (status = 401, description = "No or bad token", body = ErrorBody),
+              (status = 403, description = "Needs the operate scope, or the run's queue is beyond the token's bounds", body = ErrorBody),
+              (status = 404, description = "No such run or version", body = ErrorBody),
+              (status = 409, description = "The run is not between steps at that sequence", body = ErrorBody),
+              (status = 422, description = "Invalid request", body = ErrorBody)))]
+pub async fn fork_run(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    id: Result<Path<Uuid>, PathRejection>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let who = caller.require(Scope::Operate)?;
+    let id = path_id(id)?;
+    let body: ForkBody = parse_body(&body)?;
+    let by = format!("operator:{}", who.subject);
+    let done = moves::fork(&app.store, id, &body, &by, Some(who)).await?;
+    Ok((StatusCode::CREATED, Json(done)).into_response())
+}

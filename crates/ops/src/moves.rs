@@ -1,0 +1,382 @@
+//! Changing runs in flight (SPEC V1, E6): moving the runs of one definition version to
+//! another (`rein definitions migrate`, `POST /v1/definitions/{name}/migrate`) and forking a
+//! run from a sequence of its log (`rein fork`, `POST /v1/runs/{id}/fork`).
+
+use std::time::{Duration, Instant};
+
+use rein_core::checkpoint::Migrations;
+use rein_core::migration::{Unmovable, fork_snapshot, plan};
+use rein_store::{EnqueueRequest, MIGRATION_PAGE_MAX, Moved, Store, StoreError, TokenInfo};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use crate::error::Error;
+
+/// Most runs one migration moves (or lists in a dry run).
+pub const MIGRATE_RUNS_MAX: usize = 100_000;
+/// Most run ids a migration may be limited to.
+pub const MIGRATE_RUN_IDS_MAX: usize = 10_000;
+/// Longest a migration waits for runs held by a worker, in seconds.
+pub const MIGRATE_WAIT_S_MAX: u64 = 3_600;
+/// Longest reason recorded with a migration or a fork.
+pub const REASON_BYTES_MAX: usize = 1_024;
+
+/// What to move.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MigrateBody {
+    /// The version whose runs move.
+    pub from: u32,
+    /// The version they move to; it must declare `[migration]` from `from` (or a chain of them).
+    pub to: u32,
+    /// Only list what would move and what would not, and why.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// Only these runs (at most 10,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs: Option<Vec<Uuid>>,
+    /// How long to wait for runs a worker holds or that are between a call and its result
+    /// (0..=3600 s, default 0: report them as not moved).
+    #[serde(default)]
+    pub wait_s: u64,
+    /// Why, recorded with every move.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// One run's fate in a migration.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct MigratedRun {
+    pub run_id: Uuid,
+    /// Its state on the old version.
+    pub from_state: String,
+    /// Its state on the new one, when it moves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_state: Option<String>,
+    /// `moved`, `would_move` (dry run), `not_migratable` or `busy` (held by a worker or in
+    /// the middle of a call past the wait).
+    pub outcome: String,
+    /// Why it did not move.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// The sequence of its DEFINITION_MIGRATED event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<i64>,
+}
+
+/// The result of a migration or its dry run.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MigrateResponse {
+    pub definition: String,
+    pub from: u32,
+    pub to: u32,
+    pub dry_run: bool,
+    pub moved: usize,
+    pub would_move: usize,
+    pub not_migratable: usize,
+    pub busy: usize,
+    pub runs: Vec<MigratedRun>,
+}
+
+fn check_reason(reason: Option<&str>) -> Result<(), Error> {
+    match reason {
+        Some(r) if r.len() > REASON_BYTES_MAX => Err(Error::validation(format!(
+            "reason is {} bytes; the limit is {REASON_BYTES_MAX}",
+            r.len()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The migrations from `from` to `to` of `name`: every registered version's `[migration]`,
+/// plus `extra` (closures registered by a program embedding Rein).
+async fn migrations_of(
+    store: &Store,
+    name: &str,
+    from: u32,
+    to: u32,
+    extra: &Migrations,
+) -> Result<Migrations, Error> {
+    let mut all = extra.clone();
+    for v in from.min(to) + 1..=from.max(to) {
+        match store.load_definition(name, Some(v)).await {
+            Ok(def) => {
+                if !extra.has_step(name, def.spec().migration.as_ref().map_or(0, |m| m.from)) {
+                    all.declare(&def);
+                }
+            }
+            Err(StoreError::UnknownDefinition { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(all)
+}
+
+/// Moves (or with `dry_run` lists) the unfinished runs of `name`@`from` to `to` with the
+/// migrations the versions declare and `extra`. A run a worker holds, or one between a call
+/// and its result, is retried until `wait_s` has passed; `progress` hears of each run.
+pub async fn migrate(
+    store: &Store,
+    name: &str,
+    body: &MigrateBody,
+    by: &str,
+    extra: &Migrations,
+    progress: &(dyn Fn(&MigratedRun) + Sync),
+) -> Result<MigrateResponse, Error> {
+    check_reason(body.reason.as_deref())?;
+    if body.from == body.to {
+        return Err(Error::validation("from and to are the same version"));
+    }
+    if body.to < body.from {
+        return Err(Error::validation(
+            "a migration moves runs to a newer version; to must be greater than from",
+        ));
+    }
+    if body.wait_s > MIGRATE_WAIT_S_MAX {
+        return Err(Error::validation(format!(
+            "wait_s is {}; the limit is {MIGRATE_WAIT_S_MAX}",
+            body.wait_s
+        )));
+    }
+    if let Some(runs) = &body.runs
+        && runs.len() > MIGRATE_RUN_IDS_MAX
+    {
+        return Err(Error::validation(format!(
+            "{} run ids; the limit is {MIGRATE_RUN_IDS_MAX}",
+            runs.len()
+        )));
+    }
+    store.load_definition(name, Some(body.from)).await?;
+    let to = store.load_definition(name, Some(body.to)).await?;
+    let migrations = migrations_of(store, name, body.from, body.to, extra).await?;
+    let deadline = Instant::now() + Duration::from_secs(body.wait_s);
+    let mut runs: Vec<MigratedRun> = Vec::new();
+    let mut after = None;
+    let mut waiting: Vec<Uuid> = Vec::new();
+    loop {
+        let page = store
+            .migration_candidates(
+                name,
+                body.from,
+                body.runs.as_deref(),
+                after,
+                MIGRATION_PAGE_MAX,
+            )
+            .await?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.run_id);
+        for candidate in page {
+            if runs.len() >= MIGRATE_RUNS_MAX {
+                break;
+            }
+            let fate = move_one(store, &to, &migrations, &candidate, body, by).await?;
+            if fate.outcome == "busy" && body.wait_s > 0 {
+                waiting.push(candidate.run_id);
+                continue;
+            }
+            progress(&fate);
+            runs.push(fate);
+        }
+    }
+    // Runs held by a worker or in a call: again, until they move or the wait is over.
+    while !waiting.is_empty() {
+        let retry_all = Instant::now() >= deadline;
+        let page = store
+            .migration_candidates(name, body.from, Some(&waiting), None, MIGRATION_PAGE_MAX)
+            .await?;
+        let mut still = Vec::new();
+        for candidate in page {
+            let fate = move_one(store, &to, &migrations, &candidate, body, by).await?;
+            if fate.outcome == "busy" && !retry_all {
+                still.push(candidate.run_id);
+                continue;
+            }
+            progress(&fate);
+            runs.push(fate);
+        }
+        // A waiting run that finished or moved meanwhile is no longer a candidate.
+        waiting = still;
+        if retry_all {
+            break;
+        }
+        if !waiting.is_empty() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let count = |what: &str| runs.iter().filter(|r| r.outcome == what).count();
+    Ok(MigrateResponse {
+        definition: name.to_owned(),
+        from: body.from,
+        to: body.to,
+        dry_run: body.dry_run,
+        moved: count("moved"),
+        would_move: count("would_move"),
+        not_migratable: count("not_migratable"),
+        busy: count("busy"),
+        runs,
+    })
+}
+
+async fn move_one(
+    store: &Store,
+    to: &rein_core::Definition,
+    migrations: &Migrations,
+    candidate: &rein_store::MigrationCandidate,
+    body: &MigrateBody,
+    by: &str,
+) -> Result<MigratedRun, Error> {
+    let mut fate = MigratedRun {
+        run_id: candidate.run_id,
+        from_state: candidate.state.state.clone(),
+        to_state: None,
+        outcome: String::new(),
+        why: None,
+        sequence: None,
+    };
+    let planned = match plan(to, migrations, &candidate.state) {
+        Ok(p) => p,
+        Err(why) => {
+            fate.outcome = if why.later() {
+                "busy"
+            } else {
+                "not_migratable"
+            }
+            .into();
+            fate.why = Some(why.to_string());
+            return Ok(fate);
+        }
+    };
+    fate.to_state = Some(planned.to_state.clone());
+    if body.dry_run {
+        fate.outcome = "would_move".into();
+        if candidate.lease_live {
+            fate.why = Some("a worker holds it now; it moves once the worker lets go".into());
+        }
+        return Ok(fate);
+    }
+    let payload = planned.payload(by, body.reason.as_deref());
+    match store.commit_migration(candidate, to, payload, by).await {
+        Ok(Moved::Committed { sequence }) => {
+            fate.outcome = "moved".into();
+            fate.sequence = Some(sequence);
+        }
+        Ok(Moved::Busy { why }) => {
+            fate.outcome = "busy".into();
+            fate.why = Some(why);
+        }
+        Err(StoreError::InvalidTransition(e)) => {
+            fate.outcome = "not_migratable".into();
+            fate.why = Some(e.to_string());
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(fate)
+}
+
+/// A fork (SPEC E6).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkBody {
+    /// The sequence of the source's log the fork starts after (its state there).
+    pub at: i64,
+    /// Another version of the source's definition to continue on (default: the version the
+    /// source was on at that sequence).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u32>,
+    /// Merged into the fork's business data key by key (`null` removes a key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_patch: Option<Value>,
+    /// Why, recorded in the fork's first event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ForkResponse {
+    /// The new run.
+    pub run_id: Uuid,
+    /// The run it was forked from (unchanged).
+    pub forked_from: Uuid,
+    /// The source's sequence the fork starts after.
+    pub at_sequence: i64,
+    pub definition: String,
+    pub version: u32,
+    /// The control state the fork starts in.
+    pub state: String,
+}
+
+/// Forks `source` at `body.at` as `by`; the new run is created within `token`'s bounds.
+pub async fn fork(
+    store: &Store,
+    source: Uuid,
+    body: &ForkBody,
+    by: &str,
+    token: Option<&TokenInfo>,
+) -> Result<ForkResponse, Error> {
+    check_reason(body.reason.as_deref())?;
+    if let Some(patch) = &body.input_patch {
+        if !patch.is_object() {
+            return Err(Error::validation("input_patch must be a JSON object"));
+        }
+        let size = patch.to_string().len();
+        if size > rein_store::INPUT_BYTES_MAX {
+            return Err(Error::validation(format!(
+                "input_patch is {size} bytes; the limit is {}",
+                rein_store::INPUT_BYTES_MAX
+            )));
+        }
+    }
+    let row = store.run(source).await?;
+    if body.at < 1 {
+        return Err(Error::validation(
+            "at must be a sequence of the source's log (1 or more)",
+        ));
+    }
+    let at = store.state_at(source, body.at).await.map_err(|e| match e {
+        StoreError::Invalid(m) => Error::validation(m),
+        other => other.into(),
+    })?;
+    let version = body.version.unwrap_or(at.version);
+    let to = store
+        .load_definition(&row.definition, Some(version))
+        .await?;
+    let migrations = if version > at.version {
+        migrations_of(
+            store,
+            &row.definition,
+            at.version,
+            version,
+            &Migrations::new(),
+        )
+        .await?
+    } else {
+        Migrations::new()
+    };
+    let snapshot = fork_snapshot(&at, &to, &migrations, body.input_patch.as_ref()).map_err(
+        |why| match why {
+            Unmovable::Refused(m) => Error::conflict(format!("cannot fork there: {m}")),
+            other => Error::conflict(format!(
+                "cannot fork at sequence {}: {other}; pick a sequence between steps",
+                body.at
+            )),
+        },
+    )?;
+    let input = store.run_input(source).await?;
+    let mut request = EnqueueRequest::new(to.clone(), input);
+    request.queue = row.queue.clone();
+    request.priority = row.priority;
+    request.enqueued_by = Some(by.to_owned());
+    let run_id = store
+        .fork(token, source, body.at, request, &snapshot, by)
+        .await?;
+    Ok(ForkResponse {
+        run_id,
+        forked_from: source,
+        at_sequence: body.at,
+        definition: to.name().to_owned(),
+        version: to.version(),
+        state: snapshot.state,
+    })
+}
