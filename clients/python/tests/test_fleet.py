@@ -238,6 +238,25 @@ def test_rerun_verify_and_brief(client: rein.Client, fleet: Fleet) -> None:
     client.cancel(parked)
 
 
+def test_fork_a_finished_run_and_plan_a_migration(client: rein.Client, fleet: Fleet) -> None:
+    first = client.wait(
+        client.enqueue("lifecycle", {"sim": {"work_ms": 1}}), timeout=60)
+    history = list(client.history(first))
+    dispatched = next(e for e in history if e.type == "ACTION_DISPATCHED")
+    # At an open call a fork is refused; before it, between steps, it is not.
+    with pytest.raises(errors.Conflict):
+        client.fork(first, dispatched.sequence)
+    fork = client.fork(first, dispatched.sequence - 1, reason="again")
+    assert fork.forked_from == first.run_id and fork.at_sequence == dispatched.sequence - 1
+    done = client.wait(fork.run_id, timeout=60)
+    assert done.status == "terminal" and done.parent_run_id == first.run_id
+    assert client.verify(done).ok
+    assert list(client.history(done))[0].type == "RUN_FORKED"
+    # Migrating to the version a run is on already is refused before anything moves.
+    with pytest.raises(errors.ValidationFailed):
+        client.migrate_runs("lifecycle", 2, 2, dry_run=True)
+
+
 def test_stream_follows_a_run_to_its_end_and_resumes_after_an_id(client: rein.Client) -> None:
     run = client.enqueue("lifecycle", {"sim": {"work_ms": 20, "steps": 3}})
     items = list(client.stream(run))

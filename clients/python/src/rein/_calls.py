@@ -33,6 +33,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/runs/{id}"): "get_run",
     ("GET", "/v1/runs/{id}/why"): "why",
     ("POST", "/v1/runs/{id}/rerun"): "rerun",
+    ("POST", "/v1/runs/{id}/fork"): "fork",
     ("GET", "/v1/runs/{id}/events"): "history",
     ("POST", "/v1/runs/{id}/events"): "send",
     ("GET", "/v1/runs/{id}/stream"): "stream",
@@ -50,6 +51,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/definitions"): "register_definition",
     ("GET", "/v1/definitions/{name}"): "get_definition",
     ("POST", "/v1/definitions/{name}/current"): "set_current_definition",
+    ("POST", "/v1/definitions/{name}/migrate"): "migrate_runs",
 }
 
 DEFAULT_URL = "http://127.0.0.1:7878"
@@ -342,6 +344,25 @@ def rerun(run: RunRef) -> Call[models.RerunResponse]:
     return Call("POST", f"/v1/runs/{run_id(run)}/rerun", model(models.RerunResponse))
 
 
+def fork(
+    run: RunRef,
+    at: int,
+    version: int | None,
+    input_patch: Mapping[str, Any] | None,
+    reason: str | None,
+) -> Call[models.ForkResponse]:
+    body: dict[str, Any] = {"at": at}
+    if version is not None:
+        body["version"] = version
+    if input_patch is not None:
+        body["input_patch"] = dict(input_patch)
+    if reason is not None:
+        body["reason"] = reason
+    return Call(
+        "POST", f"/v1/runs/{run_id(run)}/fork", model(models.ForkResponse), json_body=body
+    )
+
+
 def why(run: RunRef) -> Call[models.WhyView]:
     return Call("GET", f"/v1/runs/{run_id(run)}/why", model(models.WhyView))
 
@@ -490,6 +511,29 @@ def _definition_document(path_or_text: str | os.PathLike[str]) -> tuple[str, boo
     if path.suffix == ".toml":
         return text_, True
     return text_, not text_.lstrip().startswith("{")
+
+
+def migrate_runs(
+    name: str,
+    from_version: int,
+    to_version: int,
+    dry_run: bool,
+    runs: list[RunRef] | None,
+    wait_s: int,
+    reason: str | None,
+) -> Call[models.MigrateResponse]:
+    body: dict[str, Any] = {"from": from_version, "to": to_version, "dry_run": dry_run,
+                            "wait_s": wait_s}
+    if runs is not None:
+        body["runs"] = [str(run_id(r)) for r in runs]
+    if reason is not None:
+        body["reason"] = reason
+    return Call(
+        "POST",
+        f"/v1/definitions/{_segment(name, 'a definition name')}/migrate",
+        model(models.MigrateResponse),
+        json_body=body,
+    )
 
 
 def set_current_definition(

@@ -161,6 +161,19 @@ class Client:
     def rerun(self, run: RunRef) -> models.RerunResponse:
         return self._do(calls.rerun(run))
 
+    def fork(
+        self,
+        run: RunRef,
+        at: int,
+        *,
+        version: int | None = None,
+        input_patch: Mapping[str, Any] | None = None,
+        reason: str | None = None,
+    ) -> models.ForkResponse:
+        """A new run from `run`'s state right after event `at`, on `version` if given, with
+        `input_patch` merged into its data; `run` is never changed."""
+        return self._do(calls.fork(run, at, version, input_patch, reason))
+
     def why(self, run: RunRef) -> models.WhyView:
         return self._do(calls.why(run))
 
@@ -293,6 +306,23 @@ class Client:
     ) -> models.RegisterResponse:
         """Register a definition: a path to a .toml/.json file, or the document's text."""
         return self._do(calls.register_definition(path_or_text, make_current, allow_builtin))
+
+    def migrate_runs(
+        self,
+        name: str,
+        from_version: int,
+        to_version: int,
+        *,
+        dry_run: bool = False,
+        runs: list[RunRef] | None = None,
+        wait_s: int = 0,
+        reason: str | None = None,
+    ) -> models.MigrateResponse:
+        """Moves the unfinished runs of `name` v`from_version` to v`to_version` with the
+        `[migration]` it declares (admin scope); `dry_run` only lists the plan."""
+        return self._do(
+            calls.migrate_runs(name, from_version, to_version, dry_run, runs, wait_s, reason)
+        )
 
     def set_current_definition(
         self, name: str, version: int, *, allow_builtin: bool = False
@@ -429,6 +459,19 @@ class AsyncClient:
     async def rerun(self, run: RunRef) -> models.RerunResponse:
         return await self._do(calls.rerun(run))
 
+    async def fork(
+        self,
+        run: RunRef,
+        at: int,
+        *,
+        version: int | None = None,
+        input_patch: Mapping[str, Any] | None = None,
+        reason: str | None = None,
+    ) -> models.ForkResponse:
+        """A new run from `run`'s state right after event `at`, on `version` if given, with
+        `input_patch` merged into its data; `run` is never changed."""
+        return await self._do(calls.fork(run, at, version, input_patch, reason))
+
     async def why(self, run: RunRef) -> models.WhyView:
         return await self._do(calls.why(run))
 
@@ -553,6 +596,23 @@ class AsyncClient:
     ) -> models.RegisterResponse:
         return await self._do(
             calls.register_definition(path_or_text, make_current, allow_builtin)
+        )
+
+    async def migrate_runs(
+        self,
+        name: str,
+        from_version: int,
+        to_version: int,
+        *,
+        dry_run: bool = False,
+        runs: list[RunRef] | None = None,
+        wait_s: int = 0,
+        reason: str | None = None,
+    ) -> models.MigrateResponse:
+        """Moves the unfinished runs of `name` v`from_version` to v`to_version` with the
+        `[migration]` it declares (admin scope); `dry_run` only lists the plan."""
+        return await self._do(
+            calls.migrate_runs(name, from_version, to_version, dry_run, runs, wait_s, reason)
         )
 
     async def set_current_definition(

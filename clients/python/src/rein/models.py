@@ -168,6 +168,54 @@ class EventView(BaseModel):
     worker: str
 
 
+class ForkBody(BaseModel):
+    """
+    A fork (SPEC E6).
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    at: int
+    """
+    The sequence of the source's log the fork starts after (its state there).
+    """
+    input_patch: Any | None = None
+    """
+    Merged into the fork's business data key by key (`null` removes a key).
+    """
+    reason: str | None = None
+    """
+    Why, recorded in the fork's first event.
+    """
+    version: int | None = Field(None, ge=0)
+    """
+    Another version of the source's definition to continue on (default: the version the
+    source was on at that sequence).
+    """
+
+
+class ForkResponse(BaseModel):
+    at_sequence: int
+    """
+    The source's sequence the fork starts after.
+    """
+    definition: str
+    forked_from: UUID
+    """
+    The run it was forked from (unchanged).
+    """
+    run_id: UUID
+    """
+    The new run.
+    """
+    state: str
+    """
+    The control state the fork starts in.
+    """
+    version: int = Field(..., ge=0)
+
+
 class Health(BaseModel):
     status: str
 
@@ -207,6 +255,70 @@ class MeView(BaseModel):
     The token's subject: what decisions and sent events record as their sender.
     """
     token_id: UUID
+
+
+class MigrateBody(BaseModel):
+    """
+    What to move.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    dry_run: bool | None = None
+    """
+    Only list what would move and what would not, and why.
+    """
+    from_: int = Field(..., alias="from", ge=0)
+    """
+    The version whose runs move.
+    """
+    reason: str | None = None
+    """
+    Why, recorded with every move.
+    """
+    runs: list[UUID] | None = None
+    """
+    Only these runs (at most 10,000).
+    """
+    to: int = Field(..., ge=0)
+    """
+    The version they move to; it must declare `[migration]` from `from` (or a chain of them).
+    """
+    wait_s: int | None = Field(None, ge=0)
+    """
+    How long to wait for runs a worker holds or that are between a call and its result
+    (0..=3600 s, default 0: report them as not moved).
+    """
+
+
+class MigratedRun(BaseModel):
+    """
+    One run's fate in a migration.
+    """
+
+    from_state: str
+    """
+    Its state on the old version.
+    """
+    outcome: str
+    """
+    `moved`, `would_move` (dry run), `not_migratable` or `busy` (held by a worker or in
+    the middle of a call past the wait).
+    """
+    run_id: UUID
+    sequence: int | None = None
+    """
+    The sequence of its DEFINITION_MIGRATED event.
+    """
+    to_state: str | None = None
+    """
+    Its state on the new one, when it moves.
+    """
+    why: str | None = None
+    """
+    Why it did not move.
+    """
 
 
 class Name(RootModel[str]):
@@ -658,6 +770,22 @@ class EventsPageView(BaseModel):
     Whether the page holds fewer events than `limit` because more would pass its byte
     bound (as `Rein-Page-Truncated`).
     """
+
+
+class MigrateResponse(BaseModel):
+    """
+    The result of a migration or its dry run.
+    """
+
+    busy: int = Field(..., ge=0)
+    definition: str
+    dry_run: bool
+    from_: int = Field(..., alias="from", ge=0)
+    moved: int = Field(..., ge=0)
+    not_migratable: int = Field(..., ge=0)
+    runs: list[MigratedRun]
+    to: int = Field(..., ge=0)
+    would_move: int = Field(..., ge=0)
 
 
 class RunView(BaseModel):
