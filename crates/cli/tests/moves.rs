@@ -720,3 +720,72 @@ async fn a_fork_with_a_changed_prompt_asks_the_model_again_and_ends_differently(
         "the source is untouched"
     );
 }
+
+/// Rolling upgrades: a run whose log holds engine events newer than a binary knows is not
+/// claimed by it; moved and forked runs are marked as needing the protocol that reads them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_worker_claims_a_run_whose_log_needs_a_newer_protocol() {
+    let (url, store) = fresh_store("moves_protocol").await;
+    let runs = enqueue_many(&store, "lifecycle", json!({}), "default", 2).await;
+    let protocol_of = |run: Uuid| {
+        let store = store.clone();
+        async move {
+            sqlx::query_scalar::<_, i16>("SELECT protocol FROM rein_runs WHERE run_id = $1")
+                .bind(run)
+                .fetch_one(store.pool())
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(protocol_of(runs[0]).await, 1, "a new run needs nothing new");
+    sqlx::query("UPDATE rein_runs SET protocol = $2 WHERE run_id = $1")
+        .bind(runs[0])
+        .bind(rein_store::PROTOCOL_VERSION + 1)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let claimed = store
+        .claim("w-old", 10, 60_000, &["default".to_owned()])
+        .await
+        .unwrap();
+    let ids: Vec<Uuid> = claimed.iter().map(|c| c.run_id).collect();
+    assert_eq!(ids, vec![runs[1]], "only the run this binary can read");
+    sqlx::query("UPDATE rein_runs SET protocol = 1 WHERE run_id = $1")
+        .bind(runs[0])
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let claimed = store
+        .claim("w-old", 10, 60_000, &["default".to_owned()])
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+
+    // A fork and a moved run need the protocol of their first or newest event.
+    store.register_definition(&parse(ORDER_V1)).await.unwrap();
+    store
+        .register_definition(&parse(&order_v2()))
+        .await
+        .unwrap();
+    let source = order_runs(&store, 1, true).await[0];
+    let out = rein(&[
+        "fork",
+        &source.to_string(),
+        "--at",
+        "1",
+        "--json",
+        "--database-url",
+        &url,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let fork: Uuid = serde_json::from_str::<Value>(&stdout(&out)).unwrap()["run_id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(protocol_of(fork).await, rein_store::PROTOCOL_MOVES);
+    assert_eq!(protocol_of(source).await, 1);
+    let (code, _) = migrate(&url, &["--runs", &source.to_string()]);
+    assert_eq!(code, Some(0));
+    assert_eq!(protocol_of(source).await, rein_store::PROTOCOL_MOVES);
+}

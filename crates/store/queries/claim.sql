@@ -25,6 +25,8 @@ fair AS (
         WHERE r.status = 'runnable' AND r.lease_owner IS NULL AND r.queue = s.name
           -- Not before a fleet-wide limit allows it (ACTION_DEFERRED sets ready_at ahead).
           AND r.ready_at <= clock_timestamp()
+          -- Only runs whose log this binary can read (rolling upgrades).
+          AND r.protocol <= $6
         ORDER BY r.priority DESC, r.ready_at
         LIMIT s.share
         FOR UPDATE SKIP LOCKED
@@ -39,6 +41,7 @@ rest AS (
         FROM rein_runs r
         WHERE r.status = 'runnable' AND r.lease_owner IS NULL AND r.queue = s.name
           AND r.ready_at <= clock_timestamp()
+          AND r.protocol <= $6
           AND r.run_id NOT IN (SELECT run_id FROM fair)
         ORDER BY r.priority DESC, r.ready_at
         LIMIT $2

@@ -500,6 +500,7 @@ impl Store {
             .bind(&distinct)
             .bind(lease_ttl_ms as i64)
             .bind(turn as i64)
+            .bind(crate::PROTOCOL_VERSION)
             .fetch_all(self.pool())
             .await?;
         rows.into_iter()

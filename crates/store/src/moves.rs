@@ -13,6 +13,9 @@ use crate::commit::{CommitOutcome, CommitPlan, NewEvent, Writer, commit_on, plan
 use crate::send::{EnqueueRequest, enqueue_on};
 use crate::{Store, StoreError};
 
+/// The protocol a log holding DEFINITION_MIGRATED or RUN_FORKED needs (`rein_runs.protocol`).
+pub const PROTOCOL_MOVES: i16 = 2;
+
 /// Most forks of forks followed back when a fork's inherited history is read.
 pub const FORK_DEPTH_MAX: usize = 32;
 
@@ -122,11 +125,15 @@ impl Store {
         .await?;
         let moved = match outcome.into_iter().next() {
             Some(CommitOutcome::Committed(c)) => {
-                sqlx::query("UPDATE rein_runs SET version = $2 WHERE run_id = $1")
-                    .bind(candidate.run_id)
-                    .bind(to.version() as i32)
-                    .execute(&mut *tx)
-                    .await?;
+                sqlx::query(
+                    "UPDATE rein_runs SET version = $2, protocol = GREATEST(protocol, $3)
+                     WHERE run_id = $1",
+                )
+                .bind(candidate.run_id)
+                .bind(to.version() as i32)
+                .bind(PROTOCOL_MOVES)
+                .execute(&mut *tx)
+                .await?;
                 Moved::Committed {
                     sequence: c.sequence,
                 }
@@ -313,6 +320,11 @@ impl Store {
                 )));
             }
         }
+        sqlx::query("UPDATE rein_runs SET protocol = GREATEST(protocol, $2) WHERE run_id = $1")
+            .bind(created.run_id)
+            .bind(PROTOCOL_MOVES)
+            .execute(&mut *tx)
+            .await?;
         let steps_made = i64::from(snapshot.steps_completed) + i64::from(snapshot.action.is_some());
         sqlx::query(
             "INSERT INTO rein_actions (run_id, action_id, node, step, idempotency_key, call_id,
