@@ -146,7 +146,8 @@ pub struct WhatIf {
     /// Events replayed on both before the comparison ended (all of them when the same).
     pub compared: u64,
     pub divergence: Option<Divergence>,
-    /// Where the run's own definition takes the log (all of it, unless it does not replay).
+    /// Where the run's own definition takes the whole log (up to the event it refuses, when
+    /// the log does not replay).
     pub recorded: End,
     /// Where the other definition takes it: the whole log when the same, else the state
     /// before the divergence.
@@ -275,13 +276,25 @@ pub fn compare(
     let mut recorded = RunState::initial(old, input.clone());
     let mut replayed = RunState::initial(new, input);
     let total = events.len() as u64;
-    let diverge = |recorded: &RunState, replayed: &RunState, compared: u64, d: Divergence| WhatIf {
-        verdict: d.kind.verdict(),
-        events: total,
-        compared,
-        recorded: end(old, recorded),
-        replayed: end(new, replayed),
-        divergence: Some(d),
+    // The recorded run goes on past the divergence, to the end of its log.
+    let diverge = |recorded: &RunState, replayed: &RunState, compared: u64, d: Divergence| {
+        let mut last = recorded.clone();
+        if d.kind != Kind::RecordedRejected {
+            for event in events.iter().skip(compared as usize) {
+                match apply(old, &last, event) {
+                    Ok(next) => last = next,
+                    Err(_) => break,
+                }
+            }
+        }
+        WhatIf {
+            verdict: d.kind.verdict(),
+            events: total,
+            compared,
+            recorded: end(old, &last),
+            replayed: end(new, replayed),
+            divergence: Some(d),
+        }
     };
     if old.initial_state() != new.initial_state() {
         let d = Divergence {
@@ -300,12 +313,7 @@ pub fn compare(
             rejection: None,
             candidates: Vec::new(),
         };
-        let recorded_end = crate::reducer::replay(old, recorded.clone(), events).ok();
-        let mut out = diverge(&recorded, &replayed, 0, d);
-        if let Some(r) = recorded_end {
-            out.recorded = end(old, &r);
-        }
-        return out;
+        return diverge(&recorded, &replayed, 0, d);
     }
     for (i, event) in events.iter().enumerate() {
         let compared = i as u64 + 1;
@@ -601,7 +609,7 @@ to = "{shipped_to}"
             out.compared, 1,
             "events after the divergence are not compared"
         );
-        assert_eq!(out.recorded.state, "APPROVED");
+        assert_eq!(out.recorded.state, "SHIPPED_OK", "the recorded run's end");
         assert_eq!(out.replayed.state, "CHECKING", "the other stops before it");
         // Below both thresholds nothing changes.
         let small = compare(
