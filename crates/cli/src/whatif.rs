@@ -126,6 +126,7 @@ pub async fn replay(args: ReplayArgs) -> u8 {
         since: args.since,
         until: args.until,
         limit: args.limit,
+        every_run: args.json,
     };
     let started = std::time::Instant::now();
     let mut shown_at = 0;

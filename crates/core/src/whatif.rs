@@ -218,27 +218,40 @@ fn guard_words(c: &CandidateResult) -> String {
     }
 }
 
-/// Whether the tool decision `event` records would be refused by `new` (or made without
-/// the approval it records), with why.
-fn decision_divergence(new: &Definition, run: &RunState, event: &Event) -> Option<(Kind, String)> {
+/// Whether the tool decision `event` records, which `old` allowed in `recorded`, would be
+/// refused by `new` in `replayed` (or made without the approval it records), with why. A
+/// decision `old` itself would not allow now is not judged: only a change of definition is.
+fn decision_divergence(
+    (old, recorded): (&Definition, &RunState),
+    (new, replayed): (&Definition, &RunState),
+    event: &Event,
+) -> Option<(Kind, String)> {
     let engine = EngineEvent::parse(&event.kind)?;
     let tool = event.payload.get("tool").and_then(|t| t.as_str())?;
     match engine {
-        EngineEvent::ActionDispatched if new.tool(&run.state, tool).is_none() => Some((
-            Kind::DecisionRefused,
-            format!(
-                "the recorded run called tool `{tool}`; state {} of {} offers no such tool",
-                run.state,
-                version_of(new)
-            ),
-        )),
+        EngineEvent::ActionDispatched
+            if old.tool(&recorded.state, tool).is_some()
+                && new.tool(&replayed.state, tool).is_none() =>
+        {
+            Some((
+                Kind::DecisionRefused,
+                format!(
+                    "the recorded run called tool `{tool}`; state {} of {} offers no such tool",
+                    replayed.state,
+                    version_of(new)
+                ),
+            ))
+        }
         EngineEvent::ApprovalRequested => {
             let call = serde_json::json!({
                 "decision": decision::CALL_TOOL,
                 "tool": tool,
                 "args": event.payload.get("args").cloned().unwrap_or(serde_json::json!({})),
             });
-            match decision::validate(new, run, &call) {
+            let Ok(Valid::Call(before)) = decision::validate(old, recorded, &call) else {
+                return None;
+            };
+            match decision::validate(new, replayed, &call) {
                 Err(rejection) => Some((
                     Kind::DecisionRefused,
                     format!(
@@ -248,7 +261,7 @@ fn decision_divergence(new: &Definition, run: &RunState, event: &Event) -> Optio
                         rejection.reason
                     ),
                 )),
-                Ok(Valid::Call(c)) if !c.needs_approval => Some((
+                Ok(Valid::Call(c)) if before.needs_approval && !c.needs_approval => Some((
                     Kind::Approval,
                     format!(
                         "the recorded run asked a person to approve its call of `{tool}`; {}'s \
@@ -366,7 +379,7 @@ pub fn compare(
             let d = divergence(Kind::MissingState, None, why, None, Vec::new());
             return diverge(&next_recorded, &replayed, compared, d);
         }
-        if let Some((kind, why)) = decision_divergence(new, &replayed, event) {
+        if let Some((kind, why)) = decision_divergence((old, &recorded), (new, &replayed), event) {
             let d = divergence(kind, None, why, None, Vec::new());
             return diverge(&next_recorded, &replayed, compared, d);
         }

@@ -95,11 +95,14 @@ pub struct AllRuns<'a> {
     pub until: Option<DateTime<Utc>>,
     /// At most this many (1 to [`RUNS_MAX`]), the oldest first.
     pub limit: usize,
+    /// Whether the answer lists every run's report (`runs`), not only the summary.
+    pub every_run: bool,
 }
 
 /// Replays every run `of` names (oldest first, at most its limit) on `new`, telling
 /// `progress` how many are done after each page: how many would end the same, diverge, be
-/// refused or do not replay, up to [`EXAMPLES_MAX`] examples, and every run's report.
+/// refused or do not replay, up to [`EXAMPLES_MAX`] examples, and (when asked) every run's
+/// report.
 pub async fn all(
     store: &Store,
     of: AllRuns<'_>,
@@ -142,9 +145,10 @@ pub async fn all(
     let mut examples: Vec<Value> = Vec::new();
     let mut after = None;
     let mut more = false;
-    while runs.len() < of.limit {
+    let mut compared = 0;
+    while compared < of.limit {
         // One more than wanted tells whether runs were left out for the limit.
-        let wanted = (of.limit - runs.len()).min(PAGE_RUNS);
+        let wanted = (of.limit - compared).min(PAGE_RUNS);
         let mut page = store.whatif_runs(&window, after, wanted as i64 + 1).await?;
         more = page.len() > wanted;
         page.truncate(wanted);
@@ -177,9 +181,12 @@ pub async fn all(
             if w.verdict != Verdict::Same && examples.len() < EXAMPLES_MAX {
                 examples.push(one.clone());
             }
-            runs.push(one);
+            compared += 1;
+            if of.every_run {
+                runs.push(one);
+            }
         }
-        progress(runs.len());
+        progress(compared);
         if !more {
             break;
         }
@@ -189,13 +196,13 @@ pub async fn all(
         "source": { "name": of.definition, "version": of.version },
         "since": of.since,
         "until": of.until,
-        "compared": runs.len(),
+        "compared": compared,
         "limit": of.limit,
         "truncated": more,
         "counts": counts,
         "by_kind": by_kind,
         "examples": examples,
-        "runs": runs,
+        "runs": of.every_run.then_some(runs),
     }))
 }
 
