@@ -325,6 +325,13 @@ struct WhyView {
     fleet: WhyFleet,
     /// The database clock when these facts were read.
     db_now: DateTime<Utc>,
+    /// The transitions out of the run's state, highest priority first within an event,
+    /// each with its guards' values against the run as it is (SPEC I4): `{event, from, to,
+    /// priority, index, holds, chosen, guards: [{kind, name, expr, value (true, false,
+    /// error, not_evaluated), error, reads_event}]}`. Guards are evaluated with an event
+    /// without payload; one that reads the event says so.
+    #[schema(value_type = Vec<schema::JsonObject>)]
+    transitions_out: Vec<Value>,
     /// What the run waits for, in words.
     waiting_for: String,
     /// What would move it, in words.

@@ -12,6 +12,7 @@ mod retention;
 mod tokens;
 mod watch;
 mod webhooks;
+mod whatif;
 mod why;
 
 use std::process::ExitCode;
@@ -37,8 +38,10 @@ enum Command {
     /// Validate, show and list state-machine definitions.
     #[command(subcommand)]
     Definitions(offline::DefinitionsCommand),
-    /// Re-reduce a recorded event log offline (changes nothing).
-    Replay(offline::ReplayArgs),
+    /// Re-reduce an events file offline, or replay a stored run (or every run of a
+    /// definition) on another definition and show where it would decide differently
+    /// (changes nothing).
+    Replay(whatif::ReplayArgs),
     /// Apply database migrations.
     Migrate(DbArgs),
     /// Run a worker: claims runs and executes their node actions.
@@ -166,7 +169,7 @@ fn main() -> ExitCode {
     }
     let code = match cli.command {
         Command::Definitions(cmd) if !cmd.needs_service() => offline::definitions(cmd),
-        Command::Replay(args) => offline::replay(args),
+        Command::Replay(args) if !args.needs_database() => offline::replay(args.offline()),
         Command::Completions { shell } => completions(shell),
         other => {
             let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -210,7 +213,8 @@ fn main() -> ExitCode {
                     Command::StandInModel(args) => {
                         rein_lab::model_standin::stand_in_model(args).await
                     }
-                    Command::Replay(_) | Command::Completions { .. } => exit::INPUT,
+                    Command::Replay(args) => whatif::replay(args).await,
+                    Command::Completions { .. } => exit::INPUT,
                 }
             })
         }

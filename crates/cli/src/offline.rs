@@ -168,16 +168,15 @@ pub enum ShowFormat {
     Json,
 }
 
-#[derive(clap::Args)]
+/// An offline replay (`rein replay --definition DEF EVENTS_FILE`, parsed by
+/// [`crate::whatif::ReplayArgs`]).
 pub struct ReplayArgs {
     /// Built-in definition name or definition file.
-    #[arg(long)]
-    definition: String,
+    pub definition: String,
     /// JSON-lines events file (`-` for stdin): {"type": "...", "payload": {...}} per line.
-    events: String,
+    pub events: String,
     /// Initial run input (business data) as JSON.
-    #[arg(long, default_value = "{}")]
-    input: String,
+    pub input: String,
 }
 
 pub fn definitions(cmd: DefinitionsCommand) -> u8 {

@@ -302,9 +302,57 @@ fn print_human(d: &Value) {
             None => "none".into(),
         }],
     );
+    field("guards", &guard_lines(d));
     println!(
         "waiting for: {} / what would move it: {}",
         text(d, "waiting_for"),
         text(d, "next_step")
     );
+}
+
+/// Each transition out of the run's state with what its guards say now (SPEC I4).
+fn guard_lines(d: &Value) -> Vec<String> {
+    lines(
+        d,
+        "transitions_out",
+        "no transition out of this state",
+        |t| {
+            let guards: Vec<String> = t
+                .get("guards")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|g| {
+                    let value = match text(g, "value") {
+                        "error" => format!("error: {}", text(g, "error")),
+                        "not_evaluated" => "not evaluated".to_owned(),
+                        v => v.to_owned(),
+                    };
+                    let event = if g.get("reads_event").and_then(Value::as_bool) == Some(true) {
+                        " (reads the event, taken without payload)"
+                    } else {
+                        ""
+                    };
+                    format!("{} `{}` = {value}{event}", text(g, "kind"), text(g, "name"))
+                })
+                .collect();
+            let verdict = if t.get("chosen").and_then(Value::as_bool) == Some(true) {
+                "fires"
+            } else if t.get("holds").and_then(Value::as_bool) == Some(true) {
+                "open (a higher-priority one fires)"
+            } else {
+                "blocked"
+            };
+            let guards = if guards.is_empty() {
+                "no guard".to_owned()
+            } else {
+                guards.join(", ")
+            };
+            format!(
+                "{} -> {}: {verdict}; {guards}",
+                text(t, "event"),
+                text(t, "to")
+            )
+        },
+    )
 }

@@ -502,3 +502,67 @@ async fn finished_sim_run_lists_its_ledger_and_applied_effects() {
     let line = why_verdict_line(&fixture.url, run);
     assert!(line.contains("nothing will move it"), "{line}");
 }
+
+/// The transition of `why`'s `transitions_out` for `event`.
+fn way_out<'v>(why: &'v Value, event: &str) -> &'v Value {
+    why["transitions_out"]
+        .as_array()
+        .and_then(|list| list.iter().find(|t| t["event"] == event))
+        .unwrap_or_else(|| panic!("a transition for {event} in {why}"))
+}
+
+#[tokio::test]
+async fn the_guards_of_the_ways_out_show_which_one_blocks_with_its_value() {
+    let (url, store) = fresh_store("why_guards").await;
+    let run = acting_run(&store).await;
+    drive(&store, run, &[("TOOL_RETRYABLE_FAILED", json!({}))]).await;
+
+    // Attempt 0 of 3: a retry is allowed.
+    let why = why_json(&url, run);
+    assert_eq!(text(&why, "/state"), "RETRY_WAIT");
+    let due = way_out(&why, "RETRY_DUE");
+    assert_eq!(due["to"], "ACTING");
+    assert_eq!(due["guards"][0]["name"], "attempts_left");
+    assert_eq!(due["guards"][0]["expr"], "run.attempt < retry.max_retries");
+    assert_eq!(due["guards"][0]["value"], "true");
+    assert_eq!(due["chosen"], true);
+    let exhausted = way_out(&why, "RETRY_EXHAUSTED");
+    assert_eq!(
+        (exhausted["to"].as_str(), exhausted["chosen"].as_bool()),
+        (Some("FAILED"), Some(true))
+    );
+    assert_eq!(exhausted["guards"], json!([]));
+
+    // Three retries later the guard blocks the way back to ACTING.
+    for _ in 0..3 {
+        drive(
+            &store,
+            run,
+            &[
+                ("RETRY_DUE", json!({})),
+                ("TOOL_RETRYABLE_FAILED", json!({})),
+            ],
+        )
+        .await;
+    }
+    let why = why_json(&url, run);
+    assert_eq!(number(&why, "/attempt"), 3.0);
+    let due = way_out(&why, "RETRY_DUE");
+    assert_eq!(due["guards"][0]["value"], "false");
+    assert_eq!(
+        (due["holds"].as_bool(), due["chosen"].as_bool()),
+        (Some(false), Some(false))
+    );
+    assert_eq!(due["guards"][0]["reads_event"], false);
+
+    let out = rein(&["why", &run.to_string(), "--database-url", &url]);
+    let human = stdout(&out);
+    assert!(
+        human.contains("RETRY_DUE -> ACTING: blocked; business `attempts_left` = false"),
+        "{human}"
+    );
+    assert!(
+        human.contains("RETRY_EXHAUSTED -> FAILED: fires; no guard"),
+        "{human}"
+    );
+}

@@ -165,6 +165,12 @@ impl Expr {
         &self.source
     }
 
+    /// Whether the expression reads the event (`event`, `payload` or `args`): its value
+    /// depends on what arrives, not only on the run.
+    pub fn reads_event(&self) -> bool {
+        self.reads[1] || self.reads[2] || self.reads[3]
+    }
+
     /// The bound of this expression's work as a function of the data it reads.
     pub fn cost(&self) -> &GuardCost {
         &self.cost

@@ -10,7 +10,8 @@
 //! [`blob`] (large payloads by reference), [`brief`] (the resume brief), [`join`] (parallel
 //! branches), [`budget`] (usage limits), [`text`] (text PostgreSQL can store) and
 //! [`runaway`] (the ceiling on a run's events); [`http_url`] (what an http node's URL may
-//! name).
+//! name); [`explain`] (each candidate transition's guard values) and [`whatif`] (a recorded
+//! log replayed on another definition, up to where it decides differently).
 //!
 //! Files import each other downward only, never in a loop: the data format (`spec`, with
 //! `retry_policy`) lies under the validated [`definition`], why an event is refused
@@ -27,6 +28,7 @@ mod compile;
 pub mod decision;
 pub mod definition;
 pub mod event;
+pub mod explain;
 mod external;
 pub mod guard;
 mod guard_cost;
@@ -46,6 +48,7 @@ mod spec;
 pub mod state;
 pub mod text;
 pub mod timer;
+pub mod whatif;
 
 pub use definition::{
     Definition, DefinitionError, DefinitionProblem, Format, LimitSpec, NAME_PATTERN, StateKind,

@@ -97,14 +97,7 @@ fn select<'d>(
     event: &Event,
     candidates: &'d [Transition],
 ) -> Result<&'d Transition, RejectReason> {
-    let input = GuardInput {
-        run: run.guard_view(),
-        event: serde_json::json!({ "type": event.kind, "payload": event.payload }),
-        payload: &event.payload,
-        retry: serde_json::to_value(def.retry_policy(&run.state)).unwrap_or_default(),
-        constants: serde_json::to_value(def.constants()).unwrap_or_default(),
-        budget: def.budget_view(),
-    };
+    let input = guard_input(def, run, event);
     let mut scope = GuardScope::new(&input);
     let mut first_failure = None;
     'candidates: for transition in candidates {
@@ -127,6 +120,22 @@ fn select<'d>(
         return Ok(transition);
     }
     Err(first_failure.unwrap_or(RejectReason::NotInTable))
+}
+
+/// What the guards of `event`'s candidate transitions see in `run`.
+pub(crate) fn guard_input<'e>(
+    def: &Definition,
+    run: &RunState,
+    event: &'e Event,
+) -> GuardInput<'e> {
+    GuardInput {
+        run: run.guard_view(),
+        event: serde_json::json!({ "type": event.kind, "payload": event.payload }),
+        payload: &event.payload,
+        retry: serde_json::to_value(def.retry_policy(&run.state)).unwrap_or_default(),
+        constants: serde_json::to_value(def.constants()).unwrap_or_default(),
+        budget: def.budget_view(),
+    }
 }
 
 fn fire(

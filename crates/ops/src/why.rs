@@ -18,7 +18,22 @@ struct Verdict {
 /// The whole diagnosis of a run as one document: what `rein why --json` prints and
 /// `GET /v1/runs/{id}/why` answers.
 pub fn diagnosis(facts: &WhyFacts, def: &Definition) -> Value {
-    to_json(facts, &verdict(facts, def))
+    let mut out = to_json(facts, &verdict(facts, def));
+    if let Some(map) = out.as_object_mut() {
+        map.insert("transitions_out".to_owned(), transitions_out(facts, def));
+    }
+    out
+}
+
+/// The transitions out of the run's state with each guard's value against the run as it is
+/// (SPEC I4): which guard blocks a way out. The event that would take one is not known yet,
+/// so it is taken without payload; a guard that reads it says so (`reads_event`).
+fn transitions_out(facts: &WhyFacts, def: &Definition) -> Value {
+    let mut run = facts.run.projection.clone();
+    // The row's state and sequence are the truth the diagnosis reports.
+    run.state = facts.run.state.clone();
+    run.sequence = facts.run.last_sequence.max(0) as u64;
+    serde_json::to_value(rein_core::explain::transitions_out(def, &run)).unwrap_or(Value::Null)
 }
 
 /// `1.2 s`, `350 ms`, `4m 10s`, `59m`, `3h 5m`, `2d 4h`: how long, rounded for a person.

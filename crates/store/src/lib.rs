@@ -27,6 +27,7 @@ mod sim;
 mod tokens;
 pub mod trace;
 mod webhooks;
+mod whatif;
 mod why;
 
 use std::time::Duration;
@@ -75,6 +76,7 @@ pub use webhooks::{
     AttemptFailed, DueDelivery, NewWebhook, WEBHOOK_CLAIM_MAX, WEBHOOK_DELIVERIES_LIST_MAX,
     WEBHOOK_KINDS, WEBHOOK_SECRET_BYTES_MAX, WEBHOOK_SECRET_BYTES_MIN, Webhook, WebhookDelivery,
 };
+pub use whatif::{HISTORIES_RUNS_MAX, WHATIF_PAGE_MAX, WhatIfRun, WhatIfRuns};
 pub use why::{
     HEARTBEAT_FRESH_MS, WHY_ROWS_MAX, WhyAction, WhyApproval, WhyEvent, WhyFacts, WhyFleet,
     WhyInbox, WhyRun, WhySimEffect,

@@ -1,0 +1,404 @@
+//! `rein replay RUN --definition …` and `rein replay --all` against real PostgreSQL: runs of
+//! an order definition are recorded by committing their events, then replayed on a version
+//! that lowers the amount approved without review from 100 to 50. By hand: a run of amount
+//! A diverges exactly when 50 < A <= 100, at sequence 1 (CHECKED), where v1 went to APPROVED
+//! and v2 would go to REVIEW; every other run ends the same.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::{fresh_store, rein, stderr, stdout};
+use rein_core::{Definition, Format, GuardRegistry};
+use rein_store::{EnqueueRequest, SendOutcome, Sender, Store};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+/// The order definition, version `version`: CHECKED approves an amount up to `limit`, else
+/// sends it to REVIEW; with `review = false` a reviewed order cannot be REVIEWED (it is not
+/// an event), only shipped or cancelled.
+fn order(version: u32, limit: u32, review: bool) -> String {
+    let (events, review_exit) = if review {
+        (
+            r#"["CHECKED", "REVIEWED", "SHIPPED"]"#,
+            "event = \"REVIEWED\"\nto = \"APPROVED\"",
+        )
+    } else {
+        (
+            r#"["CHECKED", "SHIPPED"]"#,
+            "event = \"SHIPPED\"\nto = \"SHIPPED_OK\"",
+        )
+    };
+    format!(
+        r#"
+name = "order-check"
+version = {version}
+events = {events}
+cancel_state = "CANCELLED"
+
+[[states]]
+name = "CHECKING"
+kind = "waiting"
+initial = true
+
+[[states]]
+name = "REVIEW"
+kind = "waiting"
+
+[[states]]
+name = "APPROVED"
+kind = "waiting"
+
+[[states]]
+name = "SHIPPED_OK"
+kind = "terminal"
+
+[[states]]
+name = "CANCELLED"
+kind = "terminal"
+
+[[transitions]]
+from = "CHECKING"
+event = "CHECKED"
+to = "APPROVED"
+priority = 10
+guard = "run.data.amount <= {limit}"
+
+[[transitions]]
+from = "CHECKING"
+event = "CHECKED"
+to = "REVIEW"
+priority = 1
+
+[[transitions]]
+from = "REVIEW"
+{review_exit}
+
+[[transitions]]
+from = "APPROVED"
+event = "SHIPPED"
+to = "SHIPPED_OK"
+"#
+    )
+}
+
+fn parsed(text: &str) -> Definition {
+    Definition::parse(text, Format::Toml, &GuardRegistry::new()).expect("a valid definition")
+}
+
+/// Writes `text` to a file of its own; its path.
+fn file(name: &str, text: &str) -> String {
+    let path = common::tmp_dir("whatif").join(name);
+    std::fs::write(&path, text).expect("write the definition file");
+    path.to_string_lossy().into_owned()
+}
+
+/// Records one finished run of `def` with `amount`: CHECKED, REVIEWED when over 100, SHIPPED.
+async fn record(store: &Store, def: &Definition, amount: u32) -> Uuid {
+    let run = store
+        .enqueue(EnqueueRequest::new(
+            def.clone(),
+            json!({ "amount": amount }),
+        ))
+        .await
+        .expect("enqueue")
+        .run_id;
+    let mut events = vec!["CHECKED"];
+    if amount > 100 {
+        events.push("REVIEWED");
+    }
+    events.push("SHIPPED");
+    for kind in events {
+        let sent = store
+            .send(run, kind, json!({}), &Sender::Engine("test".into()), 60_000)
+            .await
+            .unwrap_or_else(|e| panic!("send {kind}: {e}"));
+        assert!(
+            matches!(sent, SendOutcome::Applied { .. }),
+            "{kind}: {sent:?}"
+        );
+    }
+    run
+}
+
+/// `rein ARGS --json` on the database at `url`: exit 0 and one JSON object.
+fn json_of(url: &str, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["--json", "--database-url", url]);
+    let out = rein(&all);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "rein {args:?}: {}",
+        stderr(&out)
+    );
+    serde_json::from_str(&stdout(&out))
+        .unwrap_or_else(|e| panic!("rein {args:?} prints JSON ({e}): {}", stdout(&out)))
+}
+
+/// A database with v1 and v2 registered (v1 current) and a store on it.
+async fn with_versions(prefix: &str) -> (String, Store, Definition) {
+    let (url, store) = fresh_store(prefix).await;
+    let v1 = parsed(&order(1, 100, true));
+    store.register_definition(&v1).await.expect("register v1");
+    store
+        .register_definition(&parsed(&order(2, 50, true)))
+        .await
+        .expect("register v2");
+    (url, store, v1)
+}
+
+#[tokio::test]
+async fn a_stored_run_replayed_on_a_lower_threshold_diverges_at_its_check() {
+    let (url, store, v1) = with_versions("whatif_one").await;
+    let diverging = record(&store, &v1, 80).await;
+    let same = record(&store, &v1, 10).await;
+    let v2 = file("order-v2.toml", &order(2, 50, true));
+
+    let r = json_of(
+        &url,
+        &["replay", &diverging.to_string(), "--definition", &v2],
+    );
+    assert_eq!(r["run_id"], json!(diverging));
+    assert_eq!(r["verdict"], "diverged");
+    assert_eq!(r["recorded_definition"]["version"], 1);
+    assert_eq!(r["definition"]["version"], 2);
+    assert_eq!(
+        (r["events"].as_u64(), r["compared"].as_u64()),
+        (Some(2), Some(1))
+    );
+    let d = &r["divergence"];
+    assert_eq!(d["sequence"], 1);
+    assert_eq!(d["event"], "CHECKED");
+    assert_eq!(d["kind"], "guard");
+    assert_eq!(d["state_before"], "CHECKING");
+    assert_eq!(d["recorded"]["state"], "APPROVED");
+    assert_eq!(d["would"]["state"], "REVIEW");
+    assert_eq!(
+        d["candidates"][0]["guards"][0]["name"],
+        "run.data.amount <= 50"
+    );
+    assert_eq!(d["candidates"][0]["guards"][0]["value"], "false");
+    assert_eq!(d["candidates"][1]["chosen"], true);
+    assert_eq!(
+        r["recorded"]["state"], "SHIPPED_OK",
+        "the recorded run's end"
+    );
+
+    let out = rein(&[
+        "replay",
+        &diverging.to_string(),
+        "--definition",
+        &v2,
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("diverged at sequence 1 (CHECKED) in state CHECKING: guard"),
+        "{text}"
+    );
+    assert!(text.contains("CHECKING + CHECKED -> APPROVED"), "{text}");
+    assert!(text.contains("CHECKING + CHECKED -> REVIEW"), "{text}");
+    assert!(text.contains("`run.data.amount <= 50` is false"), "{text}");
+
+    // Registered by name and version, the same definition says the same.
+    let by_name = json_of(
+        &url,
+        &[
+            "replay",
+            &diverging.to_string(),
+            "--definition",
+            "order-check@2",
+        ],
+    );
+    assert_eq!(by_name["divergence"], r["divergence"]);
+
+    let s = json_of(&url, &["replay", &same.to_string(), "--definition", &v2]);
+    assert_eq!(s["verdict"], "same");
+    assert!(s["divergence"].is_null());
+    assert_eq!(s["replayed"]["state"], "SHIPPED_OK");
+    assert_eq!(s["replayed"]["status"], "terminal");
+    let out = rein(&[
+        "replay",
+        &same.to_string(),
+        "--definition",
+        &v2,
+        "--database-url",
+        &url,
+    ]);
+    assert!(stdout(&out).contains("same outcome"), "{}", stdout(&out));
+}
+
+#[tokio::test]
+async fn a_definition_without_the_recorded_event_refuses_it_with_the_reason() {
+    let (url, store, v1) = with_versions("whatif_refused").await;
+    let reviewed = record(&store, &v1, 150).await;
+    let v3 = file("order-v3.toml", &order(3, 100, false));
+    let r = json_of(
+        &url,
+        &["replay", &reviewed.to_string(), "--definition", &v3],
+    );
+    assert_eq!(r["verdict"], "refused");
+    let d = &r["divergence"];
+    assert_eq!(
+        (d["sequence"].as_u64(), d["event"].as_str()),
+        (Some(2), Some("REVIEWED"))
+    );
+    assert_eq!(d["kind"], "rejected");
+    assert_eq!(d["state_before"], "REVIEW");
+    assert!(d["would"].is_null());
+    assert_eq!(d["rejection"]["reason"]["code"], "unknown_event");
+    assert_eq!(d["recorded"]["state"], "APPROVED");
+}
+
+#[tokio::test]
+async fn replay_refuses_what_it_cannot_do_and_says_what_to_do() {
+    let (url, _store, _v1) = with_versions("whatif_inputs").await;
+    let unknown = Uuid::now_v7().to_string();
+    let out = rein(&[
+        "replay",
+        &unknown,
+        "--definition",
+        "order-check@2",
+        "--database-url",
+        &url,
+    ]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("not found"), "{}", stderr(&out));
+    let out = rein(&[
+        "replay",
+        &unknown,
+        "--definition",
+        "order-check@x",
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("NAME@VERSION"), "{}", stderr(&out));
+    let out = rein(&[
+        "replay",
+        "--all",
+        "--definition",
+        "order-check@2",
+        "--limit",
+        "100001",
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("100000"), "{}", stderr(&out));
+}
+
+#[tokio::test]
+async fn replay_all_counts_the_runs_that_diverge_exactly_as_computed_by_hand() {
+    let (url, store, v1) = with_versions("whatif_all").await;
+    // Amounts 10, 20, ..., 300: ten recorded before `cut`, twenty after.
+    let mut amounts = std::collections::HashMap::new();
+    for i in 1..=10u32 {
+        amounts.insert(record(&store, &v1, i * 10).await, i * 10);
+    }
+    let cut: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    for i in 11..=30u32 {
+        amounts.insert(record(&store, &v1, i * 10).await, i * 10);
+    }
+    let diverging: BTreeSet<String> = amounts
+        .iter()
+        .filter(|(_, a)| **a > 50 && **a <= 100)
+        .map(|(id, _)| id.to_string())
+        .collect();
+    assert_eq!(diverging.len(), 5, "60, 70, 80, 90 and 100");
+
+    let all = json_of(&url, &["replay", "--all", "--definition", "order-check@2"]);
+    assert_eq!(all["compared"], 30);
+    assert_eq!(all["truncated"], false);
+    assert_eq!(
+        all["counts"],
+        json!({"same": 25, "diverged": 5, "refused": 0, "unreplayable": 0})
+    );
+    assert_eq!(all["by_kind"], json!({"guard": 5}));
+    let runs = all["runs"].as_array().expect("every run");
+    assert_eq!(runs.len(), 30);
+    let reported: BTreeSet<String> = runs
+        .iter()
+        .filter(|r| r["verdict"] == "diverged")
+        .map(|r| r["run_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(reported, diverging);
+    for r in runs.iter().filter(|r| r["verdict"] == "diverged") {
+        assert_eq!(r["divergence"]["sequence"], 1);
+        assert_eq!(r["divergence"]["would"]["state"], "REVIEW");
+    }
+    assert_eq!(all["examples"].as_array().map(Vec::len), Some(5));
+
+    // The oldest seven: amounts 10 to 70, of which 60 and 70 diverge.
+    let seven = json_of(
+        &url,
+        &[
+            "replay",
+            "--all",
+            "--definition",
+            "order-check@2",
+            "--source",
+            "order-check@1",
+            "--limit",
+            "7",
+        ],
+    );
+    assert_eq!(seven["compared"], 7);
+    assert_eq!(seven["truncated"], true);
+    assert_eq!(seven["counts"]["diverged"], 2);
+    assert_eq!(seven["counts"]["same"], 5);
+
+    // The window: before the cut, amounts 10 to 100 (five diverge); after it, none.
+    let cut = cut.to_rfc3339();
+    let before = json_of(
+        &url,
+        &[
+            "replay",
+            "--all",
+            "--definition",
+            "order-check@2",
+            "--until",
+            &cut,
+        ],
+    );
+    assert_eq!(before["compared"], 10);
+    assert_eq!(before["counts"]["diverged"], 5);
+    let after = json_of(
+        &url,
+        &[
+            "replay",
+            "--all",
+            "--definition",
+            "order-check@2",
+            "--since",
+            &cut,
+        ],
+    );
+    assert_eq!(after["compared"], 20);
+    assert_eq!(after["counts"]["same"], 20);
+
+    // For a person: the summary and the examples.
+    let out = rein(&[
+        "replay",
+        "--all",
+        "--definition",
+        "order-check@2",
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("30 runs replayed on order-check v2: 25 same, 5 diverge, 0 refused"),
+        "{text}"
+    );
+    for id in &diverging {
+        assert!(text.contains(id.as_str()), "{id} is an example: {text}");
+    }
+}
