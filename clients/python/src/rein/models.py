@@ -581,6 +581,14 @@ class WhyView(BaseModel):
     status: Literal["runnable", "parked", "needs_operator", "terminal"]
     terminal_reason: str | None = None
     timer: WhyTimer | None = None
+    transitions_out: list[dict[str, Any]]
+    """
+    The transitions out of the run's state, highest priority first within an event,
+    each with its guards' values against the run as it is (SPEC I4): `{event, from, to,
+    priority, index, holds, chosen, guards: [{kind, name, expr, value (true, false,
+    error, not_evaluated), error, reads_event}]}`. Guards are evaluated with an event
+    without payload; one that reads the event says so.
+    """
     version: int = Field(..., ge=0)
     waiting_for: str
     """
