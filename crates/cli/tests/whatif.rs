@@ -402,3 +402,38 @@ async fn replay_all_counts_the_runs_that_diverge_exactly_as_computed_by_hand() {
         assert!(text.contains(id.as_str()), "{id} is an example: {text}");
     }
 }
+
+/// The check a team runs before deploying: a thousand recorded runs, two candidate versions,
+/// and the verdicts computed by hand. Amounts 1..=1000: v2 (approves up to 50 unreviewed)
+/// diverges exactly for 51..=100; v3 (no review step at all) refuses every run over 100 at
+/// its REVIEWED and agrees with the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_recorded_runs_are_judged_exactly_as_computed_by_hand() {
+    let (url, store, v1) = with_versions("whatif_thousand").await;
+    let mut amount_of = std::collections::HashMap::new();
+    for amount in 1..=1000u32 {
+        amount_of.insert(record(&store, &v1, amount).await.to_string(), amount);
+    }
+    let v3 = file("order-v3-thousand.toml", &order(3, 100, false));
+    for (candidate, same, diverged, refused) in
+        [("order-check@2", 950, 50, 0), (v3.as_str(), 100, 0, 900)]
+    {
+        let all = json_of(&url, &["replay", "--all", "--definition", candidate]);
+        assert_eq!(all["compared"], 1000, "{candidate}");
+        assert_eq!(
+            all["counts"],
+            json!({"same": same, "diverged": diverged, "refused": refused, "unreplayable": 0}),
+            "{candidate}"
+        );
+        for r in all["runs"].as_array().expect("every run") {
+            let amount = amount_of[r["run_id"].as_str().unwrap()];
+            let expected = match candidate {
+                "order-check@2" if (51..=100).contains(&amount) => "diverged",
+                "order-check@2" => "same",
+                _ if amount > 100 => "refused",
+                _ => "same",
+            };
+            assert_eq!(r["verdict"], expected, "{candidate}, amount {amount}: {r}");
+        }
+    }
+}
