@@ -701,8 +701,8 @@ pub async fn workers(args: WorkersArgs) -> u8 {
         return exit::OK;
     }
     println!(
-        "{:<40} {:<18} {:>14} {:>7}  started",
-        "id", "role", "last heard", "leases"
+        "{:<40} {:<18} {:>14} {:>7} {:>8}  started",
+        "id", "role", "last heard", "leases", "protocol"
     );
     for m in members.as_array().into_iter().flatten() {
         let silent_ms = m.get("silent_ms").and_then(Value::as_f64).unwrap_or(0.0);
@@ -712,12 +712,15 @@ pub async fn workers(args: WorkersArgs) -> u8 {
             text(m, "role"),
             if leads { " (leader)" } else { "" }
         );
+        // A member that reports none predates protocols: it reads only protocol 1.
+        let protocol = m["info"]["protocol"].as_u64().unwrap_or(1);
         println!(
-            "{:<40} {:<18} {:>12.1} s {:>7}  {}",
+            "{:<40} {:<18} {:>12.1} s {:>7} {:>8}  {}",
             text(m, "worker_id"),
             role,
             silent_ms / 1000.0,
             cell(m, "leases_held"),
+            protocol,
             short_time(text(m, "started_at"))
         );
     }

@@ -768,6 +768,61 @@ async fn no_worker_claims_a_run_whose_log_needs_a_newer_protocol() {
         .await
         .unwrap();
     let source = order_runs(&store, 1, true).await[0];
+    // A worker of a release before protocols (its heartbeat says none) is at work: nothing
+    // that writes protocol 2 may go ahead, and a dry run names it.
+    sqlx::query(
+        "INSERT INTO rein_workers (worker_id, role, info)
+         VALUES ('w-old-release', 'worker', '{\"ttl_ms\": 60000}')",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let out = rein(&[
+        "fork",
+        &source.to_string(),
+        "--at",
+        "1",
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("w-old-release"), "{}", stderr(&out));
+    let out = rein(&[
+        "definitions",
+        "migrate",
+        "order",
+        "--from",
+        "1",
+        "--to",
+        "2",
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("upgrade them first"),
+        "{}",
+        stderr(&out)
+    );
+    let (_, plan) = migrate(&url, &["--dry-run"]);
+    assert_eq!(plan["old_workers"], json!(["w-old-release"]), "{plan}");
+    let workers = rein(&["workers", "--database-url", &url]);
+    assert!(
+        stdout(&workers).contains("protocol"),
+        "{}",
+        stdout(&workers)
+    );
+    sqlx::query("DELETE FROM rein_workers WHERE worker_id = 'w-old-release'")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    // A member of this release reports the protocol it reads.
+    store
+        .heartbeat("w-new", "worker", json!({"ttl_ms": 60000}))
+        .await
+        .unwrap();
+    let members = store.members().await.unwrap();
+    assert_eq!(members[0].info["protocol"], rein_store::PROTOCOL_VERSION);
     let out = rein(&[
         "fork",
         &source.to_string(),

@@ -69,6 +69,10 @@ pub struct MigratedRun {
 /// The result of a migration or its dry run.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct MigrateResponse {
+    /// Live workers of a release that reads no moved run's log (they predate engine
+    /// protocols): a migration is refused while any is at work; a dry run names them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub old_workers: Vec<String>,
     pub definition: String,
     pub from: u32,
     pub to: u32,
@@ -150,6 +154,15 @@ pub async fn migrate(
     }
     store.load_definition(name, Some(body.from)).await?;
     let to = store.load_definition(name, Some(body.to)).await?;
+    let old_workers = old_workers(store).await?;
+    if !body.dry_run && !old_workers.is_empty() {
+        return Err(Error::conflict(format!(
+            "{} live worker(s) of an older release ({}) could claim moved runs without reading \
+             their logs; upgrade them first (`rein workers` shows each one's protocol)",
+            old_workers.len(),
+            old_workers.join(", ")
+        )));
+    }
     let migrations = migrations_of(store, name, body.from, body.to, extra).await?;
     let deadline = Instant::now() + Duration::from_secs(body.wait_s);
     let mut runs: Vec<MigratedRun> = Vec::new();
@@ -207,6 +220,7 @@ pub async fn migrate(
     }
     let count = |what: &str| runs.iter().filter(|r| r.outcome == what).count();
     Ok(MigrateResponse {
+        old_workers,
         definition: name.to_owned(),
         from: body.from,
         to: body.to,
@@ -217,6 +231,23 @@ pub async fn migrate(
         busy: count("busy"),
         runs,
     })
+}
+
+/// Live workers that read no protocol newer than 1 (they predate `rein_runs.protocol`, so
+/// their claims do not filter on it either).
+async fn old_workers(store: &Store) -> Result<Vec<String>, Error> {
+    Ok(store
+        .members()
+        .await?
+        .into_iter()
+        .filter(|m| m.role == "worker")
+        .filter(|m| {
+            m.info["protocol"]
+                .as_i64()
+                .is_none_or(|p| p < i64::from(rein_store::PROTOCOL_MOVES))
+        })
+        .map(|m| m.worker_id)
+        .collect())
 }
 
 async fn move_one(
@@ -363,6 +394,15 @@ pub async fn fork(
             )),
         },
     )?;
+    let old = old_workers(store).await?;
+    if !old.is_empty() {
+        return Err(Error::conflict(format!(
+            "{} live worker(s) of an older release ({}) could claim the fork without reading \
+             its log; upgrade them first (`rein workers` shows each one's protocol)",
+            old.len(),
+            old.join(", ")
+        )));
+    }
     let input = store.run_input(source).await?;
     let mut request = EnqueueRequest::new(to.clone(), input);
     request.queue = row.queue.clone();

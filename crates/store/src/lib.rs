@@ -407,8 +407,13 @@ impl Store {
         &self,
         worker_id: &str,
         role: &str,
-        info: serde_json::Value,
+        mut info: serde_json::Value,
     ) -> Result<(), StoreError> {
+        // Every member says which engine protocol it reads, so an operation that writes a
+        // newer one can tell whether older binaries are still at work.
+        if let Some(map) = info.as_object_mut() {
+            map.insert("protocol".into(), PROTOCOL_VERSION.into());
+        }
         sqlx::query(
             "INSERT INTO rein_workers (worker_id, role, info) VALUES ($1, $2, $3)
              ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = now(), info = EXCLUDED.info",

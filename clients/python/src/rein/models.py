@@ -791,6 +791,11 @@ class MigrateResponse(BaseModel):
     from_: int = Field(..., alias="from", ge=0)
     moved: int = Field(..., ge=0)
     not_migratable: int = Field(..., ge=0)
+    old_workers: list[str] | None = None
+    """
+    Live workers of a release that reads no moved run's log (they predate engine
+    protocols): a migration is refused while any is at work; a dry run names them.
+    """
     runs: list[MigratedRun]
     to: int = Field(..., ge=0)
     would_move: int = Field(..., ge=0)
