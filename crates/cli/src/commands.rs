@@ -337,6 +337,28 @@ pub enum RunsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Forget personal data: replace the named keys of the run's data by markers holding
+    /// their hash, in its input, every event that carries them, its projection and
+    /// checkpoints. Refused when the definition reads a key (the replay would then differ)
+    /// or a worker holds the run; recorded with who and why. On the database only, as the
+    /// schema owner.
+    Redact {
+        #[command(flatten)]
+        db: rein_process::DbArgs,
+        run: Uuid,
+        /// Data keys to forget, comma-separated (e.g. `email,phone`).
+        #[arg(long, value_delimiter = ',', required = true, value_name = "KEY,...")]
+        fields: Vec<String>,
+        /// Why (recorded with the redaction).
+        #[arg(long)]
+        reason: String,
+        /// Who redacts.
+        #[arg(long = "as", value_name = "NAME", env = "REIN_OPERATOR", default_value = rein_store::OPERATOR)]
+        by: String,
+        /// Print `{"run_id", "fields", "events", "hashes"}`.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `--status` takes exactly the statuses a run can have: anything else is a usage error
@@ -917,6 +939,35 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
                 println!("ok: the log replays to the stored projection and to every checkpoint");
             }
             if verdict.ok { exit::OK } else { exit::REFUSED }
+        }
+        RunsCommand::Redact {
+            db,
+            run,
+            fields,
+            reason,
+            by,
+            json,
+        } => {
+            let store = match connect(&db, false).await {
+                Ok(s) => s,
+                Err(code) => return code,
+            };
+            match store.redact_run(run, &fields, &by, &reason).await {
+                Ok(done) if json => {
+                    print_json(&json!(done));
+                    exit::OK
+                }
+                Ok(done) => {
+                    println!(
+                        "redacted {} in run {run}: {} value(s) replaced by their hash, in {} event(s)",
+                        fields.join(", "),
+                        done.hashes.len(),
+                        done.events
+                    );
+                    exit::OK
+                }
+                Err(e) => fail(&rein_ops::Error::from(e)),
+            }
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod metrics;
 mod moves;
 mod operate;
 mod reads;
+mod redact;
 mod retention;
 mod scans;
 mod send;
@@ -60,6 +61,7 @@ pub use reads::{
     Budgeted, EventAt, EventTime, ID_PREFIX_LEN_MAX, PageView, ROW_BYTES_BESIDES_JSON, Recovered,
     RunFilter, RunRow, StoredEvent, id_prefix_range,
 };
+pub use redact::{REDACT_REASON_BYTES_MAX, Redacted};
 pub use retention::{ARCHIVE_BATCH_MAX, ArchiveCandidates, ArchivedBatch, EventsTableSize};
 pub use scans::{NextLook, SCAN_BACKOFF_MS_MAX, SCAN_BACKOFF_MS_MIN, Seen};
 pub use send::{
