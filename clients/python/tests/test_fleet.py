@@ -253,7 +253,7 @@ def test_fork_a_finished_run_and_plan_a_migration(client: rein.Client, fleet: Fl
     assert client.verify(done).ok
     assert list(client.history(done))[0].type == "RUN_FORKED"
     # Migrating to the version a run is on already is refused before anything moves.
-    with pytest.raises(errors.ValidationFailed):
+    with pytest.raises(errors.Conflict):
         client.migrate_runs("lifecycle", 2, 2, dry_run=True)
 
 

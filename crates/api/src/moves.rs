@@ -25,7 +25,7 @@ use crate::{ApiError, App, Caller};
 /// holds is waited for up to `wait_s`, then reported `busy`.
 #[utoipa::path(post, path = "/v1/definitions/{name}/migrate", tag = "definitions",
     request_body = MigrateBody,
-    params(("name" = String, Path, description = "Definition name")),
+    params(crate::routes::DefinitionPath),
     responses((status = 200, description = "What moved, what would, and what did not, with why", body = MigrateResponse),
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the admin scope: a migration moves runs of every queue", body = ErrorBody),

@@ -947,7 +947,7 @@ struct CurrentBody {
 #[derive(IntoParams)]
 #[into_params(parameter_in = Path)]
 #[allow(dead_code)]
-struct DefinitionPath {
+pub(crate) struct DefinitionPath {
     /// Definition name.
     #[param(value_type = schema::Name, inline)]
     name: String,

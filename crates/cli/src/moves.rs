@@ -49,11 +49,11 @@ pub async fn migrate(args: MigrateArgs) -> u8 {
         Err(code) => return code,
     };
     let body = MigrateBody {
-        from: args.from,
-        to: args.to,
+        from: Some(args.from),
+        to: Some(args.to),
         dry_run: args.dry_run,
         runs: (!args.runs.is_empty()).then(|| args.runs.clone()),
-        wait_s: args.wait_s,
+        wait_s: Some(args.wait_s),
         reason: args.reason.clone(),
     };
     let json = args.json;
@@ -204,7 +204,7 @@ pub async fn fork(args: ForkArgs) -> u8 {
         return exit::INPUT;
     }
     let body = ForkBody {
-        at: args.at,
+        at: Some(args.at),
         version,
         input_patch,
         reason: args.reason.clone(),

@@ -468,6 +468,8 @@ async fn the_openapi_document_lists_every_route_served() {
         ("/v1/definitions", "post"),
         ("/v1/definitions/{name}", "get"),
         ("/v1/definitions/{name}/current", "post"),
+        ("/v1/definitions/{name}/migrate", "post"),
+        ("/v1/runs/{id}/fork", "post"),
         ("/v1/runs/{id}/brief", "get"),
         ("/v1/runs/{id}/verify", "get"),
         ("/v1/runs/{id}/resolve", "post"),
@@ -1269,6 +1271,12 @@ impl Contract {
             ("post", "/v1/definitions/{name}/current") => {
                 json(json!({"version": rein_core::builtin::research_agent().version()}))
             }
+            // No version 2 of the contract's definition: a well-formed migration is a 404.
+            ("post", "/v1/definitions/{name}/migrate") => {
+                json(json!({"from": 1, "to": 2, "dry_run": true}))
+            }
+            // The contract's run is at its first event at most: a fork there is a 404 or 409.
+            ("post", "/v1/runs/{id}/fork") => json(json!({"at": 1})),
             _ => panic!("{method} {path}: give the contract test a request body"),
         }
     }
@@ -1505,10 +1513,10 @@ async fn a_malformed_path_parameter_is_a_documented_422_on_every_operation() {
             checked += 1;
         }
     }
-    // Run, why, events (get and send), stream, rerun, grant, deny, definition, its current
-    // version, brief, verify, resolve.
+    // Run, why, events (get and send), stream, rerun, fork, grant, deny, definition, its
+    // current version, its migration, brief, verify, resolve.
     assert_eq!(
-        checked, 13,
+        checked, 15,
         "every operation with a path parameter was checked"
     );
 }

@@ -297,12 +297,9 @@ async fn migrate_refuses_what_it_cannot_do_and_says_why() {
     let mut migrations = rein_core::checkpoint::Migrations::new();
     migrations.register("order", 1, Ok);
     let body = rein_ops::moves::MigrateBody {
-        from: 1,
-        to: 2,
-        dry_run: false,
-        runs: None,
-        wait_s: 0,
-        reason: None,
+        from: Some(1),
+        to: Some(2),
+        ..Default::default()
     };
     let done = rein_ops::moves::migrate(
         &store,

@@ -8,7 +8,7 @@ use rein_core::checkpoint::Migrations;
 use rein_core::migration::{Unmovable, fork_snapshot, plan};
 use rein_store::{EnqueueRequest, MIGRATION_PAGE_MAX, Moved, Store, StoreError, TokenInfo};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -24,13 +24,17 @@ pub const MIGRATE_WAIT_S_MAX: u64 = 3_600;
 pub const REASON_BYTES_MAX: usize = 1_024;
 
 /// What to move.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MigrateBody {
     /// The version whose runs move.
-    pub from: u32,
-    /// The version they move to; it must declare `[migration]` from `from` (or a chain of them).
-    pub to: u32,
+    #[serde(default, deserialize_with = "crate::schema::integral")]
+    #[schema(value_type = crate::schema::Version, required = true)]
+    pub from: Option<u32>,
+    /// The version they move to; it (or the versions between) declares `[migration]`.
+    #[serde(default, deserialize_with = "crate::schema::integral")]
+    #[schema(value_type = crate::schema::Version, required = true)]
+    pub to: Option<u32>,
     /// Only list what would move and what would not, and why.
     #[serde(default)]
     pub dry_run: bool,
@@ -38,11 +42,17 @@ pub struct MigrateBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runs: Option<Vec<Uuid>>,
     /// How long to wait for runs a worker holds or that are between a call and its result
-    /// (0..=3600 s, default 0: report them as not moved).
-    #[serde(default)]
-    pub wait_s: u64,
+    /// (default 0: report them as `busy`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::schema::integral"
+    )]
+    #[schema(value_type = Option<crate::schema::WaitSeconds>)]
+    pub wait_s: Option<u64>,
     /// Why, recorded with every move.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::schema::Reason>)]
     pub reason: Option<String>,
 }
 
@@ -129,20 +139,25 @@ pub async fn migrate(
     extra: &Migrations,
     progress: &(dyn Fn(&MigratedRun) + Sync),
 ) -> Result<MigrateResponse, Error> {
+    crate::service::name("definition", Some(name.to_owned()))?;
     check_reason(body.reason.as_deref())?;
-    if body.from == body.to {
-        return Err(Error::validation("from and to are the same version"));
-    }
-    if body.to < body.from {
-        return Err(Error::validation(
-            "a migration moves runs to a newer version; to must be greater than from",
-        ));
-    }
-    if body.wait_s > MIGRATE_WAIT_S_MAX {
+    let version = |what: &str, v: Option<u32>| match v {
+        Some(v) if (1..=rein_core::limits::VERSION_MAX).contains(&v) => Ok(v),
+        Some(v) => Err(Error::validation(format!(
+            "{what} is {v}; a version is 1..={}",
+            rein_core::limits::VERSION_MAX
+        ))
+        .with_details(json!({ "field": what }))),
+        None => Err(Error::validation(format!("name the version `{what}`"))
+            .with_details(json!({ "field": what }))),
+    };
+    let (from, to) = (version("from", body.from)?, version("to", body.to)?);
+    let wait_s = body.wait_s.unwrap_or(0);
+    if wait_s > MIGRATE_WAIT_S_MAX {
         return Err(Error::validation(format!(
-            "wait_s is {}; the limit is {MIGRATE_WAIT_S_MAX}",
-            body.wait_s
-        )));
+            "wait_s is {wait_s}; the limit is {MIGRATE_WAIT_S_MAX}"
+        ))
+        .with_details(json!({ "field": "wait_s" })));
     }
     if let Some(runs) = &body.runs
         && runs.len() > MIGRATE_RUN_IDS_MAX
@@ -152,8 +167,18 @@ pub async fn migrate(
             runs.len()
         )));
     }
-    store.load_definition(name, Some(body.from)).await?;
-    let to = store.load_definition(name, Some(body.to)).await?;
+    if from == to {
+        return Err(Error::conflict(format!(
+            "from and to are the same version (v{from}): nothing to move"
+        )));
+    }
+    if to < from {
+        return Err(Error::conflict(format!(
+            "a migration moves runs to a newer version; v{to} is older than v{from}"
+        )));
+    }
+    store.load_definition(name, Some(from)).await?;
+    let to_def = store.load_definition(name, Some(to)).await?;
     let old_workers = old_workers(store).await?;
     if !body.dry_run && !old_workers.is_empty() {
         return Err(Error::conflict(format!(
@@ -163,20 +188,14 @@ pub async fn migrate(
             old_workers.join(", ")
         )));
     }
-    let migrations = migrations_of(store, name, body.from, body.to, extra).await?;
-    let deadline = Instant::now() + Duration::from_secs(body.wait_s);
+    let migrations = migrations_of(store, name, from, to, extra).await?;
+    let deadline = Instant::now() + Duration::from_secs(wait_s);
     let mut runs: Vec<MigratedRun> = Vec::new();
     let mut after = None;
     let mut waiting: Vec<Uuid> = Vec::new();
     loop {
         let page = store
-            .migration_candidates(
-                name,
-                body.from,
-                body.runs.as_deref(),
-                after,
-                MIGRATION_PAGE_MAX,
-            )
+            .migration_candidates(name, from, body.runs.as_deref(), after, MIGRATION_PAGE_MAX)
             .await?;
         let Some(last) = page.last() else { break };
         after = Some(last.run_id);
@@ -184,8 +203,8 @@ pub async fn migrate(
             if runs.len() >= MIGRATE_RUNS_MAX {
                 break;
             }
-            let fate = move_one(store, &to, &migrations, &candidate, body, by).await?;
-            if fate.outcome == "busy" && body.wait_s > 0 {
+            let fate = move_one(store, &to_def, &migrations, &candidate, body, by).await?;
+            if fate.outcome == "busy" && wait_s > 0 {
                 waiting.push(candidate.run_id);
                 continue;
             }
@@ -197,11 +216,11 @@ pub async fn migrate(
     while !waiting.is_empty() {
         let retry_all = Instant::now() >= deadline;
         let page = store
-            .migration_candidates(name, body.from, Some(&waiting), None, MIGRATION_PAGE_MAX)
+            .migration_candidates(name, from, Some(&waiting), None, MIGRATION_PAGE_MAX)
             .await?;
         let mut still = Vec::new();
         for candidate in page {
-            let fate = move_one(store, &to, &migrations, &candidate, body, by).await?;
+            let fate = move_one(store, &to_def, &migrations, &candidate, body, by).await?;
             if fate.outcome == "busy" && !retry_all {
                 still.push(candidate.run_id);
                 continue;
@@ -222,8 +241,8 @@ pub async fn migrate(
     Ok(MigrateResponse {
         old_workers,
         definition: name.to_owned(),
-        from: body.from,
-        to: body.to,
+        from,
+        to,
         dry_run: body.dry_run,
         moved: count("moved"),
         would_move: count("would_move"),
@@ -307,20 +326,29 @@ async fn move_one(
 }
 
 /// A fork (SPEC E6).
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ForkBody {
     /// The sequence of the source's log the fork starts after (its state there).
-    pub at: i64,
+    #[serde(default, deserialize_with = "crate::schema::integral")]
+    #[schema(value_type = crate::schema::EventSequence, required = true)]
+    pub at: Option<i64>,
     /// Another version of the source's definition to continue on (default: the version the
     /// source was on at that sequence).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::schema::integral"
+    )]
+    #[schema(value_type = Option<crate::schema::Version>)]
     pub version: Option<u32>,
     /// Merged into the fork's business data key by key (`null` removes a key).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::schema::JsonObject>)]
     pub input_patch: Option<Value>,
     /// Why, recorded in the fork's first event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::schema::Reason>)]
     pub reason: Option<String>,
 }
 
@@ -359,16 +387,33 @@ pub async fn fork(
             )));
         }
     }
-    let row = store.run(source).await?;
-    if body.at < 1 {
-        return Err(Error::validation(
-            "at must be a sequence of the source's log (1 or more)",
-        ));
+    let at_sequence = match body.at {
+        Some(at) if at >= 1 => at,
+        _ => {
+            return Err(Error::validation(
+                "at must name a sequence of the source's log (1 or more)",
+            )
+            .with_details(json!({ "field": "at" })));
+        }
+    };
+    if let Some(v) = body.version
+        && !(1..=rein_core::limits::VERSION_MAX).contains(&v)
+    {
+        return Err(Error::validation(format!(
+            "version is {v}; a version is 1..={}",
+            rein_core::limits::VERSION_MAX
+        ))
+        .with_details(json!({ "field": "version" })));
     }
-    let at = store.state_at(source, body.at).await.map_err(|e| match e {
-        StoreError::Invalid(m) => Error::validation(m),
-        other => other.into(),
-    })?;
+    let row = store.run(source).await?;
+    // A sequence past the log names no event: not found, like a run that is not there.
+    let at = store
+        .state_at(source, at_sequence)
+        .await
+        .map_err(|e| match e {
+            StoreError::Invalid(m) => Error::not_found(m),
+            other => other.into(),
+        })?;
     let version = body.version.unwrap_or(at.version);
     let to = store
         .load_definition(&row.definition, Some(version))
@@ -389,8 +434,7 @@ pub async fn fork(
         |why| match why {
             Unmovable::Refused(m) => Error::conflict(format!("cannot fork there: {m}")),
             other => Error::conflict(format!(
-                "cannot fork at sequence {}: {other}; pick a sequence between steps",
-                body.at
+                "cannot fork at sequence {at_sequence}: {other}; pick a sequence between steps"
             )),
         },
     )?;
@@ -409,12 +453,12 @@ pub async fn fork(
     request.priority = row.priority;
     request.enqueued_by = Some(by.to_owned());
     let run_id = store
-        .fork(token, source, body.at, request, &snapshot, by)
+        .fork(token, source, at_sequence, request, &snapshot, by)
         .await?;
     Ok(ForkResponse {
         run_id,
         forked_from: source,
-        at_sequence: body.at,
+        at_sequence,
         definition: to.name().to_owned(),
         version: to.version(),
         state: snapshot.state,

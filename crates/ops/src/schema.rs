@@ -153,6 +153,26 @@ schema_type! {
     Comment => string().max_length(Some(rein_store::COMMENT_BYTES_MAX))
 }
 
+schema_type! {
+    /// A sequence of a run's log that names an event: 1 or more.
+    EventSequence => integer(KnownFormat::Int64)
+        .minimum(Some(1))
+        .maximum(Some(i64::MAX))
+}
+
+schema_type! {
+    /// How long a migration waits for runs held by a worker, in seconds:
+    /// 0..=[`crate::moves::MIGRATE_WAIT_S_MAX`].
+    WaitSeconds => integer(KnownFormat::Int64)
+        .minimum(Some(0))
+        .maximum(Some(crate::moves::MIGRATE_WAIT_S_MAX as i64))
+}
+
+schema_type! {
+    /// Why a migration or a fork was made: at most [`crate::moves::REASON_BYTES_MAX`] bytes.
+    Reason => string().max_length(Some(crate::moves::REASON_BYTES_MAX))
+}
+
 /// An optional integer field of a body as JSON Schema reads `integer`: any number without a
 /// fractional part, so `3.0` is 3 like `3` (serde alone refuses a number written with a
 /// decimal point), and one outside `T` is refused.

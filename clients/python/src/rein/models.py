@@ -168,33 +168,6 @@ class EventView(BaseModel):
     worker: str
 
 
-class ForkBody(BaseModel):
-    """
-    A fork (SPEC E6).
-    """
-
-    model_config = ConfigDict(
-        extra="forbid",
-    )
-    at: int
-    """
-    The sequence of the source's log the fork starts after (its state there).
-    """
-    input_patch: Any | None = None
-    """
-    Merged into the fork's business data key by key (`null` removes a key).
-    """
-    reason: str | None = None
-    """
-    Why, recorded in the fork's first event.
-    """
-    version: int | None = Field(None, ge=0)
-    """
-    Another version of the source's definition to continue on (default: the version the
-    source was on at that sequence).
-    """
-
-
 class ForkResponse(BaseModel):
     at_sequence: int
     """
@@ -257,41 +230,6 @@ class MeView(BaseModel):
     token_id: UUID
 
 
-class MigrateBody(BaseModel):
-    """
-    What to move.
-    """
-
-    model_config = ConfigDict(
-        extra="forbid",
-    )
-    dry_run: bool | None = None
-    """
-    Only list what would move and what would not, and why.
-    """
-    from_: int = Field(..., alias="from", ge=0)
-    """
-    The version whose runs move.
-    """
-    reason: str | None = None
-    """
-    Why, recorded with every move.
-    """
-    runs: list[UUID] | None = None
-    """
-    Only these runs (at most 10,000).
-    """
-    to: int = Field(..., ge=0)
-    """
-    The version they move to; it must declare `[migration]` from `from` (or a chain of them).
-    """
-    wait_s: int | None = Field(None, ge=0)
-    """
-    How long to wait for runs a worker holds or that are between a call and its result
-    (0..=3600 s, default 0: report them as not moved).
-    """
-
-
 class MigratedRun(BaseModel):
     """
     One run's fate in a migration.
@@ -327,6 +265,10 @@ class Name(RootModel[str]):
 
 class Priority(RootModel[int]):
     root: int = Field(..., ge=-2147483648, le=2147483647)
+
+
+class Reason(RootModel[str]):
+    root: str = Field(..., max_length=1024)
 
 
 class RegisterResponse(BaseModel):
@@ -448,6 +390,10 @@ class VerifyView(BaseModel):
 
 class Version(RootModel[int]):
     root: int = Field(..., ge=1, le=2147483647)
+
+
+class WaitSeconds(RootModel[int]):
+    root: int = Field(..., ge=0, le=3600)
 
 
 class WebhookView(BaseModel):
@@ -778,6 +724,51 @@ class EventsPageView(BaseModel):
     Whether the page holds fewer events than `limit` because more would pass its byte
     bound (as `Rein-Page-Truncated`).
     """
+
+
+class ForkBody(BaseModel):
+    """
+    A fork (SPEC E6).
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    at: int = Field(..., ge=1, le=9223372036854775807)
+    """
+    The sequence of the source's log the fork starts after (its state there).
+    """
+    input_patch: dict[str, Any] | None = None
+    reason: Reason | None = None
+    version: Version | None = None
+
+
+class MigrateBody(BaseModel):
+    """
+    What to move.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    dry_run: bool | None = None
+    """
+    Only list what would move and what would not, and why.
+    """
+    from_: int = Field(..., alias="from", ge=1, le=2147483647)
+    """
+    The version whose runs move.
+    """
+    reason: Reason | None = None
+    runs: list[UUID] | None = None
+    """
+    Only these runs (at most 10,000).
+    """
+    to: int = Field(..., ge=1, le=2147483647)
+    """
+    The version they move to; it (or the versions between) declares `[migration]`.
+    """
+    wait_s: WaitSeconds | None = None
 
 
 class MigrateResponse(BaseModel):
