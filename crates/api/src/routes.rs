@@ -900,11 +900,11 @@ async fn decide(
 /// A large payload value an event refers to by hash (`{"$blob": {"sha256": H, "bytes": N}}`
 /// in its payload, or a model prompt's message hashes), read back and checked against the
 /// hash. A token sees a blob only when a run it may read refers to it (a token bound to
-/// queues: a run in one of them); otherwise the answer is 404, as for an unknown hash.
+/// queues: a run in one of them); otherwise the answer is 404, as for an unknown hash. A
+/// path that is not 64 lowercase hex digits is refused like any malformed path (422).
 #[utoipa::path(get, path = "/v1/blobs/{sha256}", tag = "blobs",
     params(("sha256" = inline(schema::Sha256), Path, description = "The blob's sha256: 64 lowercase hex digits")),
     responses((status = 200, description = "The blob's value, size and hash", body = service::BlobView),
-              (status = 400, description = "The path is not 64 lowercase hex digits (bad_request; details.field)", body = ErrorBody),
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the read scope", body = ErrorBody),
               (status = 404, description = "No such blob, or none that a run this token may read refers to", body = ErrorBody)))]

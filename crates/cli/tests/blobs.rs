@@ -220,7 +220,7 @@ async fn a_large_result_reads_back_by_hash_for_those_who_may_read_its_run() {
     let (status, body) = api.get_json(&path, &in_b).await;
     assert_eq!(status, 404, "a planted reference reads nothing: {body}");
 
-    // Not a hash: 400 with what a hash is.
+    // Not a hash: refused like any malformed path, with what a hash is.
     for bad in [
         "abc".to_owned(),
         hash.to_uppercase(),
@@ -228,8 +228,9 @@ async fn a_large_result_reads_back_by_hash_for_those_who_may_read_its_run() {
         format!("{}g", &hash[..63]),
     ] {
         let (status, body) = api.get_json(&format!("/v1/blobs/{bad}"), &reader).await;
-        assert_eq!(status, 400, "{bad}: {body}");
-        assert_eq!(code(&body), "bad_request");
+        assert_eq!(status, 422, "{bad}: {body}");
+        assert_eq!(code(&body), "validation_failed");
+        assert_eq!(body["error"]["details"]["field"], "sha256");
         assert!(
             body["error"]["message"]
                 .as_str()

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::error::{Code, Error};
+use crate::error::Error;
 pub use crate::paging::{
     CURSOR_ID_DIGITS, CURSOR_MICROS_DIGITS_MAX, EVENTS_PAGE_DEFAULT, PAGE_BYTES_MAX_DEFAULT,
     PAGE_DEFAULT, PAGE_MAX, PAGE_MIN, cursor_pattern,
@@ -783,13 +783,10 @@ pub fn blob_hash(text: &str) -> Result<&str, Error> {
     {
         return Ok(text);
     }
-    Err(Error::new(
-        Code::BadRequest,
-        format!(
-            "`{}` is not a blob hash: a blob is named by the 64 lowercase hex digits of its sha256, as an event's `{{\"$blob\": {{\"sha256\": ...}}}}` reference shows it",
-            rein_core::text::storable(&text.chars().take(80).collect::<String>())
-        ),
-    )
+    Err(Error::validation(format!(
+        "`{}` is not a blob hash: a blob is named by the 64 lowercase hex digits of its sha256, as an event's `{{\"$blob\": {{\"sha256\": ...}}}}` reference shows it",
+        rein_core::text::storable(&text.chars().take(80).collect::<String>())
+    ))
     .with_details(json!({ "field": "sha256" })))
 }
 

@@ -716,6 +716,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn large_results_go_as_the_references_their_events_stored() {
+        let big = json!({ "text": "x".repeat(rein_core::limits::PAYLOAD_INLINE_BYTES_DEFAULT) });
+        let small = json!({ "n": 1 });
+        let (stored, _) = rein_core::blob::externalize(
+            &json!({ "result": big }),
+            rein_core::limits::PAYLOAD_INLINE_BYTES_DEFAULT,
+        )
+        .unwrap();
+        let results = vec![
+            json!({ "step": 1, "value": small }),
+            json!({ "step": 2, "value": big }),
+        ];
+        let sent = as_references(&results);
+        assert_eq!(sent[0], results[0], "a small value goes as it is");
+        assert_eq!(sent[1]["step"], 2);
+        assert_eq!(
+            sent[1]["value"], stored["result"],
+            "the reference is the one the event holds, so GET /v1/blobs finds it"
+        );
+    }
+
+    #[test]
     fn retry_after_takes_seconds_or_an_http_date() {
         let now = DateTime::parse_from_rfc3339("2015-10-21T07:28:00Z")
             .unwrap()
