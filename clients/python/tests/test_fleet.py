@@ -257,6 +257,13 @@ def test_fork_a_finished_run_and_plan_a_migration(client: rein.Client, fleet: Fl
         client.migrate_runs("lifecycle", 2, 2, dry_run=True)
 
 
+def test_a_blob_no_run_refers_to_is_not_found(client: rein.Client) -> None:
+    with pytest.raises(errors.NotFound):
+        client.blob("0" * 64)
+    with pytest.raises(errors.ValidationFailed):
+        client.blob("not-a-hash")
+
+
 def test_stream_follows_a_run_to_its_end_and_resumes_after_an_id(client: rein.Client) -> None:
     run = client.enqueue("lifecycle", {"sim": {"work_ms": 20, "steps": 3}})
     items = list(client.stream(run))

@@ -47,6 +47,7 @@ type AppState = State<Arc<App>>;
         (name = "runs", description = "Runs: enqueue, read and page, send events, rerun, diagnose"),
         (name = "approvals", description = "Approval requests and the decisions on them"),
         (name = "definitions", description = "State-machine definitions and their versions"),
+        (name = "blobs", description = "Large payload values, stored once by content hash"),
         (name = "fleet", description = "Workers and schedulers"),
         (name = "health", description = "Probes and metrics, without a token"),
         (name = "meta", description = "This document, without a token")
@@ -97,7 +98,8 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(crate::recovery::resolve_run))
         .routes(routes!(crate::recovery::list_limits))
         .routes(routes!(crate::webhooks::list_webhooks))
-        .routes(routes!(crate::webhooks::list_deliveries));
+        .routes(routes!(crate::webhooks::list_deliveries))
+        .routes(routes!(get_blob));
     schema::document_bad_path_parameters(router.get_openapi_mut());
     schema::document_errors(router.get_openapi_mut());
     schema::optional_bodies_without_null(router.get_openapi_mut());
@@ -902,6 +904,31 @@ async fn decide(
     Ok(Json(decided).into_response())
 }
 
+// ---- blobs --------------------------------------------------------------------------------
+
+/// A large payload value an event refers to by hash (`{"$blob": {"sha256": H, "bytes": N}}`
+/// in its payload, or a model prompt's message hashes), read back and checked against the
+/// hash. A token sees a blob only when a run it may read refers to it (a token bound to
+/// queues: a run in one of them); otherwise the answer is 404, as for an unknown hash. A
+/// path that is not 64 lowercase hex digits is refused like any malformed path (422).
+#[utoipa::path(get, path = "/v1/blobs/{sha256}", tag = "blobs",
+    params(("sha256" = inline(schema::Sha256), Path, description = "The blob's sha256: 64 lowercase hex digits")),
+    responses((status = 200, description = "The blob's value, size and hash", body = service::BlobView),
+              (status = 401, description = "No or bad token", body = ErrorBody),
+              (status = 403, description = "Needs the read scope", body = ErrorBody),
+              (status = 404, description = "No such blob, or none that a run this token may read refers to", body = ErrorBody)))]
+async fn get_blob(
+    State(app): AppState,
+    Extension(caller): Extension<Caller>,
+    sha256: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let who = caller.require(Scope::Read)?;
+    let sha256 = sha256
+        .map(|Path(s)| s)
+        .map_err(|e| Error::validation(format!("bad blob hash in the path: {e}")))?;
+    Ok(Json(service::blob(&app.store, &sha256, Some(who)).await?).into_response())
+}
+
 // ---- definitions --------------------------------------------------------------------------
 
 /// A registered definition version.
@@ -957,7 +984,7 @@ pub(crate) struct DefinitionPath {
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct RegisterQuery {
-    /// Overrides the Content-Type (JSON unless `application/toml`).
+    /// Overrides the Content-Type (JSON unless `application/toml` or `application/yaml`).
     #[param(inline)]
     format: Option<DocumentFormat>,
     /// Make this version the name's current one (the one runs enqueued without a version
@@ -975,6 +1002,7 @@ struct RegisterQuery {
 enum DocumentFormat {
     Toml,
     Json,
+    Yaml,
 }
 
 /// The registered definitions: every version of each, by name then version.
@@ -1012,14 +1040,15 @@ async fn get_definition(
 }
 
 /// Register a definition version, recorded as published by the token's subject. The body
-/// is the document: TOML with `Content-Type: application/toml` or `?format=toml`, JSON
-/// otherwise. The same body again is a no-op; a different body under a registered version is
-/// refused. The version becomes current only with `make_current=true` (or as a new name's
+/// is the document: TOML with `Content-Type: application/toml` or `?format=toml`, YAML with
+/// `application/yaml` (or `text/yaml`, `application/x-yaml`) or `?format=yaml`, JSON
+/// otherwise; all three give one definition the same hash. The same body again is a no-op; a
+/// different body under a registered version is refused. The version becomes current only with `make_current=true` (or as a new name's
 /// first); a built-in name takes no other version than the shipped one without
 /// `allow_builtin=true` (admin).
 #[utoipa::path(post, path = "/v1/definitions", tag = "definitions",
-    request_body(description = "The definition document (JSON or TOML)",
-                 content((schema::JsonObject = "application/json"), (String = "application/toml"))),
+    request_body(description = "The definition document (JSON, TOML or YAML)",
+                 content((schema::JsonObject = "application/json"), (String = "application/toml"), (String = "application/yaml"))),
     params(RegisterQuery),
     responses((status = 201, description = "Registered", body = RegisterResponse),
               (status = 200, description = "This body was already registered", body = RegisterResponse),
@@ -1044,13 +1073,18 @@ async fn register_definition(
     let format = match q.format {
         Some(DocumentFormat::Toml) => Format::Toml,
         Some(DocumentFormat::Json) => Format::Json,
+        Some(DocumentFormat::Yaml) => Format::Yaml,
         None => {
-            let toml = headers
+            let media = headers
                 .get(axum::http::header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.split(';').next())
-                .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/toml"));
-            if toml { Format::Toml } else { Format::Json }
+                .map(|v| v.trim().to_ascii_lowercase());
+            match media.as_deref() {
+                Some("application/toml") => Format::Toml,
+                Some("application/yaml" | "application/x-yaml" | "text/yaml") => Format::Yaml,
+                _ => Format::Json,
+            }
         }
     };
     let text =

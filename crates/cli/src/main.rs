@@ -2,6 +2,7 @@
 //! operator and offline commands.
 
 mod approvals;
+mod blobs;
 mod brief;
 mod commands;
 mod moves;
@@ -83,6 +84,9 @@ enum Command {
     Approve(approvals::DecideArgs),
     /// Deny an approval request; the run gets its denied event.
     Deny(approvals::DecideArgs),
+    /// Large payload values stored once by content hash: read one back, or count them.
+    #[command(subcommand)]
+    Blobs(blobs::BlobsCommand),
     /// Manage API bearer tokens.
     #[command(subcommand)]
     Tokens(tokens::TokensCommand),
@@ -202,6 +206,7 @@ fn main() -> ExitCode {
                     Command::Approvals(cmd) => approvals::approvals(cmd).await,
                     Command::Approve(args) => approvals::decide(args, true).await,
                     Command::Deny(args) => approvals::decide(args, false).await,
+                    Command::Blobs(cmd) => blobs::blobs(cmd).await,
                     Command::Tokens(cmd) => tokens::tokens(cmd).await,
                     Command::Webhooks(cmd) => webhooks::webhooks(cmd).await,
                     Command::Api(args) => rein_api::serve(args).await,

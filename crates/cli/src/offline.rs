@@ -147,6 +147,7 @@ fn check_verdict(file: &str, verdict: &Result<Definition, DefinitionError>) -> V
             "file": file,
             "name": def.name(),
             "version": def.version(),
+            "hash": def.hash(),
             "states": def.states().count(),
             "events": def.events().count(),
             "transitions": def.transitions().len(),

@@ -491,6 +491,7 @@ impl Backend {
                 let (format, content_type) = match format {
                     Format::Toml => ("toml", "application/toml"),
                     Format::Json => ("json", "application/json"),
+                    Format::Yaml => ("yaml", "application/yaml"),
                 };
                 let request = c
                     .request(reqwest::Method::POST, &["v1", "definitions"])
@@ -534,6 +535,18 @@ impl Backend {
         match self {
             Backend::Db(store) => service::why(store, run).await,
             Backend::Api(c) => c.get(&["v1", "runs", &run.to_string(), "why"], &[]).await,
+        }
+    }
+
+    /// The blob named `sha256` (SPEC E5): through the API, if a run the token may read
+    /// refers to it; on the database, if any run does.
+    pub async fn blob(&self, sha256: &str) -> Result<Value, Error> {
+        let sha256 = service::blob_hash(sha256)?;
+        match self {
+            Backend::Db(store) => service::blob(store, sha256, None)
+                .await
+                .map(|view| json!(view)),
+            Backend::Api(c) => c.get(&["v1", "blobs", sha256], &[]).await,
         }
     }
 

@@ -476,6 +476,7 @@ async fn the_openapi_document_lists_every_route_served() {
         ("/v1/limits", "get"),
         ("/v1/webhooks", "get"),
         ("/v1/webhooks/deliveries", "get"),
+        ("/v1/blobs/{sha256}", "get"),
     ];
     let paths = doc["paths"].as_object().expect("paths");
     for (path, method) in served {
@@ -1250,6 +1251,7 @@ impl Contract {
             "id" if path.starts_with("/v1/runs/") => self.run.to_string(),
             "id" => Uuid::now_v7().to_string(),
             "name" => "research-agent".to_owned(),
+            "sha256" => "0".repeat(64),
             other => panic!("{path}: give the contract test a value for path parameter `{other}`"),
         }
     }
@@ -1514,9 +1516,9 @@ async fn a_malformed_path_parameter_is_a_documented_422_on_every_operation() {
         }
     }
     // Run, why, events (get and send), stream, rerun, fork, grant, deny, definition, its
-    // current version, its migration, brief, verify, resolve.
+    // current version, its migration, brief, verify, resolve, blob.
     assert_eq!(
-        checked, 15,
+        checked, 16,
         "every operation with a path parameter was checked"
     );
 }

@@ -5,7 +5,7 @@ mod common;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use common::{REIN, rein, stderr, stdout, tmp_dir};
+use common::{GREETER_TOML, GREETER_YAML, REIN, rein, stderr, stdout, tmp_dir};
 use serde_json::Value;
 
 const LIFECYCLE_FILE: &str = concat!(
@@ -98,6 +98,56 @@ to = "b"
     }
     let listed = err.lines().filter(|l| l.starts_with("  ")).count();
     assert!(listed >= 4, "expected every problem listed:\n{err}");
+}
+
+fn checked(file: &str) -> Value {
+    let out = rein(&["definitions", "check", file, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    serde_json::from_str(&stdout(&out)).expect("JSON")
+}
+
+#[test]
+fn definitions_check_reads_yaml_as_the_same_definition_as_toml() {
+    let toml = checked(&write_tmp("greeter.toml", GREETER_TOML));
+    for name in ["greeter.yaml", "greeter.yml"] {
+        let yaml = checked(&write_tmp(name, GREETER_YAML));
+        assert_eq!(yaml["name"], "greeter");
+        assert_eq!(yaml["transitions"], 2);
+        assert_eq!(
+            yaml["hash"], toml["hash"],
+            "{name}: one definition, one hash"
+        );
+    }
+    let out = rein(&[
+        "definitions",
+        "check",
+        &write_tmp("greeter2.yaml", GREETER_YAML),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("ok: greeter v1"),
+        "{}",
+        stdout(&out)
+    );
+
+    // `show` reads YAML too, and prints the normalised document.
+    let file = write_tmp("greeter3.yml", GREETER_YAML);
+    let out = rein(&["definitions", "show", &file, "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let spec: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(spec["states"][0]["name"], "GREET");
+}
+
+#[test]
+fn definitions_check_names_the_line_of_malformed_yaml() {
+    let broken = GREETER_YAML.replace(
+        "  - {name: WAIT, kind: waiting}",
+        "  - {name: WAIT, kind: waiting",
+    );
+    let out = rein(&["definitions", "check", &write_tmp("broken.yaml", &broken)]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(err.contains("YAML") && err.contains("line "), "{err}");
 }
 
 #[test]

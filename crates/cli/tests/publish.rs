@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Api, code, rein_with, stderr, stdout};
+use common::{Api, GREETER_TOML, GREETER_YAML, code, rein_with, stderr, stdout};
 use rein_core::builtin;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -447,4 +447,69 @@ async fn the_api_compiles_a_definition_once_not_on_every_request_that_loads_it()
         took.len() - 1,
         rest
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_definition_in_yaml_registers_as_the_same_definition_as_in_toml() {
+    let api = Api::start("publish_yaml", &[]).await;
+    let publisher = api.token("release-bot", &["publish", "read"]);
+    let post = |query: &str, content_type: &str, body: &str| {
+        api.post(&format!("/v1/definitions{query}"), &publisher)
+            .header("content-type", content_type)
+            .body(body.to_owned())
+            .send()
+    };
+    let (s, v) = common::json_of(post("", "application/yaml", GREETER_YAML).await.unwrap()).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(v["version"], 1);
+    // The same definition in TOML is the body already registered, not another one.
+    let (s, v) = api
+        .post_toml("/v1/definitions", &publisher, GREETER_TOML)
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["created"], false, "{v}");
+    // `?format=yaml` overrides the content type.
+    let (s, v) = common::json_of(
+        post("?format=yaml", "text/plain", GREETER_YAML)
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (s, view) = api.get_json("/v1/definitions/greeter", &publisher).await;
+    assert_eq!(s, StatusCode::OK, "{view}");
+    let local = rein_core::Definition::parse(
+        GREETER_TOML,
+        rein_core::Format::Toml,
+        &rein_core::GuardRegistry::new(),
+    )
+    .unwrap();
+    assert_eq!(view["hash"], local.hash());
+
+    // Malformed YAML is a located problem, not a server error.
+    let broken = GREETER_YAML.replace("{name: WAIT, kind: waiting}", "{name: WAIT, kind: waiting");
+    let (s, v) = common::json_of(post("", "application/yaml", &broken).await.unwrap()).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(v.to_string().contains("line "), "{v}");
+
+    // The CLI sends a .yaml file as YAML, through the API and on the database.
+    let dir = common::tmp_dir("publish_yaml");
+    let file = dir.join("greeter.yaml");
+    std::fs::write(&file, GREETER_YAML.replace("version: 1", "version: 2")).unwrap();
+    let file = file.to_str().unwrap();
+    let out = rein_with(
+        &["definitions", "register", file, "--json"],
+        &[("REIN_URL", &api.base), ("REIN_TOKEN", &publisher)],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let done: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(done["version"], 2, "{done}");
+    assert_eq!(done["created"], true, "{done}");
+    let out = rein_with(
+        &["definitions", "register", file, "--json"],
+        &[("DATABASE_URL", &api.url)],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let again: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(again["created"], false, "{again}");
 }

@@ -46,6 +46,10 @@ impl Definition {
             Format::Json => {
                 serde_json::from_str(text).map_err(|e| DefinitionError::Parse(e.to_string()))
             }
+            // serde_norway bounds nesting and alias expansion, so a small document cannot
+            // unfold into a huge one; its errors name the line and column.
+            Format::Yaml => serde_norway::from_str(text)
+                .map_err(|e| DefinitionError::Parse(format!("YAML: {e}"))),
         }?;
         // Rules for documents being registered; stored definitions keep loading without them.
         let url_problems = crate::http_url::problems(&spec);

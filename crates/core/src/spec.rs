@@ -595,20 +595,36 @@ pub enum Effect {
     CompleteStep,
 }
 
-/// Input formats for definition documents.
+/// Input formats for definition documents. Each parses into the same [`DefinitionSpec`], and
+/// a definition's hash is taken over that spec's canonical JSON, so one definition written in
+/// any of them has one hash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
     Toml,
     Json,
+    Yaml,
 }
 
 impl Format {
-    /// Picks the format from a file name's extension; TOML unless it ends in `.json`.
+    /// Picks the format from a file name's extension: `.json` is JSON, `.yaml` and `.yml`
+    /// YAML, anything else TOML.
     pub fn from_path(path: &str) -> Format {
-        if path.to_ascii_lowercase().ends_with(".json") {
+        let path = path.to_ascii_lowercase();
+        if path.ends_with(".json") {
             Format::Json
+        } else if path.ends_with(".yaml") || path.ends_with(".yml") {
+            Format::Yaml
         } else {
             Format::Toml
+        }
+    }
+
+    /// The format's name as `?format=` and error messages spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Toml => "toml",
+            Format::Json => "json",
+            Format::Yaml => "yaml",
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Fuzzed inputs of the pure core (SPEC Z2): whatever a client, a model or a definition's
-//! author sends — any text as a definition in TOML or JSON, a built-in definition with any
+//! author sends — any text as a definition in TOML, JSON or YAML, a built-in definition with any
 //! part replaced, any CEL guard over any data, any JSON Schema in a tool's spec, any model
 //! reply or decision — is either accepted or refused with an error. None panics, and a guard
 //! that would run long is refused by its cost bound instead of running.
@@ -211,7 +211,7 @@ proptest! {
 
     #[test]
     fn any_text_as_a_definition_is_loaded_or_refused(text in "\\PC{0,400}") {
-        for format in [Format::Toml, Format::Json] {
+        for format in [Format::Toml, Format::Json, Format::Yaml] {
             let _ = parse(&text, format);
         }
     }
@@ -231,10 +231,17 @@ proptest! {
             let initial = def.initial_state().to_owned();
             prop_assert!(def.states().any(|s| s.name == initial));
         }
-        // The same document as TOML, where it can be written as TOML.
+        // The same document as TOML, where it can be written as TOML, and as YAML.
         if let Ok(toml) = toml::to_string(&doc) {
             let _ = parse(&toml, Format::Toml);
         }
+        let yaml = serde_norway::to_string(&doc).unwrap();
+        let yaml_loaded = parse(&yaml, Format::Yaml);
+        // A document is one definition whichever language it is written in.
+        prop_assert_eq!(
+            yaml_loaded.ok().map(|d| d.hash().to_owned()),
+            parse(&text, Format::Json).ok().map(|d| d.hash().to_owned())
+        );
     }
 
     #[test]

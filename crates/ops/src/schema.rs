@@ -148,6 +148,14 @@ schema_type! {
 }
 
 schema_type! {
+    /// A blob's name: the sha256 of its content, 64 lowercase hex digits.
+    Sha256 => string()
+        .min_length(Some(64))
+        .max_length(Some(64))
+        .pattern(Some("^[0-9a-f]{64}$"))
+}
+
+schema_type! {
     /// An approval decision's comment: at most [`rein_store::COMMENT_BYTES_MAX`] bytes (a
     /// schema counts characters; an ASCII comment reaches the bound exactly).
     Comment => string().max_length(Some(rein_store::COMMENT_BYTES_MAX))

@@ -176,6 +176,27 @@ pub struct Decision {
     pub delivery: Delivery,
 }
 
+/// A large payload value stored by hash (SPEC E5), as `GET /v1/blobs/{sha256}` returns it.
+#[derive(Serialize, ToSchema)]
+pub struct BlobView {
+    /// The sha256 of the value's canonical JSON (sorted keys, no spaces): the content was
+    /// checked against it.
+    #[schema(value_type = crate::schema::Sha256)]
+    pub sha256: String,
+    /// Size of the canonical JSON in bytes.
+    pub bytes: usize,
+    /// The value, as the event that refers to it would hold it inline.
+    #[schema(value_type = Value)]
+    pub value: Value,
+}
+
+/// Blob storage totals (`rein blobs stats`).
+#[derive(Serialize)]
+pub struct BlobStatsView {
+    pub blobs: i64,
+    pub stored_bytes: i64,
+}
+
 /// One page of runs, newest first; `next` continues after its last run.
 pub struct RunsPage {
     pub runs: Vec<Value>,
@@ -753,6 +774,55 @@ pub async fn set_current(
 }
 
 /// The diagnosis of `rein why` (seed 000 §16) as one document.
+/// Whether `text` names a blob: exactly 64 lowercase hex digits.
+pub fn blob_hash(text: &str) -> Result<&str, Error> {
+    if text.len() == 64
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return Ok(text);
+    }
+    Err(Error::validation(format!(
+        "`{}` is not a blob hash: a blob is named by the 64 lowercase hex digits of its sha256, as an event's `{{\"$blob\": {{\"sha256\": ...}}}}` reference shows it",
+        rein_core::text::storable(&text.chars().take(80).collect::<String>())
+    ))
+    .with_details(json!({ "field": "sha256" })))
+}
+
+/// The blob named `sha256`, for a reader that may see it: some run it may read refers to it
+/// (for a token bound to queues, a run in one of them; on the database, any run). Not found
+/// alike when there is no such blob and when the reader may not see it, so a hash's
+/// existence is not told to whoever guesses it.
+pub async fn blob(
+    store: &Store,
+    sha256: &str,
+    token: Option<&TokenInfo>,
+) -> Result<BlobView, Error> {
+    let sha256 = blob_hash(sha256)?;
+    let queues = token.and_then(|t| t.bounds.queues.as_deref());
+    match store.blob_seen_from(sha256, queues).await? {
+        Some((bytes, value)) => Ok(BlobView {
+            sha256: sha256.to_owned(),
+            bytes,
+            value,
+        }),
+        None => Err(Error::not_found(format!(
+            "no blob {sha256} that a run you may read refers to (event payloads show blob references as `{{\"$blob\": {{\"sha256\": ...}}}}`)"
+        ))
+        .with_details(json!({ "sha256": sha256 }))),
+    }
+}
+
+/// How many blobs are stored and their bytes.
+pub async fn blob_stats(store: &Store) -> Result<BlobStatsView, Error> {
+    let stats = store.blob_stats().await?;
+    Ok(BlobStatsView {
+        blobs: stats.blobs,
+        stored_bytes: stats.stored_bytes,
+    })
+}
+
 pub async fn why(store: &Store, run_id: Uuid) -> Result<Value, Error> {
     let facts = store.why(run_id).await?;
     let def = store

@@ -26,6 +26,36 @@ impl Store {
         rein_core::blob::decode(blob, &content).map_err(|e| StoreError::Corrupt(e.to_string()))
     }
 
+    /// The size and value of blob `sha256` when some run refers to it (`rein_blob_refs`)
+    /// whose queue is among `queues` (any queue when `None`): what a reader bounded to those
+    /// queues may see. `None` both for an unknown hash and for one no such run refers to.
+    pub async fn blob_seen_from(
+        &self,
+        sha256: &str,
+        queues: Option<&[String]>,
+    ) -> Result<Option<(usize, Value)>, StoreError> {
+        let row: Option<(i64, Vec<u8>)> = sqlx::query_as(
+            "SELECT b.size_bytes, b.content FROM rein_blobs b
+             WHERE b.sha256 = $1 AND EXISTS (
+                 SELECT 1 FROM rein_blob_refs f JOIN rein_runs r ON r.run_id = f.run_id
+                 WHERE f.sha256 = $1 AND ($2::text[] IS NULL OR r.queue = ANY($2)))",
+        )
+        .bind(sha256)
+        .bind(queues)
+        .fetch_optional(self.pool())
+        .await?;
+        let Some((size, content)) = row else {
+            return Ok(None);
+        };
+        let blob = BlobRef {
+            sha256: sha256.to_owned(),
+            bytes: usize::try_from(size).unwrap_or(0),
+        };
+        let value = rein_core::blob::decode(&blob, &content)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        Ok(Some((blob.bytes, value)))
+    }
+
     pub async fn blob_stats(&self) -> Result<BlobStats, StoreError> {
         let (blobs, stored_bytes): (i64, i64) =
             sqlx::query_as("SELECT count(*), COALESCE(sum(size_bytes), 0)::bigint FROM rein_blobs")

@@ -281,7 +281,6 @@ fn request_body(ctx: &ActionContext) -> Result<Vec<u8>, String> {
     }
     let brief = ctx.resume_brief();
     let results = &ctx.run.results;
-    let last = |n: usize| &results[results.len().saturating_sub(n)..];
     let body = |results: &[Value], truncated: bool| {
         json!({
             "run_id": ctx.run_id,
@@ -302,14 +301,18 @@ fn request_body(ctx: &ActionContext) -> Result<Vec<u8>, String> {
                 "steps_completed": ctx.run.steps_completed,
                 "attempt": ctx.run.attempt,
                 "last_error": ctx.run.last_error,
-                "last_results": last(RESUME_RESULTS),
+                "last_results": &results[results.len().saturating_sub(RESUME_RESULTS)..],
             },
         })
     };
+    // Results come resolved (SPEC E5); when they do not fit, the large ones go as their
+    // blob references again, which the node reads with `GET /v1/blobs/{sha256}`.
+    let referenced = as_references(results);
     for (results, truncated) in [
         (results.as_slice(), false),
+        (referenced.as_slice(), false),
         (
-            last(RESULTS_WHEN_TRIMMED),
+            &referenced[referenced.len().saturating_sub(RESULTS_WHEN_TRIMMED)..],
             results.len() > RESULTS_WHEN_TRIMMED,
         ),
     ] {
@@ -322,6 +325,27 @@ fn request_body(ctx: &ActionContext) -> Result<Vec<u8>, String> {
     Err(format!(
         "the run context (data and recent results) exceeds the {REQUEST_BYTES_MAX}-byte request limit"
     ))
+}
+
+/// `results` with each value larger than the default inline bound replaced by its blob
+/// reference (the sha256 and size of its canonical JSON, as the event stored it).
+fn as_references(results: &[Value]) -> Vec<Value> {
+    results
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            if let Some(value) = r.get_mut("value") {
+                let text = rein_core::hash::canonical_json(value);
+                if text.len() > rein_core::limits::PAYLOAD_INLINE_BYTES_DEFAULT {
+                    *value = rein_core::blob::reference(&rein_core::blob::BlobRef {
+                        sha256: rein_core::hash::sha256_hex(text.as_bytes()),
+                        bytes: text.len(),
+                    });
+                }
+            }
+            r
+        })
+        .collect()
 }
 
 /// An answer: a status came back.
@@ -690,6 +714,28 @@ pub fn parse_reconcile_reply(bytes: &[u8]) -> Result<Reconciled, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn large_results_go_as_the_references_their_events_stored() {
+        let big = json!({ "text": "x".repeat(rein_core::limits::PAYLOAD_INLINE_BYTES_DEFAULT) });
+        let small = json!({ "n": 1 });
+        let (stored, _) = rein_core::blob::externalize(
+            &json!({ "result": big }),
+            rein_core::limits::PAYLOAD_INLINE_BYTES_DEFAULT,
+        )
+        .unwrap();
+        let results = vec![
+            json!({ "step": 1, "value": small }),
+            json!({ "step": 2, "value": big }),
+        ];
+        let sent = as_references(&results);
+        assert_eq!(sent[0], results[0], "a small value goes as it is");
+        assert_eq!(sent[1]["step"], 2);
+        assert_eq!(
+            sent[1]["value"], stored["result"],
+            "the reference is the one the event holds, so GET /v1/blobs finds it"
+        );
+    }
 
     #[test]
     fn retry_after_takes_seconds_or_an_http_date() {

@@ -223,9 +223,7 @@ impl Model {
             .into_iter()
             .map(|e| Event::new(u64::try_from(e.sequence).unwrap_or(0), e.kind, e.payload))
             .collect();
-        let log = resolve_replies(&self.store, log)
-            .await
-            .map_err(unreadable)?;
+        let log = resolve_blobs(&self.store, log).await.map_err(unreadable)?;
         Ok(pure::conversation(spec, &ctx.run, &input, &log))
     }
 
@@ -319,15 +317,29 @@ impl Model {
     }
 }
 
-/// A reply the event log keeps as a blob reference is read back, so the conversation quotes
-/// what the model said.
-async fn resolve_replies(
+/// Blob references among the top-level payload fields of the log (SPEC E5: a large tool
+/// result, a reply, a call's arguments) are read back, so the conversation quotes what the
+/// tools returned and the model said, not where it is stored. Each blob is read once.
+async fn resolve_blobs(
     store: &Store,
     mut log: Vec<Event>,
 ) -> Result<Vec<Event>, rein_store::StoreError> {
-    for event in log.iter_mut().filter(|e| e.kind == pure::MODEL_REPLIED) {
-        if let Some(blob) = rein_core::blob::reference_of(&event.payload["reply"]) {
-            event.payload["reply"] = store.read_blob(&blob).await?;
+    let mut read: std::collections::HashMap<String, Value> = std::collections::HashMap::new();
+    for event in log.iter_mut() {
+        let Some(fields) = event.payload.as_object_mut() else {
+            continue;
+        };
+        for value in fields.values_mut() {
+            let Some(blob) = rein_core::blob::reference_of(value) else {
+                continue;
+            };
+            if let Some(known) = read.get(&blob.sha256) {
+                *value = known.clone();
+                continue;
+            }
+            let content = store.read_blob(&blob).await?;
+            read.insert(blob.sha256.clone(), content.clone());
+            *value = content;
         }
     }
     Ok(log)

@@ -720,6 +720,7 @@ impl Driver {
         let attempt_span = tracing::info_span!("rein.action", rein.node = %node,
             rein.action = %action, rein.step = self.state.steps_completed + 1,
             rein.attempt = self.state.attempt);
+        let ctx = self.resolved(ctx).await;
         let outcome = tokio::select! {
             outcome = handler.run(ctx).instrument(attempt_span.clone()) => Some(outcome),
             _ = self.held.lost.cancelled() => { cancel.cancel(); return Err(Stop::Lost) }
@@ -838,6 +839,37 @@ impl Driver {
             events.push(NewEvent::new(kind, payload).at_node(Some(&slot.node)));
         }
         self.commit(events).await
+    }
+
+    /// `ctx` with the blob references among the run's results replaced by the values they
+    /// name (SPEC E5), newest first, while the content read stays within
+    /// [`RESOLVED_BYTES_MAX`]: a handler gets what the tools returned, not where it is
+    /// stored. A reference past the bound, or one whose content cannot be read or does not
+    /// match its hash, stays as it is (and the latter is logged).
+    async fn resolved(&self, mut ctx: ActionContext) -> ActionContext {
+        let mut left = RESOLVED_BYTES_MAX;
+        for result in ctx.run.results.iter_mut().rev() {
+            let Some(value) = result.get_mut("value") else {
+                continue;
+            };
+            let Some(blob) = rein_core::blob::reference_of(value) else {
+                continue;
+            };
+            if blob.bytes > left {
+                continue;
+            }
+            match self.inner.store.read_blob(&blob).await {
+                Ok(read) => {
+                    *value = read;
+                    left -= blob.bytes;
+                }
+                Err(e) => {
+                    warn!(run_id = %self.run_id, sha256 = %blob.sha256, error = %e,
+                        "a result's blob cannot be read; the handler gets its reference");
+                }
+            }
+        }
+        ctx
     }
 
     fn context(&self, node: &str, step: u32, action_id: &str, call_id: &str) -> ActionContext {
@@ -1134,6 +1166,7 @@ impl Driver {
         let in_flight = rein_store::metrics::InFlight::start();
         let attempt_span = tracing::info_span!("rein.action", rein.tool = %call.tool,
             rein.step = self.state.steps_completed + 1, rein.attempt = self.state.attempt);
+        let ctx = self.resolved(ctx).await;
         let outcome = tokio::select! {
             outcome = handler.run(ctx).instrument(attempt_span.clone()) => outcome,
             _ = self.held.lost.cancelled() => { cancel.cancel(); return Err(Stop::Lost) }
@@ -1460,6 +1493,9 @@ impl Driver {
         }
     }
 }
+
+/// Most bytes of blob content read back into one action's context (`Driver::resolved`).
+pub const RESOLVED_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 /// Moves the large fields of every event's payload to blobs (SPEC E5).
 fn externalize(

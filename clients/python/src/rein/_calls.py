@@ -45,6 +45,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/approvals/{id}/deny"): "deny",
     ("GET", "/v1/workers"): "workers",
     ("GET", "/v1/limits"): "limits",
+    ("GET", "/v1/blobs/{sha256}"): "blob",
     ("GET", "/v1/webhooks"): "webhooks",
     ("GET", "/v1/webhooks/deliveries"): "webhook_deliveries",
     ("GET", "/v1/definitions"): "definitions",
@@ -361,6 +362,10 @@ def fork(
     return Call(
         "POST", f"/v1/runs/{run_id(run)}/fork", model(models.ForkResponse), json_body=body
     )
+
+
+def blob(sha256: str) -> Call[models.BlobView]:
+    return Call("GET", f"/v1/blobs/{_segment(sha256, 'a sha256')}", model(models.BlobView))
 
 
 def why(run: RunRef) -> Call[models.WhyView]:

@@ -174,6 +174,11 @@ class Client:
         `input_patch` merged into its data; `run` is never changed."""
         return self._do(calls.fork(run, at, version, input_patch, reason))
 
+    def blob(self, sha256: str) -> models.BlobView:
+        """A large value stored by hash (E5), readable when a run the token may read refers
+        to it: `{sha256, bytes, value}`."""
+        return self._do(calls.blob(sha256))
+
     def why(self, run: RunRef) -> models.WhyView:
         return self._do(calls.why(run))
 
@@ -471,6 +476,11 @@ class AsyncClient:
         """A new run from `run`'s state right after event `at`, on `version` if given, with
         `input_patch` merged into its data; `run` is never changed."""
         return await self._do(calls.fork(run, at, version, input_patch, reason))
+
+    async def blob(self, sha256: str) -> models.BlobView:
+        """A large value stored by hash (E5), readable when a run the token may read refers
+        to it: `{sha256, bytes, value}`."""
+        return await self._do(calls.blob(sha256))
 
     async def why(self, run: RunRef) -> models.WhyView:
         return await self._do(calls.why(run))

@@ -575,6 +575,26 @@ class WorkerView(BaseModel):
     worker_id: str
 
 
+class BlobView(BaseModel):
+    """
+    A large payload value stored by hash (SPEC E5), as `GET /v1/blobs/{sha256}` returns it.
+    """
+
+    bytes: int = Field(..., ge=0)
+    """
+    Size of the canonical JSON in bytes.
+    """
+    sha256: str = Field(..., max_length=64, min_length=64, pattern="^[0-9a-f]{64}$")
+    """
+    The sha256 of the value's canonical JSON (sorted keys, no spaces): the content was
+    checked against it.
+    """
+    value: Any
+    """
+    The value, as the event that refers to it would hold it inline.
+    """
+
+
 class BriefView(BaseModel):
     """
     The resume brief of a run, and what in the stored checkpoints was not trusted.

@@ -789,3 +789,36 @@ pub async fn ask_for_approval(
     assert_eq!(store.run(run).await.unwrap().state, "WAITING_APPROVAL");
     approval
 }
+
+/// A small definition written in YAML; [`GREETER_TOML`] is the same one in TOML.
+pub const GREETER_YAML: &str = "name: greeter
+version: 1
+cancel_state: DONE
+events: [GREETED, REPLIED]
+external_events: [REPLIED]
+states:
+  - {name: GREET, kind: active, initial: true, action: noop}
+  - {name: WAIT, kind: waiting}
+  - {name: DONE, kind: terminal}
+transitions:
+  - {from: GREET, event: GREETED, to: WAIT}
+  - {from: WAIT, event: REPLIED, to: DONE}
+";
+
+/// [`GREETER_YAML`] in TOML.
+pub const GREETER_TOML: &str = r#"
+name = "greeter"
+version = 1
+cancel_state = "DONE"
+events = ["GREETED", "REPLIED"]
+external_events = ["REPLIED"]
+states = [
+  { name = "GREET", kind = "active", initial = true, action = "noop" },
+  { name = "WAIT", kind = "waiting" },
+  { name = "DONE", kind = "terminal" },
+]
+transitions = [
+  { from = "GREET", event = "GREETED", to = "WAIT" },
+  { from = "WAIT", event = "REPLIED", to = "DONE" },
+]
+"#;
