@@ -117,7 +117,9 @@ async fn migrations_of(
     for v in from.min(to) + 1..=from.max(to) {
         match store.load_definition(name, Some(v)).await {
             Ok(def) => {
-                if !extra.has_step(name, def.spec().migration.as_ref().map_or(0, |m| m.from)) {
+                // A closure the embedding program registered for the same step wins.
+                let declared_from = def.spec().migration.as_ref().map(|m| m.from);
+                if declared_from.is_some_and(|from| !extra.has_step(name, from)) {
                     all.declare(&def);
                 }
             }
