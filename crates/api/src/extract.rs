@@ -56,6 +56,16 @@ pub(crate) fn path_id(id: Result<Path<Uuid>, PathRejection>) -> Result<Uuid, Err
         .map_err(|e| Error::validation(format!("the id in the path is not a UUID: {e}")))
 }
 
+/// The `{name}` path parameter of the definition routes, as the document describes it.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+pub(crate) struct DefinitionPath {
+    /// Definition name.
+    #[param(value_type = rein_ops::schema::Name, inline)]
+    name: String,
+}
+
 /// The definition name in the path (checked against the name rule where it is used).
 pub(crate) fn definition_name(name: Result<Path<String>, PathRejection>) -> Result<String, Error> {
     name.map(|Path(n)| n)

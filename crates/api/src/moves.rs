@@ -15,7 +15,7 @@ use rein_ops::moves::{self, ForkBody, ForkResponse, MigrateBody, MigrateResponse
 use rein_store::Scope;
 use uuid::Uuid;
 
-use crate::extract::{definition_name, parse_body, path_id};
+use crate::extract::{DefinitionPath, definition_name, parse_body, path_id};
 use crate::{ApiError, App, Caller};
 
 /// Move the unfinished runs of one version of a definition to a newer one (what `rein
@@ -25,7 +25,7 @@ use crate::{ApiError, App, Caller};
 /// holds is waited for up to `wait_s`, then reported `busy`.
 #[utoipa::path(post, path = "/v1/definitions/{name}/migrate", tag = "definitions",
     request_body = MigrateBody,
-    params(crate::routes::DefinitionPath),
+    params(DefinitionPath),
     responses((status = 200, description = "What moved, what would, and what did not, with why", body = MigrateResponse),
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the admin scope: a migration moves runs of every queue", body = ErrorBody),

@@ -26,8 +26,8 @@ use rein_ops::service::{NEXT_AFTER, NEXT_CURSOR};
 use rein_ops::{Code, Error, ErrorBody};
 
 use crate::extract::{
-    caller_name, definition_name, idempotency_key, page_body, paging_headers, parse_body, path_id,
-    query,
+    DefinitionPath, caller_name, definition_name, idempotency_key, page_body, paging_headers,
+    parse_body, path_id, query,
 };
 use crate::{ApiError, App, Caller};
 use rein_ops::service::{
@@ -969,15 +969,6 @@ struct CurrentBody {
     /// the admin scope).
     #[serde(default)]
     allow_builtin: bool,
-}
-
-#[derive(IntoParams)]
-#[into_params(parameter_in = Path)]
-#[allow(dead_code)]
-pub(crate) struct DefinitionPath {
-    /// Definition name.
-    #[param(value_type = schema::Name, inline)]
-    name: String,
 }
 
 #[derive(Deserialize, IntoParams)]

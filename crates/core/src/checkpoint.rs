@@ -232,20 +232,6 @@ impl Migrations {
         self
     }
 
-    /// Registers the migration `def` declares in `[migration]` (from its `from` to its own
-    /// version), if it declares one. Registered closures for the same step are replaced.
-    pub fn declare(&mut self, def: &Definition) -> &mut Self {
-        if let Some(spec) = def.spec().migration.clone() {
-            self.register_to(def.name(), spec.from, def.version(), move |mut run| {
-                let (state, data) = spec.apply(&run)?;
-                run.state = state;
-                run.data = data;
-                Ok(run)
-            });
-        }
-        self
-    }
-
     /// Whether a step starts at `from` for `definition`.
     pub fn has_step(&self, definition: &str, from: u32) -> bool {
         self.steps.contains_key(&(definition.to_owned(), from))

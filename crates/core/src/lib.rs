@@ -39,6 +39,7 @@ pub mod labels;
 pub mod limits;
 pub mod migration;
 pub mod model;
+mod movable;
 pub mod redact;
 pub mod reducer;
 mod reject;

@@ -60,3 +60,8 @@ pub const RUN_EVENTS_MIN: u64 = 2;
 /// Most distinct values one label of one metric family takes; later ones are recorded as
 /// `other` (see the `labels` module).
 pub const METRIC_LABEL_VALUES_MAX: usize = 100;
+
+/// Longest a migration waits for runs a worker holds (`--wait-s`), in seconds.
+pub const MIGRATE_WAIT_S_MAX: u64 = 3_600;
+/// Longest reason recorded with a migration or a fork, in bytes.
+pub const MOVE_REASON_BYTES_MAX: usize = 1_024;

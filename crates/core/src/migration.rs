@@ -7,166 +7,60 @@
 //! [`Migrations`] instead. Both go through [`plan`], so `rein definitions migrate` treats
 //! them alike.
 
-use std::collections::{BTreeMap, BTreeSet};
-
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::checkpoint::{Checkpoint, Migrations};
 use crate::definition::{Definition, StateKind};
-use crate::limits;
-use crate::spec::name_problem;
+pub use crate::movable::{Unmovable, between_steps};
+pub use crate::spec::MigrationSpec;
 use crate::state::RunState;
 
-/// Most entries in each of a migration's maps and lists.
-pub const MIGRATION_ENTRIES_MAX: usize = 256;
-
-/// How runs of version `from` move to the version that declares this (`[migration]`).
-/// Applied in this order: the state map, then `rename`, `drop` and `default` on the top-level
-/// keys of the run's business data.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MigrationSpec {
-    /// The older version whose runs this moves.
-    pub from: u32,
-    /// Old control state -> new control state. A state not named keeps its name, which must
-    /// exist in the new version.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub states: BTreeMap<String, String>,
-    /// Old states whose runs stay on the old version (e.g. a step whose meaning changed).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub not_migratable: Vec<String>,
-    /// Data key renames, old -> new.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub rename: BTreeMap<String, String>,
-    /// Data keys removed.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub drop: Vec<String>,
-    /// Values for data keys a run lacks.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub default: BTreeMap<String, Value>,
+/// The control state and business data `spec` moves `run` to, or why it cannot move.
+pub fn apply_declared(spec: &MigrationSpec, run: &RunState) -> Result<(String, Value), String> {
+    if spec.not_migratable.contains(&run.state) {
+        return Err(format!(
+            "state `{}` is declared not migratable by the migration from v{}",
+            run.state, spec.from
+        ));
+    }
+    let state = spec
+        .states
+        .get(&run.state)
+        .cloned()
+        .unwrap_or_else(|| run.state.clone());
+    let mut data = match &run.data {
+        Value::Object(map) => map.clone(),
+        other => {
+            let mut map = serde_json::Map::new();
+            map.insert("input".into(), other.clone());
+            map
+        }
+    };
+    for (old, new) in &spec.rename {
+        if let Some(value) = data.remove(old) {
+            data.insert(new.clone(), value);
+        }
+    }
+    for key in &spec.drop {
+        data.remove(key);
+    }
+    for (key, value) in &spec.default {
+        data.entry(key.clone()).or_insert_with(|| value.clone());
+    }
+    Ok((state, Value::Object(data)))
 }
 
-impl MigrationSpec {
-    /// What is wrong with this migration as part of `def` (the version declaring it), as
-    /// (item, reason) pairs.
-    pub fn problems(&self, def_version: u32, states: &BTreeSet<&str>) -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        let mut p = |item: String, reason: String| out.push((item, reason));
-        if self.from == 0 || self.from >= def_version {
-            p(
-                "migration.from".into(),
-                format!("must name an older version (1..{def_version})"),
-            );
-        }
-        let sizes = [
-            ("states", self.states.len()),
-            ("not_migratable", self.not_migratable.len()),
-            ("rename", self.rename.len()),
-            ("drop", self.drop.len()),
-            ("default", self.default.len()),
-        ];
-        for (name, n) in sizes {
-            if n > MIGRATION_ENTRIES_MAX {
-                p(
-                    format!("migration.{name}"),
-                    format!("{n} entries; the limit is {MIGRATION_ENTRIES_MAX}"),
-                );
-            }
-        }
-        for (old, new) in &self.states {
-            let item = format!("migration.states.{old}");
-            if let Some(reason) = name_problem(old).or_else(|| name_problem(new)) {
-                p(item, reason);
-            } else if !states.contains(new.as_str()) {
-                p(
-                    item,
-                    format!("maps to `{new}`, which this version does not declare"),
-                );
-            }
-        }
-        for state in &self.not_migratable {
-            if let Some(reason) = name_problem(state) {
-                p(format!("migration.not_migratable ({state})"), reason);
-            }
-            if self.states.contains_key(state) {
-                p(
-                    format!("migration.not_migratable ({state})"),
-                    "is also in `states`: a state either moves or stays".into(),
-                );
-            }
-        }
-        let mut targets = BTreeSet::new();
-        for (old, new) in &self.rename {
-            let item = format!("migration.rename.{old}");
-            if let Some(reason) = key_problem(old).or_else(|| key_problem(new)) {
-                p(item, reason);
-            } else if !targets.insert(new.as_str()) {
-                p(item, format!("a second key is renamed to `{new}`"));
-            } else if self.drop.contains(new) {
-                p(item, format!("renames to `{new}`, which `drop` removes"));
-            }
-        }
-        for key in &self.drop {
-            if let Some(reason) = key_problem(key) {
-                p(format!("migration.drop ({key})"), reason);
-            }
-        }
-        for key in self.default.keys() {
-            if let Some(reason) = key_problem(key) {
-                p(format!("migration.default.{key}"), reason);
-            }
-        }
-        out
-    }
-
-    /// The moved control state and business data of `run`, or why it cannot move.
-    pub fn apply(&self, run: &RunState) -> Result<(String, Value), String> {
-        if self.not_migratable.contains(&run.state) {
-            return Err(format!(
-                "state `{}` is declared not migratable by the migration from v{}",
-                run.state, self.from
-            ));
-        }
-        let state = self
-            .states
-            .get(&run.state)
-            .cloned()
-            .unwrap_or_else(|| run.state.clone());
-        let mut data = match &run.data {
-            Value::Object(map) => map.clone(),
-            other => {
-                let mut map = serde_json::Map::new();
-                map.insert("input".into(), other.clone());
-                map
-            }
-        };
-        for (old, new) in &self.rename {
-            if let Some(value) = data.remove(old) {
-                data.insert(new.clone(), value);
-            }
-        }
-        for key in &self.drop {
-            data.remove(key);
-        }
-        for (key, value) in &self.default {
-            data.entry(key.clone()).or_insert_with(|| value.clone());
-        }
-        Ok((state, Value::Object(data)))
-    }
-}
-
-fn key_problem(key: &str) -> Option<String> {
-    if key.is_empty() {
-        Some("a data key is empty".into())
-    } else if key.len() > limits::NAME_LEN_MAX {
-        Some(format!(
-            "data key is {} bytes; the limit is {}",
-            key.len(),
-            limits::NAME_LEN_MAX
-        ))
-    } else {
-        None
+/// Registers the migration `def` declares in `[migration]` (from its `from` to its own
+/// version) in `migrations`, if it declares one; a step registered before for the same
+/// version is replaced.
+pub fn declare(migrations: &mut Migrations, def: &Definition) {
+    if let Some(spec) = def.spec().migration.clone() {
+        migrations.register_to(def.name(), spec.from, def.version(), move |mut run| {
+            let (state, data) = apply_declared(&spec, &run)?;
+            run.state = state;
+            run.data = data;
+            Ok(run)
+        });
     }
 }
 
@@ -197,51 +91,6 @@ impl MigrationPlan {
         }
         payload
     }
-}
-
-/// Why a run cannot move now (SPEC V1); [`Unmovable::later`] tells whether it may once it
-/// has moved on.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Unmovable {
-    #[error("the run has finished")]
-    Terminal,
-    #[error("call {0} is in flight; its result must land first")]
-    OpenCall(String),
-    #[error("the run waits for the branches of a fan-out")]
-    OpenFanOut,
-    #[error("the run needs an operator (an in-doubt call); resolve it first")]
-    NeedsOperator,
-    #[error("the run is already on v{0}")]
-    AlreadyThere(u32),
-    #[error("{0}")]
-    Refused(String),
-}
-
-impl Unmovable {
-    /// A run in this condition may be movable once it has moved on (a result landed).
-    pub fn later(&self) -> bool {
-        matches!(
-            self,
-            Unmovable::OpenCall(_) | Unmovable::OpenFanOut | Unmovable::NeedsOperator
-        )
-    }
-}
-
-/// Why `run` cannot be moved or forked as it is: it must be between steps.
-pub fn between_steps(run: &RunState) -> Result<(), Unmovable> {
-    if run.terminal_reason.is_some() {
-        return Err(Unmovable::Terminal);
-    }
-    if let Some(call) = run.pending_call() {
-        return Err(Unmovable::OpenCall(call.to_owned()));
-    }
-    if run.join.is_some() {
-        return Err(Unmovable::OpenFanOut);
-    }
-    if run.needs_operator {
-        return Err(Unmovable::NeedsOperator);
-    }
-    Ok(())
 }
 
 /// Plans moving `run` to `to` with `migrations` (declared and registered steps, chained).

@@ -429,7 +429,7 @@ fn migrated(
             def.version()
         )));
     }
-    crate::migration::between_steps(run).map_err(|why| bad(format!("cannot move: {why}")))?;
+    crate::movable::between_steps(run).map_err(|why| bad(format!("cannot move: {why}")))?;
     let state = event
         .payload
         .get("state")
@@ -491,7 +491,7 @@ fn forked(
             def.version()
         )));
     }
-    crate::migration::between_steps(&snapshot).map_err(|why| bad(format!("cannot fork: {why}")))?;
+    crate::movable::between_steps(&snapshot).map_err(|why| bad(format!("cannot fork: {why}")))?;
     *next = snapshot;
     next.sequence = event.sequence;
     next.entered_at_sequence = event.sequence;

@@ -65,7 +65,128 @@ pub struct DefinitionSpec {
     pub policy: PolicySpec,
     /// How runs of an older version move to this one (`[migration]`, SPEC V1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub migration: Option<crate::migration::MigrationSpec>,
+    pub migration: Option<MigrationSpec>,
+}
+
+/// Most entries in each of a migration's maps and lists.
+pub const MIGRATION_ENTRIES_MAX: usize = 256;
+
+/// How runs of version `from` move to the version that declares this (`[migration]`).
+/// Applied in this order: the state map, then `rename`, `drop` and `default` on the top-level
+/// keys of the run's business data.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrationSpec {
+    /// The older version whose runs this moves.
+    pub from: u32,
+    /// Old control state -> new control state. A state not named keeps its name, which must
+    /// exist in the new version.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub states: BTreeMap<String, String>,
+    /// Old states whose runs stay on the old version (e.g. a step whose meaning changed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_migratable: Vec<String>,
+    /// Data key renames, old -> new.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rename: BTreeMap<String, String>,
+    /// Data keys removed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drop: Vec<String>,
+    /// Values for data keys a run lacks.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub default: BTreeMap<String, serde_json::Value>,
+}
+
+impl MigrationSpec {
+    /// What is wrong with this migration as part of `def` (the version declaring it), as
+    /// (item, reason) pairs.
+    pub fn problems(
+        &self,
+        def_version: u32,
+        states: &std::collections::BTreeSet<&str>,
+    ) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut p = |item: String, reason: String| out.push((item, reason));
+        if self.from == 0 || self.from >= def_version {
+            p(
+                "migration.from".into(),
+                format!("must name an older version (1..{def_version})"),
+            );
+        }
+        let sizes = [
+            ("states", self.states.len()),
+            ("not_migratable", self.not_migratable.len()),
+            ("rename", self.rename.len()),
+            ("drop", self.drop.len()),
+            ("default", self.default.len()),
+        ];
+        for (name, n) in sizes {
+            if n > MIGRATION_ENTRIES_MAX {
+                p(
+                    format!("migration.{name}"),
+                    format!("{n} entries; the limit is {MIGRATION_ENTRIES_MAX}"),
+                );
+            }
+        }
+        for (old, new) in &self.states {
+            let item = format!("migration.states.{old}");
+            if let Some(reason) = name_problem(old).or_else(|| name_problem(new)) {
+                p(item, reason);
+            } else if !states.contains(new.as_str()) {
+                p(
+                    item,
+                    format!("maps to `{new}`, which this version does not declare"),
+                );
+            }
+        }
+        for state in &self.not_migratable {
+            if let Some(reason) = name_problem(state) {
+                p(format!("migration.not_migratable ({state})"), reason);
+            }
+            if self.states.contains_key(state) {
+                p(
+                    format!("migration.not_migratable ({state})"),
+                    "is also in `states`: a state either moves or stays".into(),
+                );
+            }
+        }
+        let mut targets = std::collections::BTreeSet::new();
+        for (old, new) in &self.rename {
+            let item = format!("migration.rename.{old}");
+            if let Some(reason) = key_problem(old).or_else(|| key_problem(new)) {
+                p(item, reason);
+            } else if !targets.insert(new.as_str()) {
+                p(item, format!("a second key is renamed to `{new}`"));
+            } else if self.drop.contains(new) {
+                p(item, format!("renames to `{new}`, which `drop` removes"));
+            }
+        }
+        for key in &self.drop {
+            if let Some(reason) = key_problem(key) {
+                p(format!("migration.drop ({key})"), reason);
+            }
+        }
+        for key in self.default.keys() {
+            if let Some(reason) = key_problem(key) {
+                p(format!("migration.default.{key}"), reason);
+            }
+        }
+        out
+    }
+}
+
+fn key_problem(key: &str) -> Option<String> {
+    if key.is_empty() {
+        Some("a data key is empty".into())
+    } else if key.len() > limits::NAME_LEN_MAX {
+        Some(format!(
+            "data key is {} bytes; the limit is {}",
+            key.len(),
+            limits::NAME_LEN_MAX
+        ))
+    } else {
+        None
+    }
 }
 
 /// Separation-of-duties rules of a definition (`[policy]`).

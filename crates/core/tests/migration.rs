@@ -61,7 +61,7 @@ drop = ["old"]
 default = { unit = "kg", count = 99 }
 "#);
     let mut migrations = Migrations::new();
-    migrations.declare(&v2);
+    rein_core::migration::declare(&mut migrations, &v2);
     let run = after_go(&v1);
     let planned = plan(&v2, &migrations, &run).unwrap();
     assert_eq!(
@@ -114,7 +114,7 @@ fn what_cannot_move_says_why() {
     let v1 = def(V1);
     let stays = v2("\n[migration]\nfrom = 1\nnot_migratable = [\"B\"]\n");
     let mut migrations = Migrations::new();
-    migrations.declare(&stays);
+    rein_core::migration::declare(&mut migrations, &stays);
     let why = plan(&stays, &migrations, &after_go(&v1)).unwrap_err();
     assert!(
         why.to_string().contains("`B` is declared not migratable"),
@@ -123,7 +123,7 @@ fn what_cannot_move_says_why() {
     // Unmapped and missing in the new version.
     let unmapped = v2("\n[migration]\nfrom = 1\n");
     let mut migrations = Migrations::new();
-    migrations.declare(&unmapped);
+    rein_core::migration::declare(&mut migrations, &unmapped);
     let why = plan(&unmapped, &migrations, &after_go(&v1)).unwrap_err();
     assert!(
         why.to_string().contains("`B` does not exist in v2"),
@@ -207,7 +207,7 @@ fn a_log_that_moved_replays_across_its_versions() {
     let v1 = def(V1);
     let v2 = v2("\n[migration]\nfrom = 1\nstates = { B = \"C\" }\n");
     let mut migrations = Migrations::new();
-    migrations.declare(&v2);
+    rein_core::migration::declare(&mut migrations, &v2);
     let run = after_go(&v1);
     let planned = plan(&v2, &migrations, &run).unwrap();
     let log = [

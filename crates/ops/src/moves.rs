@@ -18,10 +18,7 @@ use crate::error::Error;
 pub const MIGRATE_RUNS_MAX: usize = 100_000;
 /// Most run ids a migration may be limited to.
 pub const MIGRATE_RUN_IDS_MAX: usize = 10_000;
-/// Longest a migration waits for runs held by a worker, in seconds.
-pub const MIGRATE_WAIT_S_MAX: u64 = 3_600;
-/// Longest reason recorded with a migration or a fork.
-pub const REASON_BYTES_MAX: usize = 1_024;
+pub use rein_core::limits::{MIGRATE_WAIT_S_MAX, MOVE_REASON_BYTES_MAX as REASON_BYTES_MAX};
 
 /// What to move.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
@@ -120,7 +117,7 @@ async fn migrations_of(
                 // A closure the embedding program registered for the same step wins.
                 let declared_from = def.spec().migration.as_ref().map(|m| m.from);
                 if declared_from.is_some_and(|from| !extra.has_step(name, from)) {
-                    all.declare(&def);
+                    rein_core::migration::declare(&mut all, &def);
                 }
             }
             Err(StoreError::UnknownDefinition { .. }) => {}

@@ -170,15 +170,15 @@ schema_type! {
 
 schema_type! {
     /// How long a migration waits for runs held by a worker, in seconds:
-    /// 0..=[`crate::moves::MIGRATE_WAIT_S_MAX`].
+    /// 0..=[`rein_core::limits::MIGRATE_WAIT_S_MAX`].
     WaitSeconds => integer(KnownFormat::Int64)
         .minimum(Some(0))
-        .maximum(Some(crate::moves::MIGRATE_WAIT_S_MAX as i64))
+        .maximum(Some(rein_core::limits::MIGRATE_WAIT_S_MAX as i64))
 }
 
 schema_type! {
-    /// Why a migration or a fork was made: at most [`crate::moves::REASON_BYTES_MAX`] bytes.
-    Reason => string().max_length(Some(crate::moves::REASON_BYTES_MAX))
+    /// Why a migration or a fork was made: at most [`rein_core::limits::MOVE_REASON_BYTES_MAX`] bytes.
+    Reason => string().max_length(Some(rein_core::limits::MOVE_REASON_BYTES_MAX))
 }
 
 /// An optional integer field of a body as JSON Schema reads `integer`: any number without a
