@@ -137,6 +137,15 @@ fn migrate(url: &str, extra: &[&str]) -> (Option<i32>, Value) {
     (out.status.code(), doc)
 }
 
+/// The `run_id` a `rein ... --json` command printed.
+fn run_id_of(out: &std::process::Output) -> Uuid {
+    serde_json::from_str::<Value>(&stdout(out)).unwrap()["run_id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 fn outcome_of(doc: &Value, run: Uuid) -> &Value {
     doc["runs"]
         .as_array()
@@ -674,11 +683,7 @@ async fn a_fork_with_a_changed_prompt_asks_the_model_again_and_ends_differently(
         &url,
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let fork: Uuid = serde_json::from_str::<Value>(&stdout(&out)).unwrap()["run_id"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let fork: Uuid = run_id_of(&out);
     wait_for(
         "the fork to end",
         std::time::Duration::from_secs(90),
@@ -830,11 +835,7 @@ async fn no_worker_claims_a_run_whose_log_needs_a_newer_protocol() {
         &url,
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let fork: Uuid = serde_json::from_str::<Value>(&stdout(&out)).unwrap()["run_id"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let fork: Uuid = run_id_of(&out);
     assert_eq!(protocol_of(fork).await, rein_store::PROTOCOL_MOVES);
     assert_eq!(protocol_of(source).await, 1);
     let (code, _) = migrate(&url, &["--runs", &source.to_string()]);
