@@ -46,9 +46,23 @@ impl Definition {
             Format::Json => {
                 serde_json::from_str(text).map_err(|e| DefinitionError::Parse(e.to_string()))
             }
-            // serde_norway bounds nesting and alias expansion, so a small document cannot
-            // unfold into a huge one; its errors name the line and column.
-            Format::Yaml => serde_norway::from_str(text)
+            // YAML is read into JSON's data model first, then into the spec the way JSON is:
+            // a plain `false` or `3` stays a boolean or a number, where read straight into the
+            // spec it would quietly become the text "false" where text is expected, and the
+            // same document would load as YAML and be refused as JSON.
+            Format::Yaml => crate::yaml::to_json(text)
+                .and_then(|v| {
+                    serde_json::from_value(v).map_err(|e| {
+                        // Read straight into the spec, the error names its line and column;
+                        // where that reading succeeds, a scalar is of the wrong type.
+                        match serde_norway::from_str::<DefinitionSpec>(text) {
+                            Err(located) => located.to_string(),
+                            Ok(_) => {
+                                format!("{e}; quote a value to make it text (`\"false\"`, `\"3\"`)")
+                            }
+                        }
+                    })
+                })
                 .map_err(|e| DefinitionError::Parse(format!("YAML: {e}"))),
         }?;
         // Rules for documents being registered; stored definitions keep loading without them.

@@ -51,6 +51,7 @@ pub mod state;
 pub mod text;
 pub mod timer;
 pub mod whatif;
+mod yaml;
 
 pub use definition::{
     Definition, DefinitionError, DefinitionProblem, Format, LimitSpec, NAME_PATTERN, StateKind,

@@ -164,6 +164,26 @@ fn malformed_yaml_is_refused_with_its_line() {
 }
 
 #[test]
+fn a_yaml_scalar_keeps_its_type_so_yaml_and_json_agree() {
+    // `action: false` is a boolean where text is expected: JSON refuses it, and so must YAML,
+    // rather than loading an action named "false".
+    let yaml = YAML.replacen("    action: noop", "    action: false", 1);
+    let message = parse_error(&yaml);
+    assert!(message.contains("boolean"), "{message}");
+    assert!(message.contains("quote a value"), "{message}");
+    let json: serde_json::Value = serde_norway::from_str(&yaml).unwrap();
+    assert!(
+        Definition::parse(&json.to_string(), Format::Json, &GuardRegistry::new()).is_err(),
+        "the JSON form is refused too"
+    );
+    // Quoted, it is text, in both.
+    let quoted = YAML.replacen("    action: noop", "    action: \"noop\"", 1);
+    let a = Definition::parse(&quoted, Format::Yaml, &GuardRegistry::new()).unwrap();
+    let b = Definition::parse(YAML, Format::Yaml, &GuardRegistry::new()).unwrap();
+    assert_eq!(a.hash(), b.hash());
+}
+
+#[test]
 fn yaml_aliases_cannot_unfold_a_small_document_into_a_huge_one() {
     // Constants take any value, so this is expanded unless the parser bounds it: 10^12
     // strings from under 2 KiB.
