@@ -377,24 +377,107 @@ fn parse_json(what: &str, text: &str) -> Result<Value, u8> {
     })
 }
 
-pub async fn migrate(db: DbArgs) -> u8 {
-    let store = match open(&db).await {
+#[derive(clap::Args)]
+pub struct MigrateSchemaArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Also apply the contract steps: they take away what only older releases use, so they
+    /// run only when no live worker, scheduler or API (as `rein workers` lists them) predates
+    /// them; otherwise nothing is contracted and the members in the way are named (exit 2).
+    #[arg(long)]
+    pub contract: bool,
+    /// With --contract: say what would be contracted and what is in the way; change nothing.
+    #[arg(long, requires = "contract")]
+    pub dry_run: bool,
+    /// Print the contract plan as JSON.
+    #[arg(long, requires = "contract")]
+    pub json: bool,
+}
+
+pub async fn migrate(args: MigrateSchemaArgs) -> u8 {
+    let store = match open(&args.db).await {
         Ok(s) => s,
         Err(code) => return code,
     };
-    match store.migrate().await {
-        Ok(()) => {
-            println!("migrations applied");
-            exit::OK
-        }
-        Err(e) if e.is_permission_denied() => {
-            eprintln!(
-                "error: {e}\nthis database user may not change the schema: run `rein migrate` as the schema owner (rein_owner)"
-            );
-            exit::DATABASE
-        }
-        Err(e) => report(&e),
+    let permission = |e: &rein_store::StoreError| {
+        eprintln!(
+            "error: {e}\nthis database user may not change the schema: run `rein migrate` as the schema owner (rein_owner)"
+        );
+        exit::DATABASE
+    };
+    if !args.contract {
+        return match store.migrate().await {
+            Ok(()) => {
+                println!("migrations applied");
+                exit::OK
+            }
+            Err(e) if e.is_permission_denied() => permission(&e),
+            Err(e) => report(&e),
+        };
     }
+    let plan = match store.contract(!args.dry_run).await {
+        Ok(plan) => plan,
+        Err(e) if e.is_permission_denied() => return permission(&e),
+        Err(e) => return report(&e),
+    };
+    let code = if plan.blockers.is_empty() || plan.pending.is_empty() {
+        exit::OK
+    } else {
+        exit::REFUSED
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&plan).unwrap_or_default()
+        );
+        return code;
+    }
+    print!("{}", contract_report(&plan, args.dry_run));
+    code
+}
+
+fn contract_report(plan: &rein_store::ContractPlan, dry_run: bool) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    if plan.pending.is_empty() {
+        out.push_str("nothing to contract: every contract step this release ships is applied\n");
+        return out;
+    }
+    let verb = if plan.applied {
+        "contracted"
+    } else if dry_run && plan.blockers.is_empty() {
+        "would contract"
+    } else {
+        "not contracted"
+    };
+    for p in &plan.pending {
+        let _ = writeln!(out, "{verb}: {} {}", p.version, p.description);
+    }
+    if !plan.blockers.is_empty() {
+        let _ = writeln!(
+            out,
+            "{} live member(s) or connected process(es) predate these steps and may use what they remove:",
+            plan.blockers.len()
+        );
+        for b in &plan.blockers {
+            let schema = b.schema.map_or("older".to_owned(), |s| s.to_string());
+            let seen = match b.silent_ms {
+                Some(ms) => format!("heartbeat {:.1}s ago", ms / 1000.0),
+                None => format!("{} connection(s) open now", b.connections),
+            };
+            let _ = writeln!(
+                out,
+                "  {:<40} {:<12} schema {schema:<16} {seen}",
+                b.worker_id, b.role
+            );
+        }
+        out.push_str(
+            "upgrade or stop them (a member that died leaves `rein workers` when its heartbeat TTL \
+             runs out; a connection's name holds its pid, `rein-PID`), then run \
+             `rein migrate --contract` again\n",
+        );
+    }
+    out
 }
 
 fn default_id(role: &str) -> String {
@@ -723,8 +806,8 @@ pub async fn workers(args: WorkersArgs) -> u8 {
         return exit::OK;
     }
     println!(
-        "{:<40} {:<18} {:>14} {:>7} {:>8}  started",
-        "id", "role", "last heard", "leases", "protocol"
+        "{:<40} {:<18} {:>14} {:>7} {:>8} {:>14}  started",
+        "id", "role", "last heard", "leases", "protocol", "schema"
     );
     for m in members.as_array().into_iter().flatten() {
         let silent_ms = m.get("silent_ms").and_then(Value::as_f64).unwrap_or(0.0);
@@ -736,13 +819,19 @@ pub async fn workers(args: WorkersArgs) -> u8 {
         );
         // A member that reports none predates protocols: it reads only protocol 1.
         let protocol = m["info"]["protocol"].as_u64().unwrap_or(1);
+        // The newest migration it embeds: `rein migrate --contract` waits for every member
+        // to embed the step it runs. One that reports none is of a release before that.
+        let schema = m["info"]["schema"]
+            .as_i64()
+            .map_or_else(|| "older".to_owned(), |s| s.to_string());
         println!(
-            "{:<40} {:<18} {:>12.1} s {:>7} {:>8}  {}",
+            "{:<40} {:<18} {:>12.1} s {:>7} {:>8} {:>14}  {}",
             text(m, "worker_id"),
             role,
             silent_ms / 1000.0,
             cell(m, "leases_held"),
             protocol,
+            schema,
             short_time(text(m, "started_at"))
         );
     }

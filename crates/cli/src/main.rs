@@ -20,7 +20,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use rein_lab::{bench, chaos, demo};
-use rein_process::{DbArgs, exit};
+use rein_process::exit;
 
 #[derive(Parser)]
 #[command(
@@ -43,8 +43,9 @@ enum Command {
     /// definition) on another definition and show where it would decide differently
     /// (changes nothing).
     Replay(whatif::ReplayArgs),
-    /// Apply database migrations.
-    Migrate(DbArgs),
+    /// Apply database migrations: the expand steps (safe while older releases run), or with
+    /// --contract the contract steps, once no live member predates them.
+    Migrate(commands::MigrateSchemaArgs),
     /// Run a worker: claims runs and executes their node actions.
     Worker(commands::WorkerArgs),
     /// Run a scheduler: fires timers and recovers expired leases.
@@ -189,7 +190,7 @@ fn main() -> ExitCode {
             runtime.block_on(async move {
                 match other {
                     Command::Definitions(cmd) => offline::registered(cmd).await,
-                    Command::Migrate(db) => commands::migrate(db).await,
+                    Command::Migrate(args) => commands::migrate(args).await,
                     Command::Worker(args) => commands::worker(args).await,
                     Command::Scheduler(args) => commands::scheduler(args).await,
                     Command::Enqueue(args) => commands::enqueue(args).await,

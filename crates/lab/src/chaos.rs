@@ -1506,9 +1506,10 @@ impl<'a> Harness<'a> {
         };
         let backends: Vec<i32> = match sqlx::query_scalar(
             "SELECT pid FROM pg_stat_activity
-             WHERE datname = current_database() AND application_name = $1",
+             WHERE datname = current_database()
+               AND (application_name = $1 OR application_name LIKE $1 || '-%')",
         )
-        .bind(format!("rein-{pid}"))
+        .bind(rein_store::application_name_of(pid))
         .fetch_all(self.store.pool())
         .await
         {
@@ -1587,7 +1588,7 @@ impl<'a> Harness<'a> {
 
     /// Terminates the fleet's sessions (not the harness's own); how many.
     async fn terminate_fleet_sessions(&self) -> Result<i64, sqlx::Error> {
-        let ours = format!("rein-{}", std::process::id());
+        let ours = rein_store::application_name();
         sqlx::query_scalar(
             "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
              FROM pg_stat_activity

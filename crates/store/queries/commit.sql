@@ -159,11 +159,13 @@ blobs AS (
 -- (parent, fan-out, branch), so a retried commit adds none.
 children AS (
     INSERT INTO rein_runs (run_id, definition, version, state, status, projection, input, priority, queue,
-                           enqueued_by, parent_run_id, branch, root_run_id, depth, wake_at, deadline_at)
+                           enqueued_by, parent_run_id, branch, root_run_id, depth, wake_at, deadline_at, protocol)
     SELECT c.run_id, c.definition, c.version, c.state, c.status, c.projection, c.input, upd.priority, upd.queue,
            upd.enqueued_by, c.parent_run_id, c.branch, COALESCE(upd.root_run_id, upd.run_id), upd.depth + 1,
            clock_timestamp() + c.timer_ms * interval '1 millisecond',
-           now() + c.deadline_ms * interval '1 millisecond'
+           now() + c.deadline_ms * interval '1 millisecond',
+           -- a child's log starts afresh: the first engine protocol
+           1
     FROM unnest($39::uuid[], $40::uuid[], $41::text[], $42::int[], $43::text[], $44::text[], $45::jsonb[],
                 $46::jsonb[], $47::jsonb[], $48::bigint[], $49::bigint[])
         AS c(run_id, parent_run_id, definition, version, state, status, projection, input, branch, timer_ms, deadline_ms)

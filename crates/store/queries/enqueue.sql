@@ -23,12 +23,14 @@ keys AS (
 ),
 created AS (
     INSERT INTO rein_runs (run_id, definition, version, state, status, projection, input, priority, queue, parent_run_id, wake_at,
-                           deadline_at, enqueued_token, enqueued_by)
+                           deadline_at, enqueued_token, enqueued_by, protocol)
     SELECT q.run_id, q.definition, q.version, q.state, q.status, q.projection, q.input, q.priority, q.queue, q.parent_run_id,
            clock_timestamp() + q.timer_ms * interval '1 millisecond',
            -- created_at + the wall-time budget (both now(): the same instant)
            now() + q.deadline_ms * interval '1 millisecond',
-           q.enqueued_token, q.enqueued_by
+           q.enqueued_token, q.enqueued_by,
+           -- a new log holds no event of a newer engine protocol than the first
+           1
     FROM req q
     WHERE q.client_key IS NULL OR q.run_id IN (SELECT run_id FROM keys)
     RETURNING run_id

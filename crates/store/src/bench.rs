@@ -161,11 +161,15 @@ impl Store {
     }
 
     /// Connections open right now from processes with these ids (they name themselves
-    /// `rein-PID`).
+    /// `rein-PID` or `rein-PID-s...`).
     pub async fn connections_of(&self, pids: &[u32]) -> Result<i64, StoreError> {
-        let names: Vec<String> = pids.iter().map(|p| format!("rein-{p}")).collect();
+        let names: Vec<String> = pids
+            .iter()
+            .map(|p| crate::application_name_of(*p))
+            .collect();
         Ok(sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY($1)",
+            "SELECT count(*) FROM pg_stat_activity, unnest($1::text[]) AS n(name)
+             WHERE application_name = n.name OR application_name LIKE n.name || '-%'",
         )
         .bind(&names)
         .fetch_one(self.pool())

@@ -22,6 +22,7 @@ mod reads;
 mod redact;
 mod retention;
 mod scans;
+mod schema;
 mod send;
 mod sender;
 mod sim;
@@ -64,6 +65,10 @@ pub use reads::{
 pub use redact::{REDACT_REASON_BYTES_MAX, Redacted};
 pub use retention::{ARCHIVE_BATCH_MAX, ArchiveCandidates, ArchivedBatch, EventsTableSize};
 pub use scans::{NextLook, SCAN_BACKOFF_MS_MAX, SCAN_BACKOFF_MS_MIN, Seen};
+pub use schema::{
+    Blocker, CONTRACT_MIGRATOR, ContractPlan, Pending, application_name, application_name_of,
+    schema_version,
+};
 pub use send::{
     CLIENT_KEY_LEN_MAX, ClientKey, EnqueueRequest, Enqueued, INBOX_READ_MAX, INBOX_TTL_MS_DEFAULT,
     INPUT_BYTES_MAX, InboxEntry, SendOutcome, plan_inbox, sent_event_id,
@@ -91,9 +96,11 @@ pub enum SchemaState {
     Missing,
     /// Migrations this binary knows are not applied yet.
     Older,
-    /// Exactly this binary's migrations.
+    /// Every expand migration this binary knows is applied; what it does not know is a newer
+    /// release's expand step (which keeps this binary working), and its own contract steps
+    /// may be pending.
     Current,
-    /// Migrations this binary does not know are applied: a newer Rein migrated it.
+    /// A newer release's contract step is applied: it took away what this binary may use.
     Newer,
 }
 
@@ -253,36 +260,6 @@ impl Store {
         (!host.starts_with('/')).then(|| (host.to_owned(), options.get_port()))
     }
 
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        MIGRATOR
-            .run(&self.pool)
-            .await
-            .map_err(StoreError::Migrate)?;
-        self.register_builtins().await
-    }
-
-    /// Where the database's schema stands against this binary's migrations.
-    pub async fn schema_state(&self) -> Result<SchemaState, StoreError> {
-        let applied: Vec<i64> = match sqlx::query_scalar(
-            "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version",
-        )
-        .fetch_all(&self.pool)
-        .await
-        {
-            Ok(applied) => applied,
-            Err(e) if is_unreachable(&e) => return Err(e.into()),
-            Err(_) => return Ok(SchemaState::Missing),
-        };
-        let known: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
-        Ok(if applied.iter().any(|v| !known.contains(v)) {
-            SchemaState::Newer
-        } else if known.iter().any(|v| !applied.contains(v)) {
-            SchemaState::Older
-        } else {
-            SchemaState::Current
-        })
-    }
-
     /// Fails with [`StoreError::SchemaMismatch`] when the database was migrated by another
     /// version of Rein (too old or too new for this binary).
     pub async fn check_schema(&self) -> Result<(), StoreError> {
@@ -292,7 +269,7 @@ impl Store {
                 "no Rein schema found: run `rein migrate`".into(),
             )),
             SchemaState::Newer => Err(StoreError::SchemaMismatch(
-                "the database schema is newer than this binary: upgrade rein".into(),
+                "a newer release of Rein has contracted the database schema (removed what this binary may use): upgrade rein".into(),
             )),
             SchemaState::Older => Err(StoreError::SchemaMismatch(
                 "the database schema is older than this binary: run `rein migrate`".into(),
@@ -415,6 +392,8 @@ impl Store {
         // newer one can tell whether older binaries are still at work.
         if let Some(map) = info.as_object_mut() {
             map.insert("protocol".into(), PROTOCOL_VERSION.into());
+            // And the newest migration it embeds, so a contract step waits for it to go.
+            map.insert("schema".into(), schema_version().into());
         }
         sqlx::query(
             "INSERT INTO rein_workers (worker_id, role, info) VALUES ($1, $2, $3)
@@ -435,7 +414,7 @@ fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
         .parse()
         .map_err(|e: sqlx::Error| StoreError::BadUrl(e.to_string()))?;
     Ok(options
-        .application_name(&format!("rein-{}", std::process::id()))
+        .application_name(&schema::application_name())
         // Rein's statements are few, fixed and index-driven: plan each once per
         // connection instead of re-planning the claim on every call.
         //
