@@ -648,34 +648,10 @@ fn enqueueing_a_sim_run_that_asks_for_too_many_steps_is_refused_with_the_bound()
 
 /// A run that, a millisecond after it starts, fans out into two copies of itself: only the
 /// scheduler's timers drive it, and the scheduler's commits start the children.
-fn timed_fork() -> String {
-    let start = "kind = \"active\"\ninitial = true\naction = \"fork\"";
-    let fixture = include_str!("../../worker/tests/fixtures/fork.toml");
-    assert!(
-        fixture.contains(start),
-        "the fixture's START runs the fork action"
-    );
-    fixture.replace(
-        start,
-        "kind = \"waiting\"\ninitial = true\ntimeout = { after_ms = 1, event = \"GO\" }",
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduler_given_a_fan_out_depth_bound_holds_a_self_forking_tree_to_it() {
     let (url, store) = common::fresh_store("cli_fan_out_depth").await;
-    let def = rein_core::Definition::parse(
-        &timed_fork(),
-        rein_core::Format::Toml,
-        &rein_core::GuardRegistry::new(),
-    )
-    .expect("definition");
-    store.register_definition(&def).await.expect("register");
-    let root = store
-        .enqueue(rein_store::EnqueueRequest::new(def, serde_json::json!({})))
-        .await
-        .expect("enqueue")
-        .run_id;
+    let root = common::enqueue_timed_fork(&store).await;
     let mut fleet = common::Fleet::new(&url, "cli_fan_out_depth");
     fleet.spawn(
         "sched",

@@ -56,16 +56,6 @@ fn contract_json(url: &str, dry_run: bool) -> (Option<i32>, Value) {
     (out.status.code(), plan)
 }
 
-/// A run that fans out into two children as soon as its timer fires (the scheduler's commit
-/// creates them), whose children may not fan out again.
-fn timed_fork() -> String {
-    let start = "kind = \"active\"\ninitial = true\naction = \"fork\"";
-    include_str!("../../worker/tests/fixtures/fork.toml").replace(
-        start,
-        "kind = \"waiting\"\ninitial = true\ntimeout = { after_ms = 1, event = \"GO\" }",
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_contract_step_waits_for_every_older_process_then_runs() {
     let url = common::fresh_database("contract_waits");
@@ -179,18 +169,7 @@ async fn the_contract_step_waits_for_every_older_process_then_runs() {
     .await;
     assert!(unnamed.is_err(), "a run without a protocol is refused");
     let runs = enqueue_many(&store, "lifecycle", json!({}), "default", 5).await;
-    let def = rein_core::Definition::parse(
-        &timed_fork(),
-        rein_core::Format::Toml,
-        &rein_core::GuardRegistry::new(),
-    )
-    .expect("definition");
-    store.register_definition(&def).await.expect("register");
-    let root = store
-        .enqueue(rein_store::EnqueueRequest::new(def, json!({})))
-        .await
-        .expect("enqueue")
-        .run_id;
+    let root = common::enqueue_timed_fork(&store).await;
     fleet.spawn(
         "sched",
         &["scheduler", "--tick-ms", "50", "--fan-out-depth-max", "1"],

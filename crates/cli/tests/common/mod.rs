@@ -822,3 +822,34 @@ transitions = [
   { from = "WAIT", event = "REPLIED", to = "DONE" },
 ]
 "#;
+
+/// The fork fixture with START a timer instead of the `fork` action: the run fans out into
+/// two children as soon as its timer fires (the scheduler's commit creates them).
+pub fn timed_fork() -> String {
+    let start = "kind = \"active\"\ninitial = true\naction = \"fork\"";
+    let fixture = include_str!("../../../worker/tests/fixtures/fork.toml");
+    assert!(
+        fixture.contains(start),
+        "the fixture's START runs the fork action"
+    );
+    fixture.replace(
+        start,
+        "kind = \"waiting\"\ninitial = true\ntimeout = { after_ms = 1, event = \"GO\" }",
+    )
+}
+
+/// Registers the timed fork and enqueues one run of it; the root's id.
+pub async fn enqueue_timed_fork(store: &rein_store::Store) -> uuid::Uuid {
+    let def = rein_core::Definition::parse(
+        &timed_fork(),
+        rein_core::Format::Toml,
+        &rein_core::GuardRegistry::new(),
+    )
+    .expect("definition");
+    store.register_definition(&def).await.expect("register");
+    store
+        .enqueue(rein_store::EnqueueRequest::new(def, serde_json::json!({})))
+        .await
+        .expect("enqueue")
+        .run_id
+}
