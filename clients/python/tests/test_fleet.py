@@ -257,6 +257,20 @@ def test_fork_a_finished_run_and_plan_a_migration(client: rein.Client, fleet: Fl
         client.migrate_runs("lifecycle", 2, 2, dry_run=True)
 
 
+def test_redact_forgets_a_key_and_the_run_still_verifies(client: rein.Client) -> None:
+    run = client.wait(
+        client.enqueue("lifecycle", {"sim": {"work_ms": 1}, "email": "ada@example.org"}),
+        timeout=60)
+    with pytest.raises(errors.ValidationFailed):
+        client.redact(run, [], "no keys")
+    with pytest.raises(TypeError):
+        client.redact(run, "email", "one string")
+    done = client.redact(run, ["email"], "erasure request")
+    assert done.finished and done.run_id == run.run_id
+    assert [h.field for h in done.hashes] == ["email"]
+    assert client.verify(run).ok
+
+
 def test_a_blob_no_run_refers_to_is_not_found(client: rein.Client) -> None:
     with pytest.raises(errors.NotFound):
         client.blob("0" * 64)

@@ -1,5 +1,6 @@
 //! Routes that change runs in flight ([`rein_ops::moves`]): moving the runs of a definition
-//! version to another, and forking a run from a sequence of its log.
+//! version to another, forking a run from a sequence of its log, and forgetting data keys of
+//! a run.
 
 use std::sync::Arc;
 
@@ -11,7 +12,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use rein_core::checkpoint::Migrations;
 use rein_ops::ErrorBody;
-use rein_ops::moves::{self, ForkBody, ForkResponse, MigrateBody, MigrateResponse};
+use rein_ops::moves::{
+    self, ForkBody, ForkResponse, MigrateBody, MigrateResponse, RedactBody, RedactResponse,
+};
 use rein_store::Scope;
 use uuid::Uuid;
 
@@ -70,4 +73,34 @@ pub async fn fork_run(
     let by = format!("operator:{}", who.subject);
     let done = moves::fork(&app.store, id, &body, &by, Some(who)).await?;
     Ok((StatusCode::CREATED, Json(done)).into_response())
+}
+
+/// Forget personal data of a run (what `rein runs redact` does): the named keys of its data
+/// are replaced, in its input, every event that carries them, its projection and its
+/// checkpoints, by markers holding each value's sha256; the redaction is recorded with the
+/// token's subject and the reason, and the run still verifies. Of a finished run, the blobs
+/// that only finished, redacted runs refer to are deleted. Refused while a worker holds the
+/// run, and for a key the definition reads (its replay would decide differently).
+#[utoipa::path(post, path = "/v1/runs/{id}/redact", tag = "runs",
+    params(("id" = Uuid, Path, description = "The run to redact")),
+    request_body = RedactBody,
+    responses((status = 200, description = "What was replaced, and the blobs deleted", body = RedactResponse),
+              (status = 401, description = "No or bad token", body = ErrorBody),
+              (status = 403, description = "Needs the operate scope, or the run's queue is beyond the token's bounds", body = ErrorBody),
+              (status = 404, description = "No such run", body = ErrorBody),
+              (status = 409, description = "A worker holds the run, the definition reads a key, or the run moved meanwhile", body = ErrorBody),
+              (status = 422, description = "Invalid request", body = ErrorBody)))]
+pub async fn redact_run(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    id: Result<Path<Uuid>, PathRejection>,
+    body: Bytes,
+) -> Result<Json<RedactResponse>, ApiError> {
+    let who = caller.require(Scope::Operate)?;
+    let id = path_id(id)?;
+    let body: RedactBody = parse_body(&body)?;
+    let by = format!("operator:{}", who.subject);
+    Ok(Json(
+        moves::redact(&app.store, id, &body, &by, Some(who)).await?,
+    ))
 }

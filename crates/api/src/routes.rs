@@ -93,6 +93,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(set_current_definition))
         .routes(routes!(crate::moves::migrate_definition))
         .routes(routes!(crate::moves::fork_run))
+        .routes(routes!(crate::moves::redact_run))
         .routes(routes!(crate::recovery::brief_run))
         .routes(routes!(crate::recovery::verify_run))
         .routes(routes!(crate::recovery::resolve_run))

@@ -340,8 +340,8 @@ pub enum RunsCommand {
     /// Forget personal data: replace the named keys of the run's data by markers holding
     /// their hash, in its input, every event that carries them, its projection and
     /// checkpoints. Refused when the definition reads a key (the replay would then differ)
-    /// or a worker holds the run; recorded with who and why. On the database only, as the
-    /// schema owner.
+    /// or a worker holds the run; recorded with who and why. Of a finished run, the blobs
+    /// only finished, redacted runs refer to are deleted. Also `POST /v1/runs/{id}/redact`.
     Redact {
         #[command(flatten)]
         db: rein_process::DbArgs,
@@ -355,7 +355,7 @@ pub enum RunsCommand {
         /// Who redacts.
         #[arg(long = "as", value_name = "NAME", env = "REIN_OPERATOR", default_value = rein_store::OPERATOR)]
         by: String,
-        /// Print `{"run_id", "fields", "events", "hashes"}`.
+        /// Print what `POST /v1/runs/{id}/redact` answers.
         #[arg(long)]
         json: bool,
     },
@@ -1041,7 +1041,8 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
                 Ok(s) => s,
                 Err(code) => return code,
             };
-            match store.redact_run(run, &fields, &by, &reason).await {
+            let body = rein_ops::moves::RedactBody { fields, reason };
+            match rein_ops::moves::redact(&store, run, &body, &by, None).await {
                 Ok(done) if json => {
                     print_json(&json!(done));
                     exit::OK
@@ -1049,13 +1050,24 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
                 Ok(done) => {
                     println!(
                         "redacted {} in run {run}: {} value(s) replaced by their hash, in {} event(s)",
-                        fields.join(", "),
+                        done.fields.join(", "),
                         done.hashes.len(),
                         done.events
                     );
+                    if !done.blobs_deleted.is_empty() {
+                        println!(
+                            "forgot {} blob(s) only finished, redacted runs referred to",
+                            done.blobs_deleted.len()
+                        );
+                    } else if !done.finished {
+                        println!(
+                            "blobs kept: the run has not finished and may still read them; \
+                             redact it again once it ends to forget them"
+                        );
+                    }
                     exit::OK
                 }
-                Err(e) => fail(&rein_ops::Error::from(e)),
+                Err(e) => fail(&e),
             }
         }
     }

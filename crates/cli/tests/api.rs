@@ -470,6 +470,7 @@ async fn the_openapi_document_lists_every_route_served() {
         ("/v1/definitions/{name}/current", "post"),
         ("/v1/definitions/{name}/migrate", "post"),
         ("/v1/runs/{id}/fork", "post"),
+        ("/v1/runs/{id}/redact", "post"),
         ("/v1/runs/{id}/brief", "get"),
         ("/v1/runs/{id}/verify", "get"),
         ("/v1/runs/{id}/resolve", "post"),
@@ -1279,6 +1280,11 @@ impl Contract {
             }
             // The contract's run is at its first event at most: a fork there is a 404 or 409.
             ("post", "/v1/runs/{id}/fork") => json(json!({"at": 1})),
+            // The contract's run holds no such key: a redaction replaces nothing, or waits
+            // for a worker's lease (409).
+            ("post", "/v1/runs/{id}/redact") => {
+                json(json!({"fields": ["contract_key"], "reason": "contract"}))
+            }
             _ => panic!("{method} {path}: give the contract test a request body"),
         }
     }
@@ -1515,10 +1521,10 @@ async fn a_malformed_path_parameter_is_a_documented_422_on_every_operation() {
             checked += 1;
         }
     }
-    // Run, why, events (get and send), stream, rerun, fork, grant, deny, definition, its
-    // current version, its migration, brief, verify, resolve, blob.
+    // Run, why, events (get and send), stream, rerun, fork, redact, grant, deny, definition,
+    // its current version, its migration, brief, verify, resolve, blob.
     assert_eq!(
-        checked, 16,
+        checked, 17,
         "every operation with a path parameter was checked"
     );
 }

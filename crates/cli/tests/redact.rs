@@ -1,6 +1,7 @@
-//! `rein runs redact`: personal data forgotten from a run's log, input, projection and
-//! checkpoints on the real database, with the log still append-only for everything else and
-//! the run still verifying.
+//! `rein runs redact` and `POST /v1/runs/{id}/redact`: personal data forgotten from a run's
+//! log, input, projection and checkpoints on the real database, with the log still
+//! append-only for everything else, the run still verifying, and the blobs only finished,
+//! redacted runs referred to deleted.
 
 mod common;
 
@@ -193,4 +194,161 @@ async fn named_keys_are_forgotten_everywhere_and_the_run_still_verifies() {
         .await
         .unwrap_err();
     assert!(refused.to_string().contains("append-only"), "{refused}");
+}
+
+/// Stores `value` as a blob that `runs` refer to; its hash.
+async fn blob_of(admin: &Store, value: Value, runs: &[Uuid]) -> String {
+    let content = rein_core::hash::canonical_json(&value);
+    let sha = rein_core::hash::sha256_hex(content.as_bytes());
+    sqlx::query("INSERT INTO rein_blobs (sha256, size_bytes, content) VALUES ($1, $2, $3)")
+        .bind(&sha)
+        .bind(content.len() as i64)
+        .bind(content.as_bytes())
+        .execute(admin.pool())
+        .await
+        .expect("store a blob");
+    for run in runs {
+        sqlx::query("INSERT INTO rein_blob_refs (sha256, run_id) VALUES ($1, $2)")
+            .bind(&sha)
+            .bind(run)
+            .execute(admin.pool())
+            .await
+            .expect("refer to it");
+    }
+    sha
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_user_redacts_a_run_and_forgets_the_blobs_only_finished_redacted_runs_refer_to() {
+    let (url, admin) = fresh_store("redact_api").await;
+    let def = Definition::parse(PROFILE, Format::Toml, &GuardRegistry::new()).unwrap();
+    admin.register_definition(&def).await.unwrap();
+    let mut logins = common::Logins::new(&url);
+    let api_url = logins.create(&admin, "api", "rein_api_access").await;
+    let token = common::token(&url, "dpo", &["read", "operate"]);
+    let reader = common::token(&url, "viewer", &["read"]);
+    let mut api_fleet = Fleet::new(&api_url, "redact-api");
+    let address = api_fleet.spawn_server("api", &["api", "--listen", "127.0.0.1:0"]);
+    let client = reqwest::Client::new();
+
+    // A and B finish; C waits for its event.
+    let finished = enqueue_many(&admin, "profile", json!({"amount": 3}), "default", 2).await;
+    let (a, b) = (finished[0], finished[1]);
+    let c = enqueue_many(
+        &admin,
+        "profile",
+        json!({"amount": 3, "email": "c@example.org"}),
+        "default",
+        1,
+    )
+    .await[0];
+    for (run, email) in [(a, "ada@example.org"), (b, "bob@example.org")] {
+        send(&admin, run, "SUBMIT", json!({"data": {"email": email}})).await;
+        send(&admin, run, "APPROVE", json!({})).await;
+    }
+    let shared = blob_of(&admin, json!({"prompt": "shared by A and B"}), &[a, b]).await;
+    let only_a = blob_of(&admin, json!({"prompt": "Ada's own"}), &[a]).await;
+    let with_c = blob_of(&admin, json!({"prompt": "A and the unfinished C"}), &[a, c]).await;
+
+    let redact = |run: Uuid, body: Value, bearer: &str| {
+        client
+            .post(format!("{address}/v1/runs/{run}/redact"))
+            .bearer_auth(bearer)
+            .json(&body)
+            .send()
+    };
+    let body = json!({"fields": ["email"], "reason": "erasure request 4711"});
+    // The read scope does not redact; a malformed body is refused for its shape, a key the
+    // guard reads for the run's definition.
+    let r = redact(a, body.clone(), &reader).await.unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::FORBIDDEN);
+    let r = redact(a, json!({"fields": [], "reason": "x"}), &token)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::UNPROCESSABLE_ENTITY);
+    let r = redact(a, json!({"fields": ["amount"], "reason": "x"}), &token)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::CONFLICT);
+    assert!(r.text().await.unwrap().contains("reads `amount`"));
+
+    let r = redact(a, body.clone(), &token).await.unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::OK);
+    let done: Value = r.json().await.unwrap();
+    assert_eq!(done["events"], 1, "{done}");
+    assert_eq!(done["finished"], true, "{done}");
+    assert_eq!(done["blobs_deleted"], json!([only_a]), "{done}");
+    assert_eq!(done["hashes"][0]["field"], "email", "{done}");
+    assert_eq!(admin.verify_run(a).await.unwrap(), None, "A still verifies");
+    let (by,): (String,) =
+        sqlx::query_as("SELECT redacted_by FROM rein_redactions WHERE run_id = $1")
+            .bind(a)
+            .fetch_one(admin.pool())
+            .await
+            .unwrap();
+    assert_eq!(by, "operator:dpo");
+
+    let blob = |sha: String| {
+        client
+            .get(format!("{address}/v1/blobs/{sha}"))
+            .bearer_auth(&reader)
+            .send()
+    };
+    let r = blob(only_a.clone()).await.unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::NOT_FOUND);
+    assert!(r.text().await.unwrap().contains("was forgotten"));
+    for kept in [&shared, &with_c] {
+        assert_eq!(
+            blob(kept.clone()).await.unwrap().status(),
+            reqwest::StatusCode::OK,
+            "{kept}"
+        );
+    }
+
+    // C has not finished: its data goes, its blobs stay for it to read.
+    let r = redact(c, body.clone(), &token).await.unwrap();
+    let done: Value = r.json().await.unwrap();
+    assert_eq!(done["finished"], false, "{done}");
+    assert_eq!(done["blobs_deleted"], json!([]), "{done}");
+    // B is redacted too: now only finished, redacted runs refer to the shared blob.
+    let done: Value = redact(b, body.clone(), &token)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(done["blobs_deleted"], json!([shared]), "{done}");
+
+    // The API's user reaches the log only through the function, and the function takes
+    // nothing but markers in place of the named keys: a payload changed otherwise is refused
+    // and writes nothing.
+    let api = Store::connect_without_migrating(&api_url, 1).await.unwrap();
+    let denied = sqlx::query("UPDATE rein_events SET payload = '{}' WHERE run_id = $1")
+        .bind(a)
+        .execute(api.pool())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        denied.as_database_error().and_then(|d| d.code()).as_deref(),
+        Some("42501"),
+        "{denied}"
+    );
+    let row = admin.run(a).await.unwrap();
+    let mut projection = serde_json::to_value(&row.projection).unwrap();
+    projection["data"]["amount"] = json!(1_000_000);
+    let forged = sqlx::query(
+        "SELECT * FROM rein_apply_redaction($1, $2, ARRAY['email'], $3, $4, '[]', '[]', '[]', 'x', 'x')",
+    )
+    .bind(a)
+    .bind(row.last_sequence as i64)
+    .bind(admin.run_input(a).await.unwrap())
+    .bind(&projection)
+    .execute(api.pool())
+    .await
+    .unwrap_err();
+    assert!(
+        forged.to_string().contains("is not a redaction"),
+        "{forged}"
+    );
+    assert_eq!(admin.run(a).await.unwrap().projection.data["amount"], 3);
 }

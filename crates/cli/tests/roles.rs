@@ -6,9 +6,9 @@
 mod common;
 
 use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use common::{Fleet, REIN, rein, stderr, wait_for};
+use common::{Fleet, Logins, REIN, rein, stderr, wait_for};
 use rein_store::Store;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -17,57 +17,6 @@ const POLL: Duration = Duration::from_millis(25);
 const INSUFFICIENT_PRIVILEGE: &str = "42501";
 /// The migration that grants the groups their privileges (idempotent by design).
 const ROLES_MIGRATION: i64 = 20261201000001;
-
-/// LOGIN users made for one test, members of Rein's groups; dropped when the value is
-/// dropped (a panic included), after the test's processes, which are declared later.
-struct Logins {
-    admin_url: String,
-    names: Vec<String>,
-}
-
-impl Logins {
-    fn new(admin_url: &str) -> Logins {
-        Logins {
-            admin_url: admin_url.to_owned(),
-            names: Vec::new(),
-        }
-    }
-
-    /// Creates a login member of `group` with a name unique to this test run; its URL.
-    async fn create(&mut self, admin: &Store, label: &str, group: &str) -> String {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("clock")
-            .subsec_nanos();
-        let name = format!("rein_t_{label}_{}_{nanos}", std::process::id());
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "CREATE ROLE {name} LOGIN IN ROLE {group}"
-        )))
-        .execute(admin.pool())
-        .await
-        .expect("create a login role");
-        self.names.push(name.clone());
-        as_user(&self.admin_url, &name)
-    }
-}
-
-impl Drop for Logins {
-    fn drop(&mut self) {
-        for name in &self.names {
-            let _ = Command::new("psql")
-                .arg(&self.admin_url)
-                .args(["-q", "-c", &format!("DROP ROLE IF EXISTS {name}")])
-                .output();
-        }
-    }
-}
-
-/// The same URL with another user (no password: the test server trusts local logins).
-fn as_user(url: &str, user: &str) -> String {
-    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
-    let host_part = rest.split_once('@').map_or(rest, |(_, h)| h);
-    format!("{scheme}://{user}@{host_part}")
-}
 
 /// The SQLSTATE a statement run as `url` fails with (None when it succeeds).
 async fn refusal(url: &str, sql: &str) -> Option<String> {

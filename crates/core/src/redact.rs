@@ -53,10 +53,9 @@ pub fn redact_payload(payload: &mut Value, fields: &[String]) -> Vec<(String, St
     }
 }
 
-/// Why `fields` cannot be redacted in runs of `def`: each must be a plain data key, and none
-/// may be read by the definition itself (a guard, an approval rule, a join guard, a prompt
-/// template), since a replay would then decide on the marker instead of the value.
-pub fn refusal(def: &Definition, fields: &[String]) -> Option<String> {
+/// What is wrong with `fields` as a list of data keys to redact, whatever the run: none, too
+/// many, or one that is not a plain key.
+pub fn fields_problem(fields: &[String]) -> Option<String> {
     if fields.is_empty() {
         return Some("name at least one data key to redact".into());
     }
@@ -66,11 +65,21 @@ pub fn refusal(def: &Definition, fields: &[String]) -> Option<String> {
             fields.len()
         ));
     }
+    fields.iter().find_map(|field| {
+        crate::spec::name_problem(field).map(|problem| format!("`{field}`: {problem}"))
+    })
+}
+
+/// Why `fields` cannot be redacted in runs of `def`: each must be a plain data key
+/// ([`fields_problem`]), and none may be read by the definition itself (a guard, an approval
+/// rule, a join guard, a prompt template), since a replay would then decide on the marker
+/// instead of the value.
+pub fn refusal(def: &Definition, fields: &[String]) -> Option<String> {
+    if let Some(problem) = fields_problem(fields) {
+        return Some(problem);
+    }
     let spec = serde_json::to_string(def.spec()).unwrap_or_default();
     for field in fields {
-        if let Some(problem) = crate::spec::name_problem(field) {
-            return Some(format!("`{field}`: {problem}"));
-        }
         // As the spec's JSON text spells them: `data.F`, `data["F"]`, `data['F']`, and a
         // template's `{{input.F}}` / `{{data.F}}`.
         let reads = [

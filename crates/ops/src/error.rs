@@ -200,6 +200,7 @@ impl From<StoreError> for Error {
             ))
             .with_details(json!({ "definition": name, "version": version })),
             StoreError::Invalid(message) => Error::validation(message),
+            StoreError::Conflict(message) => Error::conflict(message),
             StoreError::InvalidField { field, reason } => {
                 Error::validation(reason).with_details(json!({ "field": field }))
             }

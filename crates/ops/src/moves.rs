@@ -463,3 +463,82 @@ pub async fn fork(
         state: snapshot.state,
     })
 }
+
+/// What to forget of a run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"fields": ["email", "phone"], "reason": "erasure request #1182"}))]
+pub struct RedactBody {
+    /// Top-level keys of the run's data to replace by their markers.
+    #[serde(default)]
+    #[schema(value_type = crate::schema::RedactFields, required = true)]
+    pub fields: Vec<String>,
+    /// Why, recorded with the redaction.
+    #[serde(default)]
+    #[schema(value_type = crate::schema::RedactReason, required = true)]
+    pub reason: String,
+}
+
+/// One value a redaction replaced: its key and the sha256 its marker holds.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RedactedValue {
+    pub field: String,
+    pub sha256: String,
+}
+
+/// What a redaction changed.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RedactResponse {
+    pub run_id: Uuid,
+    pub fields: Vec<String>,
+    /// Events whose payload changed.
+    pub events: usize,
+    /// Every value replaced, in the input, the events, the projection and checkpoints.
+    pub hashes: Vec<RedactedValue>,
+    /// Whether the run had finished: only then are the blobs it refers to forgotten.
+    pub finished: bool,
+    /// Blobs deleted because only finished, redacted runs referred to them.
+    pub blobs_deleted: Vec<String>,
+}
+
+/// Redacts `body.fields` of run `run_id` as `by` (`rein runs redact`,
+/// `POST /v1/runs/{id}/redact`); the run must be within `token`'s bounds.
+pub async fn redact(
+    store: &Store,
+    run_id: Uuid,
+    body: &RedactBody,
+    by: &str,
+    token: Option<&TokenInfo>,
+) -> Result<RedactResponse, Error> {
+    if let Some(problem) = rein_core::redact::fields_problem(&body.fields) {
+        return Err(Error::validation(problem).with_details(json!({ "field": "fields" })));
+    }
+    if body.reason.trim().is_empty() || body.reason.len() > rein_store::REDACT_REASON_BYTES_MAX {
+        return Err(Error::validation(format!(
+            "say why in 1..={} bytes (reason)",
+            rein_store::REDACT_REASON_BYTES_MAX
+        ))
+        .with_details(json!({ "field": "reason" })));
+    }
+    if let Some(token) = token {
+        let row = store.run(run_id).await?;
+        token
+            .may_act_on(&row.queue)
+            .map_err(StoreError::OutOfBounds)?;
+    }
+    let done = store
+        .redact_run(run_id, &body.fields, by, &body.reason)
+        .await?;
+    Ok(RedactResponse {
+        run_id: done.run_id,
+        fields: done.fields,
+        events: done.events,
+        hashes: done
+            .hashes
+            .into_iter()
+            .map(|(field, sha256)| RedactedValue { field, sha256 })
+            .collect(),
+        finished: done.finished,
+        blobs_deleted: done.blobs_deleted,
+    })
+}

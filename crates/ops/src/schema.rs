@@ -437,3 +437,29 @@ pub fn link_runs(doc: &mut OpenApi) {
         }
     }
 }
+
+/// The data keys a redaction forgets: 1..=[`rein_core::redact::REDACT_FIELDS_MAX`] names.
+pub struct RedactFields;
+
+impl PartialSchema for RedactFields {
+    fn schema() -> RefOr<Schema> {
+        RefOr::T(Schema::Array(
+            utoipa::openapi::schema::ArrayBuilder::new()
+                .items(Name::schema())
+                .min_items(Some(1))
+                .max_items(Some(rein_core::redact::REDACT_FIELDS_MAX))
+                .build(),
+        ))
+    }
+}
+
+impl ToSchema for RedactFields {}
+
+schema_type! {
+    /// Why a run was redacted: 1..=[`rein_store::REDACT_REASON_BYTES_MAX`] bytes, not only
+    /// blanks.
+    RedactReason => string()
+        .min_length(Some(1))
+        .max_length(Some(rein_store::REDACT_REASON_BYTES_MAX))
+        .pattern(Some("\\S"))
+}

@@ -807,10 +807,17 @@ pub async fn blob(
             bytes,
             value,
         }),
-        None => Err(Error::not_found(format!(
+        None => match store.blob_forgotten_by(sha256, queues).await? {
+            Some(run) => Err(Error::not_found(format!(
+                "blob {sha256} was forgotten: the redaction of run {run} deleted it, as only \
+                 finished, redacted runs referred to it"
+            ))
+            .with_details(json!({ "sha256": sha256, "redacted_run": run }))),
+            None => Err(Error::not_found(format!(
             "no blob {sha256} that a run you may read refers to (event payloads show blob references as `{{\"$blob\": {{\"sha256\": ...}}}}`)"
         ))
         .with_details(json!({ "sha256": sha256 }))),
+        },
     }
 }
 

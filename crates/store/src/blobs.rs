@@ -56,6 +56,26 @@ impl Store {
         Ok(Some((blob.bytes, value)))
     }
 
+    /// The run whose redaction deleted blob `sha256`, when a run among `queues` (any queue
+    /// when `None`) refers to it: why a blob that was there is not any more.
+    pub async fn blob_forgotten_by(
+        &self,
+        sha256: &str,
+        queues: Option<&[String]>,
+    ) -> Result<Option<uuid::Uuid>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT x.run_id FROM rein_redactions x
+             WHERE $1 = ANY(x.blobs_deleted) AND EXISTS (
+                 SELECT 1 FROM rein_blob_refs f JOIN rein_runs r ON r.run_id = f.run_id
+                 WHERE f.sha256 = $1 AND ($2::text[] IS NULL OR r.queue = ANY($2)))
+             ORDER BY x.redacted_at LIMIT 1",
+        )
+        .bind(sha256)
+        .bind(queues)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+
     pub async fn blob_stats(&self) -> Result<BlobStats, StoreError> {
         let (blobs, stored_bytes): (i64, i64) =
             sqlx::query_as("SELECT count(*), COALESCE(sum(size_bytes), 0)::bigint FROM rein_blobs")

@@ -22,6 +22,10 @@ pub enum StoreError {
     Corrupt(String),
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// The request is well formed but the run's state refuses it now (a lease held, a key
+    /// the definition reads, a run that moved meanwhile).
+    #[error("{0}")]
+    Conflict(String),
     /// One field of the request cannot be taken as it is (SPEC Z2).
     #[error("invalid request: {reason}")]
     InvalidField { field: String, reason: String },

@@ -2,7 +2,7 @@
 //! run's input, every event that carries them, its projection and its checkpoints, in one
 //! transaction, and only if the redacted log still replays to the redacted projection.
 
-use rein_core::redact::{redact_object, redact_payload, refusal};
+use rein_core::redact::{fields_problem, redact_object, redact_payload, refusal};
 use rein_core::{Event, RunState};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -22,12 +22,26 @@ pub struct Redacted {
     pub events: usize,
     /// (field, sha256) of every value replaced, in the input, events and projection.
     pub hashes: Vec<(String, String)>,
+    /// Whether the run had finished: only then are its blobs forgotten.
+    pub finished: bool,
+    /// Blobs deleted because only finished, redacted runs referred to them. Their
+    /// references stay in the log; reading one says it was forgotten.
+    pub blobs_deleted: Vec<String>,
+}
+
+fn moved(run_id: Uuid) -> StoreError {
+    StoreError::Conflict(format!(
+        "run {run_id} gained events while it was being redacted; nothing was redacted: try again"
+    ))
 }
 
 impl Store {
     /// Redacts `fields` of run `run_id` as `by`, for `reason`. Refused while a worker holds
     /// the run, when the definition reads a field, or when the redacted log would not replay
-    /// to the redacted projection (nothing is written then).
+    /// to the redacted projection (nothing is written then). Of a finished run, the blobs
+    /// that only finished, redacted runs refer to are deleted. Needs no privilege on the log:
+    /// the writes go through `rein_apply_redaction`, which accepts only markers in place of
+    /// the named keys, so `rein api`'s database role can redact too.
     pub async fn redact_run(
         &self,
         run_id: Uuid,
@@ -41,6 +55,9 @@ impl Store {
             )));
         }
         crate::input::check_text("by", by)?;
+        if let Some(problem) = fields_problem(fields) {
+            return Err(StoreError::Invalid(problem));
+        }
         let row = self.run(run_id).await?;
         let events: Vec<Event> = self
             .history(run_id)
@@ -53,38 +70,44 @@ impl Store {
             .await?;
         for def in defs.values() {
             if let Some(why) = refusal(def, fields) {
-                return Err(StoreError::Invalid(why));
+                return Err(StoreError::Conflict(why));
             }
         }
-        let mut tx = self.pool().begin().await?;
-        let (projection, lease_live, input): (Value, bool, Value) = sqlx::query_as(
-            "SELECT projection, COALESCE(lease_until > clock_timestamp(), false), input
-             FROM rein_runs WHERE run_id = $1 FOR UPDATE",
+        let (projection, lease_live, input, last_sequence, terminal): (
+            Value,
+            bool,
+            Value,
+            i64,
+            bool,
+        ) = sqlx::query_as(
+            "SELECT projection, COALESCE(lease_until > clock_timestamp(), false), input,
+                        last_sequence, status = 'terminal'
+                 FROM rein_runs WHERE run_id = $1",
         )
         .bind(run_id)
-        .fetch_one(&mut *tx)
+        .fetch_one(self.pool())
         .await?;
         if lease_live {
-            return Err(StoreError::Invalid(format!(
+            return Err(StoreError::Conflict(format!(
                 "a worker holds run {run_id} now; redact it once the lease is released"
             )));
+        }
+        if events.last().map_or(0, |e| e.sequence as i64) != last_sequence {
+            return Err(moved(run_id));
         }
         let mut hashes = Vec::new();
         let mut input = input;
         hashes.extend(redact_object(&mut input, fields));
-        let mut changed: Vec<&Event> = Vec::new();
         let mut redacted_events = events.clone();
         for e in &mut redacted_events {
-            let done = redact_payload(&mut e.payload, fields);
-            if !done.is_empty() {
-                hashes.extend(done);
-            }
+            hashes.extend(redact_payload(&mut e.payload, fields));
         }
-        for (before, after) in events.iter().zip(&redacted_events) {
-            if before.payload != after.payload {
-                changed.push(after);
-            }
-        }
+        let changed: Vec<Value> = events
+            .iter()
+            .zip(&redacted_events)
+            .filter(|(before, after)| before.payload != after.payload)
+            .map(|(_, after)| json!({ "sequence": after.sequence, "payload": after.payload }))
+            .collect();
         let mut state: RunState = serde_json::from_value(projection)
             .map_err(|e| StoreError::Corrupt(format!("projection: {e}")))?;
         hashes.extend(redact_object(&mut state.data, fields));
@@ -102,89 +125,72 @@ impl Store {
             &[],
         )
         .map_err(|(i, e)| {
-            StoreError::Invalid(format!(
+            StoreError::Conflict(format!(
                 "the redacted log does not replay (event {}: {e}); nothing was redacted",
                 i + 1
             ))
         })?
         .0;
         if replayed != state {
-            return Err(StoreError::Invalid(
+            return Err(StoreError::Conflict(
                 "the redacted log would not replay to the redacted projection; nothing was redacted"
                     .into(),
             ));
         }
-        sqlx::query("SET LOCAL rein.redacting = 'on'")
-            .execute(&mut *tx)
-            .await?;
-        for e in &changed {
-            let hot = sqlx::query(
-                "UPDATE rein_events SET payload = $3 WHERE run_id = $1 AND sequence = $2",
-            )
-            .bind(run_id)
-            .bind(e.sequence as i64)
-            .bind(&e.payload)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if hot == 0 {
-                sqlx::query(
-                    "UPDATE rein_events_archive SET payload = $3 WHERE run_id = $1 AND sequence = $2",
-                )
-                .bind(run_id)
-                .bind(e.sequence as i64)
-                .bind(&e.payload)
-                .execute(&mut *tx)
-                .await?;
-            }
-        }
         let projection = serde_json::to_value(&state)
             .map_err(|e| StoreError::Corrupt(format!("projection: {e}")))?;
-        sqlx::query("UPDATE rein_runs SET input = $2, projection = $3 WHERE run_id = $1")
-            .bind(run_id)
-            .bind(&input)
-            .bind(&projection)
-            .execute(&mut *tx)
-            .await?;
         // A checkpoint is a copy of a state: its data is redacted the same way.
-        let checkpoints: Vec<(i64, Value)> =
+        let stored: Vec<(i64, Value)> =
             sqlx::query_as("SELECT sequence, state FROM rein_checkpoints WHERE run_id = $1")
                 .bind(run_id)
-                .fetch_all(&mut *tx)
+                .fetch_all(self.pool())
                 .await?;
-        for (sequence, mut state) in checkpoints {
-            if let Some(data) = state.get_mut("data")
-                && !redact_object(data, fields).is_empty()
-            {
-                sqlx::query(
-                    "UPDATE rein_checkpoints SET state = $3 WHERE run_id = $1 AND sequence = $2",
-                )
-                .bind(run_id)
-                .bind(sequence)
-                .bind(&state)
-                .execute(&mut *tx)
-                .await?;
-            }
-        }
+        let checkpoints: Vec<Value> = stored
+            .into_iter()
+            .filter_map(|(sequence, mut state)| {
+                let data = state.get_mut("data")?;
+                (!redact_object(data, fields).is_empty())
+                    .then(|| json!({ "sequence": sequence, "state": state }))
+            })
+            .collect();
         hashes.sort();
         hashes.dedup();
-        sqlx::query(
-            "INSERT INTO rein_redactions (run_id, fields, hashes, redacted_by, reason)
-             VALUES ($1, $2, $3, $4, $5)",
+        // One statement writes it all, under the run's row lock, and only if the run has not
+        // moved and no worker took it since it was read (`rein_apply_redaction`).
+        let (outcome, blobs_deleted): (String, Vec<String>) = sqlx::query_as(
+            "SELECT outcome, blobs_deleted
+             FROM rein_apply_redaction($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
         )
         .bind(run_id)
+        .bind(last_sequence)
         .bind(fields)
+        .bind(&input)
+        .bind(&projection)
+        .bind(Value::Array(changed.clone()))
+        .bind(Value::Array(checkpoints))
         .bind(json!(hashes))
         .bind(by)
         .bind(reason)
-        .execute(&mut *tx)
+        .fetch_one(self.pool())
         .await?;
-        tx.commit().await?;
+        match outcome.as_str() {
+            "redacted" => {}
+            "not_found" => return Err(StoreError::RunNotFound(run_id)),
+            "leased" => {
+                return Err(StoreError::Conflict(format!(
+                    "a worker took run {run_id} while it was being redacted; nothing was \
+                     redacted: try again once the lease is released"
+                )));
+            }
+            _ => return Err(moved(run_id)),
+        }
         Ok(Redacted {
             run_id,
             fields: fields.to_vec(),
             events: changed.len(),
             hashes,
+            finished: terminal,
+            blobs_deleted,
         })
     }
 }

@@ -9,7 +9,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Generic, Literal, Mapping, Protocol, TypeVar, Union
+from typing import Any, Callable, Generic, Literal, Mapping, Protocol, Sequence, TypeVar, Union
 from uuid import UUID
 
 import httpx
@@ -34,6 +34,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/runs/{id}/why"): "why",
     ("POST", "/v1/runs/{id}/rerun"): "rerun",
     ("POST", "/v1/runs/{id}/fork"): "fork",
+    ("POST", "/v1/runs/{id}/redact"): "redact",
     ("GET", "/v1/runs/{id}/events"): "history",
     ("POST", "/v1/runs/{id}/events"): "send",
     ("GET", "/v1/runs/{id}/stream"): "stream",
@@ -361,6 +362,15 @@ def fork(
         body["reason"] = reason
     return Call(
         "POST", f"/v1/runs/{run_id(run)}/fork", model(models.ForkResponse), json_body=body
+    )
+
+
+def redact(run: RunRef, fields: Sequence[str], reason: str) -> Call[models.RedactResponse]:
+    if isinstance(fields, str):
+        raise TypeError("fields is a list of data keys, not one string")
+    body: dict[str, Any] = {"fields": list(fields), "reason": reason}
+    return Call(
+        "POST", f"/v1/runs/{run_id(run)}/redact", model(models.RedactResponse), json_body=body
     )
 
 

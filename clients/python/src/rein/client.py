@@ -6,7 +6,7 @@ import asyncio
 import os
 import time
 from types import TracebackType
-from typing import Any, AsyncIterator, Iterator, Literal, Mapping, TypeVar
+from typing import Any, AsyncIterator, Iterator, Literal, Mapping, Sequence, TypeVar
 
 import httpx
 
@@ -173,6 +173,12 @@ class Client:
         """A new run from `run`'s state right after event `at`, on `version` if given, with
         `input_patch` merged into its data; `run` is never changed."""
         return self._do(calls.fork(run, at, version, input_patch, reason))
+
+    def redact(self, run: RunRef, fields: Sequence[str], reason: str) -> models.RedactResponse:
+        """Forget data keys `fields` of `run` (a key the definition reads is refused with
+        409): replaced by markers holding their hash everywhere the log keeps them; of a
+        finished run, blobs only finished, redacted runs refer to are deleted."""
+        return self._do(calls.redact(run, fields, reason))
 
     def blob(self, sha256: str) -> models.BlobView:
         """A large value stored by hash (E5), readable when a run the token may read refers
@@ -476,6 +482,12 @@ class AsyncClient:
         """A new run from `run`'s state right after event `at`, on `version` if given, with
         `input_patch` merged into its data; `run` is never changed."""
         return await self._do(calls.fork(run, at, version, input_patch, reason))
+
+    async def redact(
+        self, run: RunRef, fields: Sequence[str], reason: str
+    ) -> models.RedactResponse:
+        """Forget data keys `fields` of `run`, as [`Client.redact`]."""
+        return await self._do(calls.redact(run, fields, reason))
 
     async def blob(self, sha256: str) -> models.BlobView:
         """A large value stored by hash (E5), readable when a run the token may read refers

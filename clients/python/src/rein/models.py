@@ -271,6 +271,19 @@ class Reason(RootModel[str]):
     root: str = Field(..., max_length=1024)
 
 
+class RedactField(RootModel[str]):
+    root: str = Field(..., max_length=64, min_length=1, pattern="^[A-Za-z0-9_.-]+$")
+
+
+class RedactedValue(BaseModel):
+    """
+    One value a redaction replaced: its key and the sha256 its marker holds.
+    """
+
+    field: str
+    sha256: str
+
+
 class RegisterResponse(BaseModel):
     created: bool
     """
@@ -810,6 +823,49 @@ class MigrateResponse(BaseModel):
     runs: list[MigratedRun]
     to: int = Field(..., ge=0)
     would_move: int = Field(..., ge=0)
+
+
+class RedactBody(BaseModel):
+    """
+    What to forget of a run.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    fields: list[RedactField] = Field(..., max_length=64, min_length=1)
+    """
+    Top-level keys of the run's data to replace by their markers.
+    """
+    reason: str = Field(..., max_length=1024, min_length=1, pattern="\\S")
+    """
+    Why, recorded with the redaction.
+    """
+
+
+class RedactResponse(BaseModel):
+    """
+    What a redaction changed.
+    """
+
+    blobs_deleted: list[str]
+    """
+    Blobs deleted because only finished, redacted runs referred to them.
+    """
+    events: int = Field(..., ge=0)
+    """
+    Events whose payload changed.
+    """
+    fields: list[str]
+    finished: bool
+    """
+    Whether the run had finished: only then are the blobs it refers to forgotten.
+    """
+    hashes: list[RedactedValue]
+    """
+    Every value replaced, in the input, the events, the projection and checkpoints.
+    """
+    run_id: UUID
 
 
 class RunView(BaseModel):

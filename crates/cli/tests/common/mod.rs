@@ -853,3 +853,54 @@ pub async fn enqueue_timed_fork(store: &rein_store::Store) -> uuid::Uuid {
         .expect("enqueue")
         .run_id
 }
+
+/// LOGIN users made for one test, members of Rein's groups; dropped when the value is
+/// dropped (a panic included), after the test's processes, which are declared later.
+pub struct Logins {
+    admin_url: String,
+    names: Vec<String>,
+}
+
+impl Logins {
+    pub fn new(admin_url: &str) -> Logins {
+        Logins {
+            admin_url: admin_url.to_owned(),
+            names: Vec::new(),
+        }
+    }
+
+    /// Creates a login member of `group` with a name unique to this test run; its URL.
+    pub async fn create(&mut self, admin: &rein_store::Store, label: &str, group: &str) -> String {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .subsec_nanos();
+        let name = format!("rein_t_{label}_{}_{nanos}", std::process::id());
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "CREATE ROLE {name} LOGIN IN ROLE {group}"
+        )))
+        .execute(admin.pool())
+        .await
+        .expect("create a login role");
+        self.names.push(name.clone());
+        as_user(&self.admin_url, &name)
+    }
+}
+
+impl Drop for Logins {
+    fn drop(&mut self) {
+        for name in &self.names {
+            let _ = Command::new("psql")
+                .arg(&self.admin_url)
+                .args(["-q", "-c", &format!("DROP ROLE IF EXISTS {name}")])
+                .output();
+        }
+    }
+}
+
+/// The same URL with another user (no password: the test server trusts local logins).
+pub fn as_user(url: &str, user: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+    let host_part = rest.split_once('@').map_or(rest, |(_, h)| h);
+    format!("{scheme}://{user}@{host_part}")
+}
