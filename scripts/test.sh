@@ -4,7 +4,7 @@
 #   scripts/test.sh                 # everything
 #   scripts/test.sh -p rein-core    # extra args go to `cargo test`
 #
-# Phases: tools, services, openapi, fmt, clippy, test, python, console, deploy. Each prints
+# Phases: tools, services, openapi, fmt, clippy, test, python, upgrade, console, deploy. Each prints
 # its duration; a summary follows at the end. fmt/clippy/test/python/console/deploy keep
 # going after a failure so one run shows every problem; tools/services failures stop the
 # run because nothing after them could pass. Exit status is non-zero if any phase
@@ -415,6 +415,44 @@ phase_console() {
   note "screenshots: $TARGET_DIR/console-screenshots"
 }
 
+# ---------------------------------------------------------------- upgrade
+# A rolling upgrade under faults: the previous release (the commit in
+# scripts/previous-release, built from this clone's history) migrates a private database and
+# starts two of three workers; this release's migrations go in beside them and `rein chaos`
+# injects every fault into the mixed fleet; the contract step must wait for the old workers,
+# then go through once they are drained. The old binary is kept in target/prev.
+phase_upgrade() {
+  local rev src=$TARGET_DIR/prev-src bin=$TARGET_DIR/prev/rein current=$TARGET_DIR/debug/rein
+  rev=$(grep -v '^#' scripts/previous-release | tr -d '[:space:]')
+  if ! git cat-file -e "$rev^{commit}" 2>/dev/null; then
+    note "the previous release $rev is not in this clone's history (shallow?): git fetch --unshallow"
+    [[ $CI == true ]] && return 1
+    return "$SKIPPED"
+  fi
+  if [[ ! -x $current ]]; then
+    cargo build --bin rein || return 1
+  fi
+  if [[ ! -x $bin || $(cat "$TARGET_DIR/prev/rev" 2>/dev/null) != "$rev" ]]; then
+    note "building the previous release ${rev:0:12} into $bin"
+    rm -rf "$src"
+    mkdir -p "$src" "$TARGET_DIR/prev"
+    git archive "$rev" | tar -x -C "$src"
+    # One target directory, so the dependencies built already are reused; the build puts
+    # its binary where this release's is, so that one is kept aside and put back.
+    cp "$current" "$TARGET_DIR/prev/rein.current"
+    local rc=0
+    (cd "$src" && CARGO_TARGET_DIR=$TARGET_DIR cargo build --bin rein) || rc=1
+    [[ $rc == 0 ]] && cp "$current" "$bin"
+    rm -f "$current"
+    mv "$TARGET_DIR/prev/rein.current" "$current"
+    rm -rf "$src"
+    [[ $rc == 0 ]] || return 1
+    echo "$rev" >"$TARGET_DIR/prev/rev"
+  fi
+  "$current" chaos --runs 300 --workers 3 --duration-s 20 --allow-db-restart \
+    --old-bin "$bin" --old-workers 2 || return 1
+}
+
 # ---------------------------------------------------------------- deploy
 # Alert rules (promtool check + unit tests), compose file, Kubernetes manifests, dashboard
 # and scripts under deploy/: scripts/validate-deploy.sh prints one line per check.
@@ -434,6 +472,7 @@ main() {
     run_phase clippy phase_clippy
     run_phase test phase_test "$@"
     run_phase python phase_python
+    run_phase upgrade phase_upgrade
     run_phase console phase_console
     run_phase deploy phase_deploy
   fi

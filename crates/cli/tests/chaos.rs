@@ -330,7 +330,7 @@ async fn check_only_passes_a_live_database_and_reports_its_unfinished_runs_apart
 
 #[test]
 fn chaos_refuses_bad_input_and_says_why() {
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 8] = [
         (&["chaos", "--runs", "0"], "--runs must be 1..=100000"),
         (&["chaos", "--workers", "17"], "--workers must be 1..=16"),
         (
@@ -346,6 +346,14 @@ fn chaos_refuses_bad_input_and_says_why() {
             "cannot be combined",
         ),
         (&["chaos", "--check-only"], "no database"),
+        (
+            &["chaos", "--old-bin", "/nonexistent/rein"],
+            "--old-bin /nonexistent/rein: no such file",
+        ),
+        (
+            &["chaos", "--old-bin", "/bin/sh", "--old-workers", "4"],
+            "--old-workers must be 1..=3",
+        ),
     ];
     for (args, message) in cases {
         let out = rein(args, None);

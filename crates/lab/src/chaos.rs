@@ -61,6 +61,8 @@ const REDIS_DOWN_FOR: Duration = Duration::from_secs(3);
 /// After Redis returns, how long every worker may take to subscribe again beyond its own
 /// reconnection backoff (2 s at most) and a stop of 2 × lease TTL + scheduler tick.
 const RESUBSCRIBE_SLACK: Duration = Duration::from_secs(10);
+/// How long the previous release's workers may take to start (`--old-bin`).
+const OLD_START_MAX: Duration = Duration::from_secs(30);
 
 #[derive(clap::Args)]
 pub struct ChaosArgs {
@@ -108,6 +110,17 @@ pub struct ChaosArgs {
     /// net_reset, backend_stop, statement_timeout.
     #[arg(long, value_delimiter = ',', value_parser = fault_parser())]
     faults: Vec<String>,
+    /// A rolling upgrade under the faults: `rein` of the previous release. It migrates the
+    /// database to its own schema and starts `--old-workers` of the workers; then this
+    /// release's migrations are applied beside them and the rest of the fleet starts from
+    /// this binary. A killed old worker comes back as a new one; when the faults end the
+    /// old ones left are drained (SIGTERM) and replaced, and `rein migrate --contract` must
+    /// have been refused while they lived and go through once they are gone.
+    #[arg(long, value_name = "PATH")]
+    old_bin: Option<std::path::PathBuf>,
+    /// How many of the workers start from --old-bin (default: half of --workers, at least 1).
+    #[arg(long, requires = "old_bin", value_name = "N")]
+    old_workers: Option<u64>,
 }
 
 fn fault_parser() -> clap::builder::PossibleValuesParser {
@@ -140,7 +153,27 @@ fn validate(args: &ChaosArgs) -> Result<(), String> {
         SCHEDULER_TICK_MS_MIN,
         SCHEDULER_TICK_MS_MAX,
     )?;
-    within("timeout-s", args.timeout_s, 1, TIMEOUT_S_MAX)
+    within("timeout-s", args.timeout_s, 1, TIMEOUT_S_MAX)?;
+    if let Some(bin) = &args.old_bin {
+        if args.check_only {
+            return Err(
+                "--check-only audits an existing database; it starts no fleet for --old-bin".into(),
+            );
+        }
+        if !bin.is_file() {
+            return Err(format!(
+                "--old-bin {}: no such file (build the previous release's `rein` and give its path)",
+                bin.display()
+            ));
+        }
+        within("old-workers", old_workers(args), 1, args.workers)?;
+    }
+    Ok(())
+}
+
+/// How many workers start from `--old-bin`.
+fn old_workers(args: &ChaosArgs) -> u64 {
+    args.old_workers.unwrap_or((args.workers / 2).max(1))
 }
 
 pub async fn chaos(args: ChaosArgs) -> u8 {
@@ -182,6 +215,27 @@ pub async fn chaos(args: ChaosArgs) -> u8 {
     }
     db.close(ok).await;
     code
+}
+
+/// `OLD migrate`: the previous release makes the schema its own before its workers start.
+fn old_migrate(bin: &Path, url: &str) -> Result<(), u8> {
+    let out = std::process::Command::new(bin)
+        .args(["migrate", "--database-url", url])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| {
+            eprintln!("error: cannot run {} migrate: {e}", bin.display());
+            exit::INPUT
+        })?;
+    if !out.status.success() {
+        eprintln!(
+            "error: {} migrate failed: {}",
+            bin.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        return Err(exit::INPUT);
+    }
+    Ok(())
 }
 
 fn seed_from_clock() -> u64 {
@@ -634,6 +688,39 @@ struct Harness<'a> {
     started: Instant,
     window_end: Instant,
     healing_since: Option<Instant>,
+    /// Workers running the previous release (`--old-bin`), while they live.
+    old: Vec<String>,
+    /// Old workers asked to stop when the faults ended: their exit is expected.
+    draining: Vec<String>,
+    upgrade: Option<Upgrade>,
+}
+
+/// What a rolling upgrade (`--old-bin`) showed.
+struct Upgrade {
+    old_workers: u64,
+    /// The old workers' ids.
+    ids: Vec<String>,
+    /// Events the old workers committed (evidence that they worked beside the new ones).
+    events: i64,
+    /// Who `rein migrate --contract --dry-run` named in the way while old workers ran.
+    blocked_by: Vec<String>,
+    /// Contract steps applied once the old workers were gone, or why not.
+    contracted: Result<Vec<i64>, String>,
+    /// Old workers replaced by new ones: killed by a fault, or drained at the end.
+    replaced: u64,
+}
+
+impl Default for Upgrade {
+    fn default() -> Self {
+        Upgrade {
+            old_workers: 0,
+            ids: Vec::new(),
+            events: 0,
+            blocked_by: Vec::new(),
+            contracted: Err("not tried".into()),
+            replaced: 0,
+        }
+    }
 }
 
 impl<'a> Harness<'a> {
@@ -643,10 +730,16 @@ impl<'a> Harness<'a> {
         db: &Database,
         log_dir: &Path,
     ) -> Result<Harness<'a>, u8> {
-        let store = Store::connect(&db.url, 4).await.map_err(|e| report(&e))?;
-        let requests = match workload(&store, args.runs).await {
-            Ok(r) => r,
-            Err(e) => return Err(report(&e)),
+        // In a rolling upgrade the previous release makes the schema its own first; this
+        // release migrates only once its workers run.
+        let store = match &args.old_bin {
+            Some(bin) => {
+                old_migrate(bin, &db.url)?;
+                Store::connect_without_migrating(&db.url, 4)
+                    .await
+                    .map_err(|e| report(&e))?
+            }
+            None => Store::connect(&db.url, 4).await.map_err(|e| report(&e))?,
         };
         let children = Children::new(log_dir).map_err(|e| {
             eprintln!(
@@ -755,7 +848,6 @@ impl<'a> Harness<'a> {
             exited: Vec::new(),
             restarting: None,
             redis,
-            requests,
             enqueued: 0,
             decided: HashSet::new(),
             approvals: BTreeMap::new(),
@@ -765,9 +857,22 @@ impl<'a> Harness<'a> {
             started,
             window_end: started + window,
             healing_since: None,
+            old: Vec::new(),
+            draining: Vec::new(),
+            upgrade: None,
+            requests: Vec::new(),
+        };
+        let mut new_workers = args.workers;
+        if let Some(bin) = &args.old_bin {
+            harness.start_old_workers(bin).await?;
+            new_workers -= harness.old.len() as u64;
+        }
+        harness.requests = match workload(&harness.store, args.runs).await {
+            Ok(r) => r,
+            Err(e) => return Err(report(&e)),
         };
         harness.enqueue_due().await;
-        for _ in 0..args.workers {
+        for _ in 0..new_workers {
             harness.spawn_worker()?;
         }
         for _ in 0..SCHEDULERS {
@@ -795,6 +900,15 @@ impl<'a> Harness<'a> {
 
     /// [`Harness::spawn_worker`] with extra environment variables.
     fn spawn_worker_with(&mut self, env: &[(&str, String)]) -> Result<String, u8> {
+        self.spawn_worker_from(None, env)
+    }
+
+    /// Starts a worker from `bin` (this binary when `None`).
+    fn spawn_worker_from(
+        &mut self,
+        bin: Option<&Path>,
+        env: &[(&str, String)],
+    ) -> Result<String, u8> {
         self.spawned_workers += 1;
         let id = format!("chaos-w{}", self.spawned_workers);
         // Each worker reaches PostgreSQL through a proxy of its own, where the network
@@ -821,9 +935,149 @@ impl<'a> Harness<'a> {
                 ("--db-pool-max", self.child_pool_max().to_string()),
             ],
         );
-        self.spawn_env(&id, &args, env)?;
+        self.spawn_from(bin, &id, &args, env)?;
         self.workers.push(id.clone());
         Ok(id)
+    }
+
+    /// Starts the previous release's workers on the schema it migrated, waits until each
+    /// has heartbeated (it passed its schema check), then applies this release's
+    /// migrations beside them and notes whom the contract step finds in the way.
+    async fn start_old_workers(&mut self, bin: &Path) -> Result<(), u8> {
+        let n = old_workers(self.args);
+        for _ in 0..n {
+            let id = self.spawn_worker_from(Some(bin), &[])?;
+            self.old.push(id);
+        }
+        let deadline = Instant::now() + OLD_START_MAX;
+        loop {
+            let beating: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM rein_workers WHERE worker_id = ANY($1)")
+                    .bind(&self.old)
+                    .fetch_one(self.store.pool())
+                    .await
+                    .unwrap_or(0);
+            if beating == n as i64 {
+                break;
+            }
+            let gone = self.children.exited();
+            if !gone.is_empty() || Instant::now() > deadline {
+                eprintln!(
+                    "error: the previous release's workers did not start ({} of {n} heartbeating); see {}",
+                    beating,
+                    self.children.log_dir.display()
+                );
+                return Err(exit::INPUT);
+            }
+            tokio::time::sleep(TICK).await;
+        }
+        if let Err(e) = self.store.migrate().await {
+            eprintln!(
+                "error: this release's migrations beside the previous release's workers: {e}"
+            );
+            return Err(report(&e));
+        }
+        let plan = self.store.contract(false).await.map_err(|e| report(&e))?;
+        let blocked_by: Vec<String> = plan.blockers.iter().map(|b| b.worker_id.clone()).collect();
+        self.progress.note(&format!(
+            "rolling upgrade: {n} worker(s) of the previous release ({}) run on this release's expanded schema; the contract step is held by {}",
+            self.old.join(", "),
+            if blocked_by.is_empty() { "nothing".to_owned() } else { blocked_by.join(", ") }
+        ));
+        self.upgrade = Some(Upgrade {
+            old_workers: n,
+            ids: self.old.clone(),
+            blocked_by,
+            ..Upgrade::default()
+        });
+        Ok(())
+    }
+
+    /// An old worker that left the fleet (killed, or exited): its replacement is new.
+    fn replaced_old(&mut self, name: &str) {
+        if self.old.iter().any(|o| o == name) {
+            self.old.retain(|o| o != name);
+            if let Some(u) = self.upgrade.as_mut() {
+                u.replaced += 1;
+            }
+        }
+    }
+
+    /// When the faults end, the old workers left stop the way a deploy stops them
+    /// (SIGTERM: finish or release what they hold); new ones take their places.
+    fn drain_old_workers(&mut self) {
+        for name in std::mem::take(&mut self.old) {
+            if let Some(p) = self.children.get(&name) {
+                let _ = p.signal(libc::SIGCONT);
+                let _ = p.signal(libc::SIGTERM);
+            }
+            self.workers.retain(|w| *w != name);
+            self.stopped.retain(|(w, _)| *w != name);
+            self.draining.push(name.clone());
+            if let Some(u) = self.upgrade.as_mut() {
+                u.replaced += 1;
+            }
+            self.progress.note(&format!(
+                "rolling upgrade: {name} (previous release) drained; a new worker takes its place"
+            ));
+        }
+    }
+
+    /// Once the old workers are gone, the contract step must go through (the heartbeats
+    /// of the drained ones age out within a lease TTL).
+    async fn contract_after_upgrade(&mut self) {
+        let Some(mut upgrade) = self.upgrade.take() else {
+            return;
+        };
+        let deadline =
+            Instant::now() + Duration::from_millis(3 * self.args.lease_ttl_ms) + OLD_START_MAX;
+        upgrade.events =
+            sqlx::query_scalar("SELECT count(*) FROM rein_events_all WHERE worker = ANY($1)")
+                .bind(&upgrade.ids)
+                .fetch_one(self.store.pool())
+                .await
+                .unwrap_or(0);
+        upgrade.contracted = loop {
+            match self.store.contract(true).await {
+                Ok(plan) if plan.applied || plan.pending.is_empty() => {
+                    break Ok(plan.pending.iter().map(|p| p.version).collect());
+                }
+                Ok(plan) if Instant::now() > deadline => {
+                    break Err(format!(
+                        "still held by {}",
+                        plan.blockers
+                            .iter()
+                            .map(|b| b.worker_id.clone())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
+                }
+                Ok(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                Err(e) => break Err(e.to_string()),
+            }
+        };
+        self.upgrade = Some(upgrade);
+    }
+
+    fn upgrade_summary(&self) -> Value {
+        let Some(u) = &self.upgrade else {
+            return json!({ "enabled": false });
+        };
+        json!({
+            "enabled": true,
+            "old_bin": self.args.old_bin.as_ref().map(|b| b.display().to_string()),
+            "old_workers": u.old_workers,
+            "old_worker_events": u.events,
+            "replaced": u.replaced,
+            "contract_blocked_by": u.blocked_by,
+            "contract_applied": u.contracted.as_ref().ok(),
+            "contract_error": u.contracted.as_ref().err(),
+            // The contract step must have waited for the old workers, then gone through,
+            // and the old workers must have worked beside the new ones.
+            "violations": u64::from(u.blocked_by.is_empty())
+                + u64::from(u.contracted.is_err())
+                + u64::from(u.events == 0),
+        })
     }
 
     fn spawn_scheduler(&mut self) -> Result<String, u8> {
@@ -852,18 +1106,32 @@ impl<'a> Harness<'a> {
     }
 
     fn spawn_env(&mut self, id: &str, args: &[String], env: &[(&str, String)]) -> Result<(), u8> {
+        self.spawn_from(None, id, args, env)
+    }
+
+    fn spawn_from(
+        &mut self,
+        bin: Option<&Path>,
+        id: &str,
+        args: &[String],
+        env: &[(&str, String)],
+    ) -> Result<(), u8> {
         let mut args = args.to_vec();
         if let Some(r) = &self.redis {
             args.extend(["--redis-url".to_owned(), r.server.url()]);
         }
         let mut vars = vec![("REIN_LOG", CHILD_LOG_FILTER)];
         vars.extend(env.iter().map(|(k, v)| (*k, v.as_str())));
-        crate::procs::rein_command(&args, &vars, &["REDIS_URL", "REIN_REDIS_PREFIX"])
-            .and_then(|cmd| self.children.spawn_command(id, cmd))
-            .map_err(|e| {
-                eprintln!("error: cannot start {id}: {e}");
-                exit::INPUT
-            })
+        let unset = ["REDIS_URL", "REIN_REDIS_PREFIX"];
+        match bin {
+            Some(bin) => Ok(crate::procs::command_of(bin, &args, &vars, &unset)),
+            None => crate::procs::rein_command(&args, &vars, &unset),
+        }
+        .and_then(|cmd| self.children.spawn_command(id, cmd))
+        .map_err(|e| {
+            eprintln!("error: cannot start {id}: {e}");
+            exit::INPUT
+        })
     }
 
     fn db_up(&self) -> bool {
@@ -910,6 +1178,7 @@ impl<'a> Harness<'a> {
                 }
             } else if self.healing_since.is_none() {
                 self.healing_since = Some(now);
+                self.drain_old_workers();
                 self.heal_network(now, true);
                 self.thaw_backends(now, true);
                 self.lift_statement_timeout(now, true).await;
@@ -926,6 +1195,8 @@ impl<'a> Harness<'a> {
             }
             self.show_progress();
             if self.healing_since.is_some() && self.finished() {
+                // With the new fleet still at work, as after a real rolling upgrade.
+                self.contract_after_upgrade().await;
                 self.progress.done();
                 eprintln!(
                     "chaos: all {} runs terminal after {:.1} s",
@@ -1072,7 +1343,14 @@ impl<'a> Harness<'a> {
     fn replace_exited(&mut self) -> Result<(), String> {
         for name in self.children.exited() {
             let _ = self.children.kill(&name);
+            if self.draining.contains(&name) {
+                self.draining.retain(|d| *d != name);
+                self.progress
+                    .note(&format!("{name} (previous release) drained and exited"));
+                continue;
+            }
             self.workers.retain(|w| *w != name);
+            self.replaced_old(&name);
             self.schedulers.retain(|s| *s != name);
             self.progress.note(&format!(
                 "{name} exited on its own; see {}",
@@ -1363,6 +1641,7 @@ impl<'a> Harness<'a> {
         let _ = self.children.kill(&victim);
         let at = Instant::now();
         self.workers.retain(|w| *w != victim);
+        self.replaced_old(&victim);
         let held = self.held_by(&victim).await;
         let what = self.track(Fault::WorkerKill, &victim, at, held);
         self.progress.note(&format!(
@@ -1865,6 +2144,10 @@ impl<'a> Harness<'a> {
         summary["recovery_ms"]["bound"] = json!(bound);
         summary["recovery_ms"]["unresolved"] = json!(self.recoveries.len());
         summary["redis"] = self.redis_summary();
+        summary["upgrade"] = self.upgrade_summary();
+        if let Some(n) = summary["upgrade"]["violations"].as_i64() {
+            summary["violations"] = json!(summary["violations"].as_i64().unwrap_or(0) + n);
+        }
         if let Some(n) = summary["redis"]["not_resubscribed"].as_i64() {
             summary["violations"] = json!(summary["violations"].as_i64().unwrap_or(0) + n);
         }
@@ -2302,6 +2585,35 @@ fn print_table(s: &Value) {
                 "0",
                 verdict(redis["not_resubscribed"].as_i64() == Some(0)),
             );
+        }
+        let upgrade = &s["upgrade"];
+        if upgrade["enabled"] == json!(true) {
+            println!(
+                "rolling upgrade: {} worker(s) of the previous release committed {} events, {} replaced by this release; contract step held by [{}] while they ran",
+                upgrade["old_workers"],
+                upgrade["old_worker_events"],
+                upgrade["replaced"],
+                upgrade["contract_blocked_by"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            row(
+                "contract step waited for old workers, then ran",
+                &upgrade["violations"],
+                "0",
+                verdict(upgrade["violations"].as_i64() == Some(0)),
+            );
+            match upgrade["contract_error"].as_str() {
+                Some(why) => println!("contract step after the upgrade: {why}"),
+                None => println!(
+                    "contract step after the upgrade applied: {}",
+                    upgrade["contract_applied"]
+                ),
+            }
         }
         println!(
             "leases recovered {}, retries {}, approvals granted {} / denied {}, approval timers fired {}",

@@ -70,7 +70,12 @@ pub fn rein_command(
     env: &[(&str, &str)],
     unset: &[&str],
 ) -> std::io::Result<Command> {
-    let mut cmd = Command::new(std::env::current_exe()?);
+    Ok(command_of(&std::env::current_exe()?, args, env, unset))
+}
+
+/// [`rein_command`] for another `rein` binary (`rein chaos --old-bin`: a previous release).
+pub fn command_of(bin: &Path, args: &[String], env: &[(&str, &str)], unset: &[&str]) -> Command {
+    let mut cmd = Command::new(bin);
     cmd.args(args);
     for k in unset {
         cmd.env_remove(k);
@@ -78,7 +83,7 @@ pub fn rein_command(
     for (k, v) in env {
         cmd.env(k, v);
     }
-    Ok(cmd)
+    cmd
 }
 
 /// Peak resident set size of this process in bytes.
