@@ -261,6 +261,37 @@ async fn a_hundred_parked_runs_move_to_v2_finish_there_and_verify() {
     // Nothing is left to move, and an unmoved v1 run still takes v1's events.
     send(&store, fresh[0], "SUBMIT", json!({})).await;
     assert_eq!(store.run(fresh[0]).await.unwrap().state, "REVIEW");
+
+    // A what-if of a migrated run replays its events up to the move on v1 and compares
+    // from there: on v2 itself the same, and a v3 that wants more than 10 cents refuses the
+    // approval.
+    let replay = |definition: &str| {
+        let out = rein(&[
+            "replay",
+            &parked[0].to_string(),
+            "--definition",
+            definition,
+            "--json",
+            "--database-url",
+            &url,
+        ]);
+        serde_json::from_str::<Value>(&stdout(&out))
+            .unwrap_or_else(|e| panic!("JSON ({e}): {} {}", stdout(&out), stderr(&out)))
+    };
+    let same = replay("order@2");
+    assert_eq!(same["verdict"], "same", "{same}");
+    assert_eq!(same["compared_after"]["sequence"], moved.sequence, "{same}");
+    let v3 = order_v2()
+        .split("[migration]")
+        .next()
+        .unwrap()
+        .replace("version = 2", "version = 3")
+        .replace("amount_cents > 0", "amount_cents > 10");
+    store.register_definition(&parse(&v3)).await.unwrap();
+    let diverged = replay("order@3");
+    assert_eq!(diverged["verdict"], "refused", "{diverged}");
+    assert_eq!(diverged["divergence"]["event"], "APPROVE", "{diverged}");
+    assert_eq!(diverged["recorded_definition"]["version"], 2, "{diverged}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -286,8 +286,108 @@ pub fn compare(
     input: serde_json::Value,
     events: &[Event],
 ) -> WhatIf {
-    let mut recorded = RunState::initial(old, input.clone());
-    let mut replayed = RunState::initial(new, input);
+    let recorded = RunState::initial(old, input.clone());
+    let replayed = RunState::initial(new, input);
+    compare_between(old, new, recorded, replayed, events, true)
+}
+
+/// [`compare`] for the part of a log after `at`, the recorded state of the run when it came
+/// to `old` (right after its last DEFINITION_MIGRATED): what came before stays judged by
+/// the versions it ran on, and `new` takes over from `at` as `old` did.
+pub fn compare_after(old: &Definition, new: &Definition, at: RunState, events: &[Event]) -> WhatIf {
+    let mut replayed = at.clone();
+    replayed.version = new.version();
+    compare_between(old, new, at, replayed, events, false)
+}
+
+/// [`compare`] for a run whose log may hold DEFINITION_MIGRATED events, `current` being the
+/// version it is on now and `def_of` every version its log names: the events up to its
+/// last migration are replayed on the versions they ran on, and `new` is compared with
+/// `current` from there. Also the sequence the comparison starts after (0 from the start).
+pub fn compare_across<'d>(
+    def_of: &dyn Fn(u32) -> Option<&'d Definition>,
+    current: &Definition,
+    new: &Definition,
+    input: serde_json::Value,
+    events: &[Event],
+) -> (WhatIf, u64) {
+    let migrated = EngineEvent::DefinitionMigrated.as_str();
+    let Some(last) = events.iter().rposition(|e| e.kind == migrated) else {
+        return (compare(current, new, input, events), 0);
+    };
+    let first = crate::migration::first_version(current.version(), events.iter());
+    let at_end = |state: &RunState| end(current, state);
+    let Some(first_def) = def_of(first) else {
+        let why = format!("version {first}, which the run started on, is not known");
+        return (
+            unreplayable(
+                events,
+                0,
+                &at_end(&RunState::initial(current, input)),
+                why,
+                None,
+            ),
+            0,
+        );
+    };
+    let start = RunState::initial(first_def, input);
+    match crate::checkpoint::replay_judging_across(def_of, start.clone(), &events[..=last], &[]) {
+        Ok((at, _)) => {
+            let from = at.sequence;
+            let mut w = compare_after(current, new, at, &events[last + 1..]);
+            w.events = events.len() as u64;
+            w.compared += last as u64 + 1;
+            (w, from)
+        }
+        Err((i, rejection)) => {
+            let why = format!(
+                "the log does not replay on the versions it ran on: {}",
+                rejection.reason
+            );
+            (
+                unreplayable(events, i, &at_end(&start), why, Some(rejection)),
+                0,
+            )
+        }
+    }
+}
+
+fn unreplayable(
+    events: &[Event],
+    at: usize,
+    stopped: &End,
+    why: String,
+    rejection: Option<InvalidTransition>,
+) -> WhatIf {
+    let event = events.get(at);
+    WhatIf {
+        verdict: Verdict::Unreplayable,
+        events: events.len() as u64,
+        compared: at as u64,
+        divergence: Some(Divergence {
+            sequence: event.map_or(0, |e| e.sequence),
+            event: event.map(|e| e.kind.clone()).unwrap_or_default(),
+            state_before: stopped.state.clone(),
+            kind: Kind::RecordedRejected,
+            recorded: None,
+            would: None,
+            why,
+            rejection,
+            candidates: Vec::new(),
+        }),
+        recorded: stopped.clone(),
+        replayed: stopped.clone(),
+    }
+}
+
+fn compare_between(
+    old: &Definition,
+    new: &Definition,
+    mut recorded: RunState,
+    mut replayed: RunState,
+    events: &[Event],
+    from_start: bool,
+) -> WhatIf {
     let total = events.len() as u64;
     // The recorded run goes on past the divergence, to the end of its log.
     let diverge = |recorded: &RunState, replayed: &RunState, compared: u64, d: Divergence| {
@@ -309,7 +409,7 @@ pub fn compare(
             divergence: Some(d),
         }
     };
-    if old.initial_state() != new.initial_state() {
+    if from_start && old.initial_state() != new.initial_state() {
         let d = Divergence {
             sequence: 0,
             event: String::new(),

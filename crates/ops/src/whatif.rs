@@ -57,12 +57,23 @@ fn named(def: &Definition) -> Value {
     json!({ "name": def.name(), "version": def.version(), "hash": def.hash() })
 }
 
-fn report(run_id: Uuid, old: &Definition, new: &Definition, w: &WhatIf) -> Value {
+fn report(run_id: Uuid, old: &Definition, new: &Definition, w: &WhatIf, from: u64) -> Value {
     let mut out = json!({
         "run_id": run_id,
         "recorded_definition": named(old),
         "definition": named(new),
     });
+    if from > 0 {
+        // A migrated run: what came before stays the versions' it ran on.
+        out["compared_after"] = json!({
+            "sequence": from,
+            "why": format!(
+                "the run was migrated to version {} at sequence {from}; the events up to there \
+                 are replayed on the versions they ran on",
+                old.version()
+            ),
+        });
+    }
     if let (Some(map), Ok(Value::Object(fields))) = (out.as_object_mut(), serde_json::to_value(w)) {
         map.extend(fields);
     }
@@ -83,8 +94,11 @@ pub async fn run(store: &Store, run_id: Uuid, new: &Definition) -> Result<Value,
         .iter()
         .map(|e| e.as_event())
         .collect();
-    let w = whatif::compare(&old, new, input, &events);
-    Ok(report(run_id, &old, new, &w))
+    let defs = store
+        .log_definitions(&row.definition, row.version, &events)
+        .await?;
+    let (w, from) = whatif::compare_across(&|v| defs.get(&v), &old, new, input, &events);
+    Ok(report(run_id, &old, new, &w, from))
 }
 
 /// Which runs `--all` compares.
@@ -168,7 +182,14 @@ pub async fn all(
                 }
             };
             let events = logs.remove(&run.run_id).unwrap_or_default();
-            let w = whatif::compare(&old, new, run.input, &events);
+            // A migrated run's earlier versions, each loaded once.
+            for v in rein_core::migration::versions_in_log(run.version, events.iter()) {
+                if let std::collections::hash_map::Entry::Vacant(slot) = versions.entry(v) {
+                    slot.insert(store.load_definition(of.definition, Some(v)).await?);
+                }
+            }
+            let (w, from) =
+                whatif::compare_across(&|v| versions.get(&v), &old, new, run.input, &events);
             *counts.entry(w.verdict.as_str()).or_default() += 1;
             if let Some(d) = &w.divergence {
                 let kind = serde_json::to_value(d.kind)
@@ -177,7 +198,7 @@ pub async fn all(
                     .unwrap_or_default();
                 *by_kind.entry(kind).or_default() += 1;
             }
-            let one = report(run.run_id, &old, new, &w);
+            let one = report(run.run_id, &old, new, &w, from);
             if w.verdict != Verdict::Same && examples.len() < EXAMPLES_MAX {
                 examples.push(one.clone());
             }
