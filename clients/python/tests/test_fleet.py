@@ -271,6 +271,15 @@ def test_redact_forgets_a_key_and_the_run_still_verifies(client: rein.Client) ->
     assert client.verify(run).ok
 
 
+def test_whatif_on_the_runs_own_version_is_the_same_outcome(client: rein.Client) -> None:
+    run = client.wait(client.enqueue("lifecycle", {"sim": {"work_ms": 1}}), timeout=60)
+    same = client.whatif(run)
+    assert same.verdict == "same" and same.divergence is None
+    assert same.definition.name == "lifecycle"
+    with pytest.raises(errors.NotFound):
+        client.whatif(run, "lifecycle@999")
+
+
 def test_a_blob_no_run_refers_to_is_not_found(client: rein.Client) -> None:
     with pytest.raises(errors.NotFound):
         client.blob("0" * 64)

@@ -1,5 +1,6 @@
 //! Routes for runs that need a person and for the fleet's limits: the resume brief, verifying
-//! a log, resolving an in-doubt call ([`rein_ops::recovery`]), and the limits in Redis.
+//! a log, a what-if replay on another definition, resolving an in-doubt call
+//! ([`rein_ops::recovery`]), and the limits in Redis.
 
 use std::sync::Arc;
 
@@ -11,8 +12,9 @@ use rein_accel::limits::KeyState;
 use rein_ops::recovery::{self, BriefView, ResolveBody, ResolveResponse, VerifyView};
 use rein_ops::{Code, Error, ErrorBody};
 use rein_store::Scope;
-use serde::Deserialize;
-use utoipa::IntoParams;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use crate::extract::{parse_body, path_id, query};
@@ -53,6 +55,87 @@ pub async fn verify_run(
 ) -> Result<Json<VerifyView>, ApiError> {
     caller.require(Scope::Read)?;
     Ok(Json(recovery::verify(&app.store, path_id(id)?).await?))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct WhatIfQuery {
+    /// The registered definition version to replay on: `NAME@VERSION`, or `NAME` for its
+    /// current version (default: the current version of the run's own definition name).
+    #[param(value_type = Option<rein_ops::schema::NamedVersion>, inline)]
+    definition: Option<String>,
+}
+
+/// A definition as a what-if names it.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct WhatIfDefinition {
+    name: String,
+    version: u32,
+    hash: String,
+}
+
+/// What a what-if replay found, as `rein replay RUN --definition … --json` prints it.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct WhatIfView {
+    run_id: Uuid,
+    /// The version the compared events ran on.
+    recorded_definition: WhatIfDefinition,
+    /// The version replayed on.
+    definition: WhatIfDefinition,
+    #[schema(value_type = rein_ops::schema::WhatIfVerdict)]
+    verdict: String,
+    /// Events in the log.
+    events: u64,
+    /// Events replayed on both before the comparison ended.
+    compared: u64,
+    /// The first event decided differently: sequence, event, state_before, kind, what the
+    /// recorded run did and what the other definition would do, why, the rejection and the
+    /// guard values of the candidate transitions.
+    #[schema(value_type = Option<rein_ops::schema::JsonObject>)]
+    divergence: Option<Value>,
+    /// Where the recorded run ends: state, status, terminal_reason, sequence.
+    #[schema(value_type = rein_ops::schema::JsonObject)]
+    recorded: Value,
+    /// Where the other definition takes it.
+    #[schema(value_type = rein_ops::schema::JsonObject)]
+    replayed: Value,
+    /// For a migrated run: the sequence of its last DEFINITION_MIGRATED, from which the
+    /// comparison starts, and why.
+    #[schema(value_type = Option<rein_ops::schema::JsonObject>)]
+    compared_after: Option<Value>,
+}
+
+/// What if the run had run on another definition version (what `rein replay RUN
+/// --definition NAME@VERSION` does): its recorded log is replayed, side-effect free, on the
+/// version it ran on and on the other, with recorded tool and model results reused; the
+/// first event the other decides differently, or the same outcome. Only registered versions
+/// are named here (the CLI also takes a file); without one, the current version of the
+/// run's definition name: what today's version would have done.
+#[utoipa::path(get, path = "/v1/runs/{id}/whatif", tag = "runs",
+    params(("id" = Uuid, Path, description = "Run id"), WhatIfQuery),
+    responses((status = 200, description = "The comparison", body = WhatIfView),
+              (status = 401, description = "No or bad token", body = ErrorBody),
+              (status = 403, description = "Needs the read scope", body = ErrorBody),
+              (status = 404, description = "No such run or definition version", body = ErrorBody),
+              (status = 422, description = "Invalid query", body = ErrorBody)))]
+pub async fn whatif_run(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    id: Result<Path<Uuid>, PathRejection>,
+    q: Result<Query<WhatIfQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require(Scope::Read)?;
+    let id = path_id(id)?;
+    let q = query(q)?;
+    let named = match q.definition {
+        Some(named) => named,
+        None => app.store.run(id).await?.definition,
+    };
+    let new = rein_ops::whatif::registered_definition(&app.store, &named).await?;
+    Ok(Json(rein_ops::whatif::run(&app.store, id, &new).await?))
 }
 
 /// Settle the run's in-doubt call by hand (what `rein resolve` does): `applied` with the

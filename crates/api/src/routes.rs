@@ -96,6 +96,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(crate::moves::redact_run))
         .routes(routes!(crate::recovery::brief_run))
         .routes(routes!(crate::recovery::verify_run))
+        .routes(routes!(crate::recovery::whatif_run))
         .routes(routes!(crate::recovery::resolve_run))
         .routes(routes!(crate::recovery::list_limits))
         .routes(routes!(crate::webhooks::list_webhooks))

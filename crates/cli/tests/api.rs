@@ -473,6 +473,7 @@ async fn the_openapi_document_lists_every_route_served() {
         ("/v1/runs/{id}/redact", "post"),
         ("/v1/runs/{id}/brief", "get"),
         ("/v1/runs/{id}/verify", "get"),
+        ("/v1/runs/{id}/whatif", "get"),
         ("/v1/runs/{id}/resolve", "post"),
         ("/v1/limits", "get"),
         ("/v1/webhooks", "get"),
@@ -1522,9 +1523,9 @@ async fn a_malformed_path_parameter_is_a_documented_422_on_every_operation() {
         }
     }
     // Run, why, events (get and send), stream, rerun, fork, redact, grant, deny, definition,
-    // its current version, its migration, brief, verify, resolve, blob.
+    // its current version, its migration, brief, verify, what-if, resolve, blob.
     assert_eq!(
-        checked, 17,
+        checked, 18,
         "every operation with a path parameter was checked"
     );
 }

@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use common::{fresh_store, rein, stderr, stdout};
+use common::{Fleet, fresh_store, rein, stderr, stdout};
 use rein_core::{Definition, Format, GuardRegistry};
 use rein_store::{EnqueueRequest, SendOutcome, Sender, Store};
 use serde_json::{Value, json};
@@ -435,5 +435,51 @@ async fn a_thousand_recorded_runs_are_judged_exactly_as_computed_by_hand() {
             };
             assert_eq!(r["verdict"], expected, "{candidate}, amount {amount}: {r}");
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_answers_a_what_if_as_the_cli_does_and_reads_no_file() {
+    let (url, store, v1) = with_versions("whatif_api").await;
+    let diverging = record(&store, &v1, 80).await;
+    let token = common::token(&url, "analyst", &["read"]);
+    let mut fleet = Fleet::new(&url, "whatif-api");
+    let address = fleet.spawn_server("api", &["api", "--listen", "127.0.0.1:0"]);
+    let client = reqwest::Client::new();
+    let whatif = |query: &'static str| {
+        client
+            .get(format!("{address}/v1/runs/{diverging}/whatif{query}"))
+            .bearer_auth(&token)
+            .send()
+    };
+    let cli = json_of(
+        &url,
+        &[
+            "replay",
+            &diverging.to_string(),
+            "--definition",
+            "order-check@2",
+        ],
+    );
+    let r = whatif("?definition=order-check@2").await.unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::OK);
+    assert_eq!(r.json::<Value>().await.unwrap(), cli);
+    // Without a definition: the current version of the run's name (v1, its own): the same.
+    let own: Value = whatif("").await.unwrap().json().await.unwrap();
+    assert_eq!(own["verdict"], "same", "{own}");
+    // A name that is a file where the server runs is still only a name.
+    let r = whatif("?definition=Cargo.toml").await.unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::NOT_FOUND);
+    for bad in [
+        "?definition=",
+        "?definition=order-check@0",
+        "?definition=../x",
+    ] {
+        let r = whatif(bad).await.unwrap();
+        assert_eq!(
+            r.status(),
+            reqwest::StatusCode::UNPROCESSABLE_ENTITY,
+            "{bad}"
+        );
     }
 }

@@ -463,3 +463,18 @@ schema_type! {
         .max_length(Some(rein_store::REDACT_REASON_BYTES_MAX))
         .pattern(Some("\\S"))
 }
+
+schema_type! {
+    /// A registered definition version to replay on: `NAME@VERSION`, or `NAME` for the
+    /// name's current version.
+    NamedVersion => string()
+        .min_length(Some(1))
+        .max_length(Some(NAME_LEN_MAX + 11))
+        .pattern(Some("^[A-Za-z0-9_.-]+(@[0-9]{1,10})?$"))
+}
+
+schema_type! {
+    /// How a what-if replay ended: the same outcome, diverged, refused by the other
+    /// definition, or the log does not replay on the versions it ran on.
+    WhatIfVerdict => string().enum_values(Some(["same", "diverged", "refused", "unreplayable"]))
+}

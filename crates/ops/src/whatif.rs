@@ -35,6 +35,17 @@ pub async fn resolve_definition(store: &Store, named: &str) -> Result<Definition
     Ok(store.load_definition(name, version).await?)
 }
 
+/// [`resolve_definition`] for a remote caller: only a registered version, never a file on
+/// the server's disk.
+pub async fn registered_definition(store: &Store, named: &str) -> Result<Definition, Error> {
+    let (name, version) = split_version(named)?;
+    if let Some(problem) = rein_core::name_problem(name) {
+        return Err(Error::validation(format!("definition `{name}`: {problem}"))
+            .with_details(json!({ "field": "definition" })));
+    }
+    Ok(store.load_definition(name, version).await?)
+}
+
 /// `NAME@VERSION` as its parts; a bare name has no version.
 pub fn split_version(named: &str) -> Result<(&str, Option<u32>), Error> {
     let Some((name, version)) = named.rsplit_once('@') else {

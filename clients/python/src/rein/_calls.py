@@ -35,6 +35,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/runs/{id}/rerun"): "rerun",
     ("POST", "/v1/runs/{id}/fork"): "fork",
     ("POST", "/v1/runs/{id}/redact"): "redact",
+    ("GET", "/v1/runs/{id}/whatif"): "whatif",
     ("GET", "/v1/runs/{id}/events"): "history",
     ("POST", "/v1/runs/{id}/events"): "send",
     ("GET", "/v1/runs/{id}/stream"): "stream",
@@ -371,6 +372,13 @@ def redact(run: RunRef, fields: Sequence[str], reason: str) -> Call[models.Redac
     body: dict[str, Any] = {"fields": list(fields), "reason": reason}
     return Call(
         "POST", f"/v1/runs/{run_id(run)}/redact", model(models.RedactResponse), json_body=body
+    )
+
+
+def whatif(run: RunRef, definition: str | None) -> Call[models.WhatIfView]:
+    params: dict[str, Any] = {} if definition is None else {"definition": definition}
+    return Call(
+        "GET", f"/v1/runs/{run_id(run)}/whatif", model(models.WhatIfView), params=params
     )
 
 

@@ -180,6 +180,12 @@ class Client:
         finished run, blobs only finished, redacted runs refer to are deleted."""
         return self._do(calls.redact(run, fields, reason))
 
+    def whatif(self, run: RunRef, definition: str | None = None) -> models.WhatIfView:
+        """What `run` would have done on `definition` (`NAME@VERSION` or `NAME`; default
+        the current version of its own name): the first event decided differently, or
+        `verdict == "same"`. Side-effect free."""
+        return self._do(calls.whatif(run, definition))
+
     def blob(self, sha256: str) -> models.BlobView:
         """A large value stored by hash (E5), readable when a run the token may read refers
         to it: `{sha256, bytes, value}`."""
@@ -488,6 +494,10 @@ class AsyncClient:
     ) -> models.RedactResponse:
         """Forget data keys `fields` of `run`, as [`Client.redact`]."""
         return await self._do(calls.redact(run, fields, reason))
+
+    async def whatif(self, run: RunRef, definition: str | None = None) -> models.WhatIfView:
+        """What `run` would have done on `definition`, as [`Client.whatif`]."""
+        return await self._do(calls.whatif(run, definition))
 
     async def blob(self, sha256: str) -> models.BlobView:
         """A large value stored by hash (E5), readable when a run the token may read refers

@@ -444,6 +444,51 @@ class WebhookView(BaseModel):
     webhook_id: UUID
 
 
+class WhatIfDefinition(BaseModel):
+    """
+    A definition as a what-if names it.
+    """
+
+    hash: str
+    name: str
+    version: int = Field(..., ge=0)
+
+
+class WhatIfView(BaseModel):
+    """
+    What a what-if replay found, as `rein replay RUN --definition … --json` prints it.
+    """
+
+    compared: int = Field(..., ge=0)
+    """
+    Events replayed on both before the comparison ended.
+    """
+    compared_after: dict[str, Any] | None = None
+    definition: WhatIfDefinition
+    """
+    The version replayed on.
+    """
+    divergence: dict[str, Any] | None = None
+    events: int = Field(..., ge=0)
+    """
+    Events in the log.
+    """
+    recorded: dict[str, Any]
+    """
+    Where the recorded run ends: state, status, terminal_reason, sequence.
+    """
+    recorded_definition: WhatIfDefinition
+    """
+    The version the compared events ran on.
+    """
+    replayed: dict[str, Any]
+    """
+    Where the other definition takes it.
+    """
+    run_id: UUID
+    verdict: Literal["same", "diverged", "refused", "unreplayable"]
+
+
 class WhyEffects(BaseModel):
     """
     The side effects of the run's actions.
