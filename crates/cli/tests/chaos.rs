@@ -115,6 +115,8 @@ fn seeded_chaos_run_injects_every_fault_and_keeps_every_invariant() {
         "net_reset",
         "backend_stop",
         "statement_timeout",
+        "late_result",
+        "event_twice",
     ] {
         assert!(
             r["faults"][kind].as_u64().is_some_and(|n| n >= 1),

@@ -107,7 +107,7 @@ pub struct ChaosArgs {
     /// Only these fault kinds, comma-separated (default: every kind this machine can
     /// inject): worker_kill, worker_stop, scheduler_kill, db_restart, redis_stop,
     /// session_kill, lock_stall, leader_stop, clock_skew, net_partition, net_latency,
-    /// net_reset, backend_stop, statement_timeout.
+    /// net_reset, backend_stop, statement_timeout, late_result, event_twice.
     #[arg(long, value_delimiter = ',', value_parser = fault_parser())]
     faults: Vec<String>,
     /// A rolling upgrade under the faults: `rein` of the previous release. It migrates the
@@ -357,10 +357,16 @@ enum Fault {
     /// Statements cut off by a statement timeout: the database's `statement_timeout` set
     /// low and the fleet's sessions made to reconnect under it, for 2 × lease TTL.
     StatementTimeout,
+    /// A call's result delivered again after the run moved on (an HTTP reply that arrives
+    /// twice, a result for a superseded call), through the engine's own send path.
+    LateResult,
+    /// An outside event (CANCEL) sent twice at once with one idempotency key, by two `rein
+    /// send` processes.
+    EventTwice,
 }
 
 impl Fault {
-    const ALL: [Fault; 14] = [
+    const ALL: [Fault; 16] = [
         Fault::WorkerKill,
         Fault::WorkerStop,
         Fault::SchedulerKill,
@@ -375,6 +381,8 @@ impl Fault {
         Fault::NetReset,
         Fault::BackendStop,
         Fault::StatementTimeout,
+        Fault::LateResult,
+        Fault::EventTwice,
     ];
 
     fn name(self) -> &'static str {
@@ -393,6 +401,8 @@ impl Fault {
             Fault::NetReset => "net_reset",
             Fault::BackendStop => "backend_stop",
             Fault::StatementTimeout => "statement_timeout",
+            Fault::LateResult => "late_result",
+            Fault::EventTwice => "event_twice",
         }
     }
 
@@ -415,7 +425,9 @@ impl Fault {
             | Fault::NetLatency
             | Fault::NetReset
             | Fault::BackendStop
-            | Fault::StatementTimeout => 1,
+            | Fault::StatementTimeout
+            | Fault::LateResult
+            | Fault::EventTwice => 1,
         }
     }
 }
@@ -688,6 +700,14 @@ struct Harness<'a> {
     started: Instant,
     window_end: Instant,
     healing_since: Option<Instant>,
+    /// Call results delivered again (`late_result`): run, event type, call id.
+    late: Vec<(Uuid, String, String)>,
+    /// Late results the engine applied: each one a violation.
+    late_applied: u64,
+    /// Runs sent CANCEL twice with one key (`event_twice`).
+    twice: Vec<Uuid>,
+    /// Pairs of sends with one key that did not answer alike: each one a violation.
+    twice_differed: u64,
     /// Workers running the previous release (`--old-bin`), while they live.
     old: Vec<String>,
     /// Old workers asked to stop when the faults ended: their exit is expected.
@@ -773,6 +793,7 @@ impl<'a> Harness<'a> {
         enabled.push(Fault::LockStall);
         enabled.push(Fault::LeaderStop);
         enabled.push(Fault::StatementTimeout);
+        enabled.extend([Fault::LateResult, Fault::EventTwice]);
         // Only the private server's processes are ever signalled.
         if db.private.is_some() {
             enabled.push(Fault::BackendStop);
@@ -857,6 +878,10 @@ impl<'a> Harness<'a> {
             started,
             window_end: started + window,
             healing_since: None,
+            late: Vec::new(),
+            late_applied: 0,
+            twice: Vec::new(),
+            twice_differed: 0,
             old: Vec::new(),
             draining: Vec::new(),
             upgrade: None,
@@ -1538,6 +1563,8 @@ impl<'a> Harness<'a> {
             Fault::NetReset => self.reset_network().await,
             Fault::BackendStop => self.freeze_backends().await,
             Fault::StatementTimeout => self.cut_statements().await,
+            Fault::LateResult => self.deliver_late_result().await,
+            Fault::EventTwice => self.send_event_twice().await,
         };
         if injected {
             *self.faults.entry(fault).or_default() += 1;
@@ -1850,6 +1877,184 @@ impl<'a> Harness<'a> {
         true
     }
 
+    /// Delivers a call's result again after its run moved on (preferring a run still in
+    /// flight, whose pending call, if any, is another one): the engine's own send path must
+    /// refuse it (the call is no longer pending), or, while a worker holds the run, queue it
+    /// for the holder, which refuses it; it is never applied. The log is checked at the end.
+    async fn deliver_late_result(&mut self) -> bool {
+        type Delivered = (Uuid, String, Value);
+        let picked: Result<Result<Vec<Delivered>, sqlx::Error>, _> = tokio::time::timeout(
+            QUERY_TIMEOUT,
+            sqlx::query_as(
+                "SELECT e.run_id, e.type, e.payload FROM rein_events e
+                     JOIN rein_runs r ON r.run_id = e.run_id
+                     WHERE e.sender IS NULL AND e.payload ? 'call_id'
+                       AND e.type <> 'ACTION_DISPATCHED' AND e.sequence < r.last_sequence
+                     ORDER BY r.status = 'terminal', random() LIMIT 8",
+            )
+            .fetch_all(self.store.pool()),
+        )
+        .await;
+        let Ok(Ok(rows)) = picked else { return false };
+        let Some((run, kind, payload)) = rows
+            .into_iter()
+            .find(|(_, kind, _)| rein_core::EngineEvent::parse(kind).is_none())
+        else {
+            return false;
+        };
+        let call_id = payload["call_id"].as_str().unwrap_or_default().to_owned();
+        let at = Instant::now();
+        let sent = self
+            .store
+            .send(
+                run,
+                &kind,
+                payload,
+                &Sender::Engine("chaos-late".into()),
+                60_000,
+            )
+            .await;
+        let what = match &sent {
+            Ok(rein_store::SendOutcome::Applied { sequence }) => {
+                self.late_applied += 1;
+                format!("APPLIED at sequence {sequence} (a violation)")
+            }
+            Ok(rein_store::SendOutcome::Queued { .. }) => {
+                "queued for the worker holding the run".to_owned()
+            }
+            Err(rein_store::StoreError::Unreachable(_)) => return false,
+            Err(e) => format!("refused: {e}"),
+        };
+        self.late.push((run, kind.clone(), call_id.clone()));
+        self.record_fault(Fault::LateResult, Some(run.to_string()), at);
+        self.progress.note(&format!(
+            "fault: {kind} of call {call_id} delivered again to run {run}: {what}"
+        ));
+        true
+    }
+
+    /// Sends CANCEL to a run in flight twice at once with one idempotency key, from two
+    /// `rein send` processes: both must answer alike, and the log holds one CANCEL.
+    async fn send_event_twice(&mut self) -> bool {
+        let picked: Result<Result<Option<Uuid>, sqlx::Error>, _> = tokio::time::timeout(
+            QUERY_TIMEOUT,
+            sqlx::query_scalar(
+                "SELECT run_id FROM rein_runs WHERE status <> 'terminal' ORDER BY random() LIMIT 1",
+            )
+            .fetch_optional(self.store.pool()),
+        )
+        .await;
+        let Ok(Ok(Some(run))) = picked else {
+            return false;
+        };
+        let key = format!("chaos-twice-{}", self.twice.len() + 1);
+        let args: Vec<String> = [
+            "send",
+            &run.to_string(),
+            "CANCEL",
+            "--key",
+            &key,
+            "--payload",
+            r#"{"reason":"chaos: sent twice with one key"}"#,
+            "--as",
+            "chaos",
+            "--json",
+            "--db-pool-max",
+            "2",
+            "--database-url",
+            &self.url,
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        let spawn = || -> std::io::Result<tokio::process::Child> {
+            let mut cmd = tokio::process::Command::from(crate::procs::rein_command(
+                &args,
+                &[("REIN_LOG", "warn")],
+                &["REDIS_URL"],
+            )?);
+            cmd.stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .process_group(0)
+                .kill_on_drop(true);
+            cmd.spawn()
+        };
+        let (Ok(first), Ok(second)) = (spawn(), spawn()) else {
+            return false;
+        };
+        let at = Instant::now();
+        let (a, b) = tokio::join!(first.wait_with_output(), second.wait_with_output());
+        let (Ok(a), Ok(b)) = (a, b) else { return false };
+        let answer = |o: &std::process::Output| {
+            let doc: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+            (
+                o.status.code(),
+                doc["outcome"].clone(),
+                doc["sequence"].clone(),
+                doc["inbox_id"].clone(),
+            )
+        };
+        let alike = answer(&a) == answer(&b);
+        if !alike {
+            self.twice_differed += 1;
+        }
+        self.twice.push(run);
+        self.record_fault(Fault::EventTwice, Some(run.to_string()), at);
+        self.progress.note(&format!(
+            "fault: CANCEL sent twice at once with key {key} to run {run}: {}",
+            if alike {
+                format!("both answered {:?}", answer(&a))
+            } else {
+                format!(
+                    "they answered differently: {:?} and {:?} (a violation)",
+                    answer(&a),
+                    answer(&b)
+                )
+            }
+        ));
+        true
+    }
+
+    /// The log after the message faults: each late result is in it once (its first
+    /// delivery), and each run sent CANCEL twice holds it at most once.
+    async fn message_evidence(&self) -> Value {
+        let mut late_doubled = 0u64;
+        for (run, kind, call_id) in &self.late {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM rein_events_all
+                 WHERE run_id = $1 AND type = $2 AND payload->>'call_id' = $3",
+            )
+            .bind(run)
+            .bind(kind)
+            .bind(call_id)
+            .fetch_one(self.store.pool())
+            .await
+            .unwrap_or(i64::MAX);
+            if n != 1 {
+                late_doubled += 1;
+            }
+        }
+        let cancels_doubled: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM (SELECT run_id FROM rein_events_all
+             WHERE run_id = ANY($1) AND type = 'CANCEL' GROUP BY run_id HAVING count(*) > 1) d",
+        )
+        .bind(&self.twice)
+        .fetch_one(self.store.pool())
+        .await
+        .unwrap_or(i64::MAX);
+        json!({
+            "late_results": self.late.len(),
+            "late_results_applied": self.late_applied,
+            "late_results_not_once_in_log": late_doubled,
+            "events_sent_twice": self.twice.len(),
+            "sends_answered_differently": self.twice_differed,
+            "cancels_applied_twice": cancels_doubled,
+            "violations": self.late_applied + late_doubled + self.twice_differed
+                + cancels_doubled.max(0) as u64,
+        })
+    }
+
     /// Lifts the low statement timeout when due (or now), and makes the fleet reconnect
     /// without it.
     async fn lift_statement_timeout(&mut self, now: Instant, all: bool) {
@@ -2145,6 +2350,10 @@ impl<'a> Harness<'a> {
         summary["recovery_ms"]["unresolved"] = json!(self.recoveries.len());
         summary["redis"] = self.redis_summary();
         summary["upgrade"] = self.upgrade_summary();
+        summary["messages"] = self.message_evidence().await;
+        if let Some(n) = summary["messages"]["violations"].as_i64() {
+            summary["violations"] = json!(summary["violations"].as_i64().unwrap_or(0) + n);
+        }
         if let Some(n) = summary["upgrade"]["violations"].as_i64() {
             summary["violations"] = json!(summary["violations"].as_i64().unwrap_or(0) + n);
         }
@@ -2585,6 +2794,30 @@ fn print_table(s: &Value) {
                 "0",
                 verdict(redis["not_resubscribed"].as_i64() == Some(0)),
             );
+        }
+        let m = &s["messages"];
+        if m["late_results"].as_u64() > Some(0) || m["events_sent_twice"].as_u64() > Some(0) {
+            println!(
+                "messages: {} call results delivered again after their run moved on, {} events sent twice at once with one key",
+                m["late_results"], m["events_sent_twice"]
+            );
+            for (label, key) in [
+                ("late results applied", "late_results_applied"),
+                (
+                    "late results not exactly once in the log",
+                    "late_results_not_once_in_log",
+                ),
+                (
+                    "sends with one key answered differently",
+                    "sends_answered_differently",
+                ),
+                (
+                    "events applied twice despite one key",
+                    "cancels_applied_twice",
+                ),
+            ] {
+                row(label, &m[key], "0", verdict(m[key].as_i64() == Some(0)));
+            }
         }
         let upgrade = &s["upgrade"];
         if upgrade["enabled"] == json!(true) {
