@@ -424,6 +424,11 @@ phase_console() {
 phase_upgrade() {
   local rev src=$TARGET_DIR/prev-src bin=$TARGET_DIR/prev/rein current=$TARGET_DIR/debug/rein
   rev=$(grep -v '^#' scripts/previous-release | tr -d '[:space:]')
+  if ! git cat-file -e "$rev^{commit}" 2>/dev/null &&
+    [[ $(git rev-parse --is-shallow-repository 2>/dev/null) == true ]]; then
+    note "a shallow clone: fetching its history for the previous release"
+    git fetch --quiet --unshallow || true
+  fi
   if ! git cat-file -e "$rev^{commit}" 2>/dev/null; then
     note "the previous release $rev is not in this clone's history (shallow?): git fetch --unshallow"
     [[ $CI == true ]] && return 1
