@@ -730,19 +730,6 @@ struct Upgrade {
     replaced: u64,
 }
 
-impl Default for Upgrade {
-    fn default() -> Self {
-        Upgrade {
-            old_workers: 0,
-            ids: Vec::new(),
-            events: 0,
-            blocked_by: Vec::new(),
-            contracted: Err("not tried".into()),
-            replaced: 0,
-        }
-    }
-}
-
 impl<'a> Harness<'a> {
     async fn start(
         args: &'a ChaosArgs,
@@ -1012,8 +999,10 @@ impl<'a> Harness<'a> {
         self.upgrade = Some(Upgrade {
             old_workers: n,
             ids: self.old.clone(),
+            events: 0,
             blocked_by,
-            ..Upgrade::default()
+            contracted: Err("not tried".into()),
+            replaced: 0,
         });
         Ok(())
     }

@@ -510,16 +510,6 @@ pub async fn redact(
     by: &str,
     token: Option<&TokenInfo>,
 ) -> Result<RedactResponse, Error> {
-    if let Some(problem) = rein_core::redact::fields_problem(&body.fields) {
-        return Err(Error::validation(problem).with_details(json!({ "field": "fields" })));
-    }
-    if body.reason.trim().is_empty() || body.reason.len() > rein_store::REDACT_REASON_BYTES_MAX {
-        return Err(Error::validation(format!(
-            "say why in 1..={} bytes (reason)",
-            rein_store::REDACT_REASON_BYTES_MAX
-        ))
-        .with_details(json!({ "field": "reason" })));
-    }
     if let Some(token) = token {
         let row = store.run(run_id).await?;
         token

@@ -31,8 +31,7 @@ pub async fn resolve_definition(store: &Store, named: &str) -> Result<Definition
                 .with_details(json!({ "field": "definition" }))
         });
     }
-    let (name, version) = split_version(named)?;
-    Ok(store.load_definition(name, version).await?)
+    registered_definition(store, named).await
 }
 
 /// [`resolve_definition`] for a remote caller: only a registered version, never a file on

@@ -49,15 +49,19 @@ impl Store {
         by: &str,
         reason: &str,
     ) -> Result<Redacted, StoreError> {
+        if let Some(problem) = fields_problem(fields) {
+            return Err(StoreError::InvalidField {
+                field: "fields".into(),
+                reason: problem,
+            });
+        }
         if reason.trim().is_empty() || reason.len() > REDACT_REASON_BYTES_MAX {
-            return Err(StoreError::Invalid(format!(
-                "say why in 1..={REDACT_REASON_BYTES_MAX} bytes (--reason)"
-            )));
+            return Err(StoreError::InvalidField {
+                field: "reason".into(),
+                reason: format!("say why in 1..={REDACT_REASON_BYTES_MAX} bytes (the reason)"),
+            });
         }
         crate::input::check_text("by", by)?;
-        if let Some(problem) = fields_problem(fields) {
-            return Err(StoreError::Invalid(problem));
-        }
         let row = self.run(run_id).await?;
         let events: Vec<Event> = self
             .history(run_id)
@@ -108,6 +112,7 @@ impl Store {
             .filter(|(before, after)| before.payload != after.payload)
             .map(|(_, after)| json!({ "sequence": after.sequence, "payload": after.payload }))
             .collect();
+        let events_changed = changed.len();
         let mut state: RunState = serde_json::from_value(projection)
             .map_err(|e| StoreError::Corrupt(format!("projection: {e}")))?;
         hashes.extend(redact_object(&mut state.data, fields));
@@ -166,7 +171,7 @@ impl Store {
         .bind(fields)
         .bind(&input)
         .bind(&projection)
-        .bind(Value::Array(changed.clone()))
+        .bind(Value::Array(changed))
         .bind(Value::Array(checkpoints))
         .bind(json!(hashes))
         .bind(by)
@@ -187,7 +192,7 @@ impl Store {
         Ok(Redacted {
             run_id,
             fields: fields.to_vec(),
-            events: changed.len(),
+            events: events_changed,
             hashes,
             finished: terminal,
             blobs_deleted,
