@@ -265,7 +265,7 @@ impl<'i, 'a> GuardScope<'i, 'a> {
         GuardScope {
             input,
             no_args: serde_json::json!({}),
-            context: cel::Context::default(),
+            context: cel::Context::with_env(stdlib()),
             bound: [false; VARIABLES.len()],
             sizes: [None; VARIABLES.len()],
             steps_used: 0,
@@ -320,6 +320,14 @@ impl<'i, 'a> GuardScope<'i, 'a> {
             }
         }
     }
+}
+
+/// CEL's standard functions, built once: building them is most of what a decision without
+/// guards would otherwise cost (every step opens a scope). The environment is immutable, so
+/// sharing it keeps evaluation pure.
+fn stdlib() -> Arc<cel::Env> {
+    static STDLIB: std::sync::OnceLock<Arc<cel::Env>> = std::sync::OnceLock::new();
+    STDLIB.get_or_init(|| Arc::new(cel::Env::stdlib())).clone()
 }
 
 fn steps_text(steps: u64) -> String {
