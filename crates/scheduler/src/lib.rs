@@ -16,8 +16,8 @@ use std::time::Duration;
 use rein_core::retry::{Failure, LostAttempt, kind as retry_kind};
 use rein_core::{ActionStatus, Definition, EngineEvent, Event, apply};
 use rein_store::{
-    CommitOutcome, CommitPlan, InboxEntry, NewEvent, NextLook, RunRow, Seen, Store, StoreError,
-    Writer, counters, plan_commit,
+    CommitOutcome, CommitPlan, CommitRequest, InboxEntry, NewEvent, NextLook, RunRow, Seen, Store,
+    StoreError, Writer, counters, plan_commit,
 };
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -162,13 +162,7 @@ impl Scheduler {
             record_look(&span, &look);
             done += self.settle(Scan::Deadline, seen, look).await?;
         }
-        for row in self.store.due_timers(self.config.batch).await? {
-            let seen = row.seen();
-            let span = Scan::Timer.span(seen.run_id);
-            let look = self.fire(row).instrument(span.clone()).await;
-            record_look(&span, &look);
-            done += self.settle(Scan::Timer, seen, look).await?;
-        }
+        done += self.fire_due_timers().await?;
         for run_id in self.store.runs_with_inbox(self.config.batch).await? {
             done += self.drain_inbox(run_id).await?;
         }
@@ -285,9 +279,55 @@ impl Scheduler {
         Ok(Look::Moved)
     }
 
-    /// S1: a parked run's timer is due; commit the first candidate the definition accepts.
+    /// S1: the due timers of a page. Each run's firing is judged on its own and all of them
+    /// are committed in one statement (one transaction, one flush), each fenced on its own:
+    /// a burst of timers due at once costs a tick one round trip, not one per run.
+    async fn fire_due_timers(&mut self) -> Result<usize, StoreError> {
+        let rows = self.store.due_timers(self.config.batch).await?;
+        let mut looks: Vec<(Seen, tracing::Span, Option<LookResult>)> =
+            Vec::with_capacity(rows.len());
+        let mut requests = Vec::new();
+        let mut waiting = Vec::new();
+        for row in rows {
+            let seen = row.seen();
+            let span = Scan::Timer.span(seen.run_id);
+            match self.plan_fire(&row).instrument(span.clone()).await {
+                Ok(Fire::Commit(request, kind)) => {
+                    span.record("rein.event", kind.as_str());
+                    waiting.push((looks.len(), kind));
+                    requests.push(*request);
+                    looks.push((seen, span, None));
+                }
+                Ok(Fire::Done(look)) => looks.push((seen, span, Some(Ok(look)))),
+                Err(e) => looks.push((seen, span, Some(Err(e)))),
+            }
+        }
+        let outcomes = self.commit_all(&requests).await?;
+        for ((at, kind), Landed { look, token }) in waiting.into_iter().zip(outcomes) {
+            if let Some(token) = token {
+                looks[at].1.record("rein.fencing_token", token);
+            }
+            if matches!(look, Ok(Look::Moved)) {
+                debug!(run_id = %looks[at].0.run_id, event = %kind, "timer fired");
+                self.stats.timers_fired.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!(rein_store::metrics::TIMERS_FIRED,
+                    "kind" => rein_store::metrics::label(rein_store::metrics::TIMERS_FIRED, "kind", &kind))
+                    .increment(1);
+            }
+            looks[at].2 = Some(look);
+        }
+        let mut done = 0;
+        for (seen, span, look) in looks {
+            let look = look.unwrap_or(Ok(Look::Gone));
+            record_look(&span, &look);
+            done += self.settle(Scan::Timer, seen, look).await?;
+        }
+        Ok(done)
+    }
+
+    /// A parked run's timer is due: the first candidate the definition accepts, as a commit.
     /// When it accepts none, the next look need not come before the timers offer other events.
-    async fn fire(&mut self, row: RunRow) -> Result<Look, StoreError> {
+    async fn plan_fire(&mut self, row: &RunRow) -> Result<Fire, StoreError> {
         let def = self.definition(&row.definition, row.version).await?;
         let elapsed_ms = row.in_state_ms.max(0.0).ceil() as u64;
         let try_elapsed_ms = row.try_elapsed_ms.max(0.0).ceil() as u64;
@@ -296,32 +336,26 @@ impl Scheduler {
         for (kind, payload) in candidates {
             let event = Event::new(row.projection.sequence + 1, kind.clone(), payload.clone());
             if apply(&def, &row.projection, &event).is_ok() {
-                tracing::Span::current().record("rein.event", kind.as_str());
-                let fired = self
-                    .commit(
+                return Ok(
+                    match plan_request(
                         &def,
-                        &row,
+                        row,
                         vec![NewEvent::new(kind.clone(), payload)],
                         Vec::new(),
-                    )
-                    .await?;
-                if fired == Look::Moved {
-                    debug!(run_id = %row.run_id, event = %kind, "timer fired");
-                    self.stats.timers_fired.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!(rein_store::metrics::TIMERS_FIRED,
-                        "kind" => rein_store::metrics::label(rein_store::metrics::TIMERS_FIRED, "kind", &kind))
-                        .increment(1);
-                }
-                return Ok(fired);
+                    ) {
+                        Ok(request) => Fire::Commit(Box::new(request), kind),
+                        Err(look) => Fire::Done(look),
+                    },
+                );
             }
         }
-        Ok(Look::Stuck {
+        Ok(Fire::Done(Look::Stuck {
             why: format!(
                 "timer due in state {} but no candidate event is accepted",
                 row.state
             ),
             next_change_ms: rein_core::timer::next_change_after(&def, &row.projection, elapsed_ms),
-        })
+        }))
     }
 
     /// X3a: applies or expires the inbox entries of a run without a live lease, a page of due
@@ -394,50 +428,105 @@ impl Scheduler {
         events: Vec<NewEvent>,
         consumed: Vec<i64>,
     ) -> Result<Look, StoreError> {
-        let plan = CommitPlan {
-            writer: Writer::TakeToken,
-            release: false,
-            jitter_sample: rand::random::<f64>(),
-        };
-        let request = match plan_commit(
-            def,
-            row.run_id,
-            row.fencing_token,
-            &row.projection,
-            events,
-            consumed,
-            plan,
-        ) {
+        let request = match plan_request(def, row, events, consumed) {
             Ok(r) => r,
-            Err(e) => {
-                return Ok(Look::Stuck {
-                    why: format!(
-                        "rejected transition: {} in {}: {}",
-                        e.event, e.state, e.reason
-                    ),
-                    next_change_ms: None,
-                });
-            }
+            Err(look) => return Ok(look),
         };
-        match self
-            .store
-            .commit_batch(&self.config.scheduler_id, std::slice::from_ref(&request))
+        let Landed { look, token } = self
+            .commit_all(std::slice::from_ref(&request))
             .await?
             .pop()
-        {
-            Some(CommitOutcome::Committed(c)) => {
-                tracing::Span::current().record("rein.fencing_token", c.token);
-                Ok(Look::Moved)
-            }
-            other => {
-                self.stats.lost_races.fetch_add(1, Ordering::Relaxed);
-                Ok(Look::Stuck {
-                    why: format!("the commit did not land: {other:?}"),
-                    next_change_ms: None,
-                })
-            }
+            .unwrap_or(Landed {
+                look: Ok(Look::Gone),
+                token: None,
+            });
+        if let Some(token) = token {
+            tracing::Span::current().record("rein.fencing_token", token);
         }
+        look
     }
+
+    /// Commits `requests` in one statement: per request, its look and the token it took. Only
+    /// losing the database fails the whole; a run PostgreSQL refuses is that run's error.
+    async fn commit_all(&mut self, requests: &[CommitRequest]) -> Result<Vec<Landed>, StoreError> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::with_capacity(requests.len());
+        for outcome in self
+            .store
+            .commit_runs(&self.config.scheduler_id, requests)
+            .await
+        {
+            out.push(match outcome {
+                Ok(CommitOutcome::Committed(c)) => Landed {
+                    look: Ok(Look::Moved),
+                    token: Some(c.token),
+                },
+                Ok(other) => {
+                    self.stats.lost_races.fetch_add(1, Ordering::Relaxed);
+                    Landed {
+                        look: Ok(Look::Stuck {
+                            why: format!("the commit did not land: {other:?}"),
+                            next_change_ms: None,
+                        }),
+                        token: None,
+                    }
+                }
+                Err(e @ StoreError::Unreachable(_)) => return Err(e),
+                Err(e) => Landed {
+                    look: Err(e),
+                    token: None,
+                },
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// A writer without a lease commits `events` on the state it read (SPEC X3a); a transition
+/// the definition refuses is a look that could not move the run.
+fn plan_request(
+    def: &Definition,
+    row: &RunRow,
+    events: Vec<NewEvent>,
+    consumed: Vec<i64>,
+) -> Result<CommitRequest, Look> {
+    let plan = CommitPlan {
+        writer: Writer::TakeToken,
+        release: false,
+        jitter_sample: rand::random::<f64>(),
+    };
+    plan_commit(
+        def,
+        row.run_id,
+        row.fencing_token,
+        &row.projection,
+        events,
+        consumed,
+        plan,
+    )
+    .map_err(|e| Look::Stuck {
+        why: format!(
+            "rejected transition: {} in {}: {}",
+            e.event, e.state, e.reason
+        ),
+        next_change_ms: None,
+    })
+}
+
+type LookResult = Result<Look, StoreError>;
+
+/// What one commit of [`Scheduler::commit_all`] did, and the token it took if it landed.
+struct Landed {
+    look: LookResult,
+    token: Option<i64>,
+}
+
+/// What a due timer leads to: a commit of its event, or a look that moves nothing.
+enum Fire {
+    Commit(Box<CommitRequest>, String),
+    Done(Look),
 }
 
 /// Records on a firing's span whether it moved the run.

@@ -701,3 +701,45 @@ async fn inbox_entries_of_a_leased_run_wait_for_the_lease_to_end_and_are_applied
     scheduler.tick().await.expect("tick");
     assert_eq!(state_of(&store, run).await, "DONE");
 }
+
+/// A page of timers due at once lands in one transaction (SPEC S1): a burst of due timers
+/// costs a tick one round trip, not one per run. Each run is still judged on its own: one
+/// that cannot move among them is looked at later, and the others fire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_of_due_timers_fires_in_one_transaction_and_a_run_that_cannot_move_waits() {
+    let store = store("scan_timer_page").await;
+    let gated = register(&store, &gated()).await;
+    let open = enqueue_many(&store, &gated, "gated", json!({ "open": true }), 50).await;
+    let shut = enqueue_one(&store, &gated, "gated", json!({ "open": false })).await;
+    for run in open.iter().chain([&shut]) {
+        wait_due(&store, *run).await;
+    }
+    let mut scheduler = scheduler(&store);
+    let moved = scheduler.tick().await.expect("tick");
+    assert_eq!(moved, 50, "every run whose guard holds moved in one tick");
+    let (fired, transactions): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT xmin::text) FROM rein_events
+         WHERE run_id = ANY($1) AND type = 'OPEN'",
+    )
+    .bind(&open)
+    .fetch_one(store.pool())
+    .await
+    .expect("fired events");
+    assert_eq!(fired, 50);
+    assert_eq!(
+        transactions, 1,
+        "the page's timers fired in one transaction"
+    );
+    assert_eq!(state_of(&store, shut).await, "WAIT");
+    let looked_later: bool = sqlx::query_scalar(
+        "SELECT scan_after > clock_timestamp() FROM rein_runs WHERE run_id = $1",
+    )
+    .bind(shut)
+    .fetch_one(store.pool())
+    .await
+    .expect("next look");
+    assert!(
+        looked_later,
+        "the run that could not move is looked at later"
+    );
+}
