@@ -1060,17 +1060,23 @@ async fn commit_statement(
         by_run.insert(run_id, outcome);
     }
     if !failed.is_empty() {
-        // A retried commit whose first attempt landed: report the stored result.
-        let ids: Vec<Uuid> = requests
+        // A retried commit whose first attempt landed: report the stored result. Looked up
+        // by (run_id, event_id), the log's unique key: an index probe per run, however long
+        // the history (by event id alone it would read the whole log).
+        let (runs, ids): (Vec<Uuid>, Vec<Uuid>) = requests
             .iter()
             .filter(|r| failed.contains(&r.run_id))
-            .filter_map(|r| r.events.first().map(|e| e.event_id))
-            .collect();
-        let stored: Vec<(Uuid, i64)> =
-            sqlx::query_as("SELECT run_id, sequence FROM rein_events WHERE event_id = ANY($1)")
-                .bind(&ids)
-                .fetch_all(&mut *conn)
-                .await?;
+            .filter_map(|r| r.events.first().map(|e| (r.run_id, e.event_id)))
+            .unzip();
+        let stored: Vec<(Uuid, i64)> = sqlx::query_as(
+            "SELECT e.run_id, e.sequence
+             FROM unnest($1::uuid[], $2::uuid[]) AS wanted(run_id, event_id)
+             JOIN rein_events e USING (run_id, event_id)",
+        )
+        .bind(&runs)
+        .bind(&ids)
+        .fetch_all(&mut *conn)
+        .await?;
         for (run_id, sequence) in stored {
             by_run.insert(run_id, CommitOutcome::AlreadyCommitted { sequence });
         }
