@@ -518,3 +518,80 @@ fn bench_model_measures_every_step_of_every_run_against_a_commit() {
         );
     }
 }
+
+#[tokio::test]
+async fn bench_fills_a_backlog_by_sql_and_measures_the_same_point_on_it() {
+    let url = migrated("bench_backlog");
+    let (code, report, err) = tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || {
+            bench(
+                &url,
+                &[
+                    "--workers",
+                    "2",
+                    "--backlog-runs",
+                    "3000",
+                    "--parked-runs",
+                    "500",
+                ],
+            )
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    let backlog = &report["backlog"];
+    assert_eq!(backlog["filled"]["backlog_runs"], 3000, "{backlog}");
+    assert_eq!(backlog["filled"]["parked_runs"], 500, "{backlog}");
+    // The point is measured twice, on the empty database and on the full one.
+    assert_eq!(backlog["empty"]["runs_finished"], 200, "{backlog}");
+    assert_eq!(backlog["full"]["runs_finished"], 200, "{backlog}");
+    for key in ["steps_per_s_ratio", "claim_p99_ratio", "history_p50_ratio"] {
+        assert!(backlog[key].as_f64() > Some(0.0), "{key} in {backlog}");
+    }
+    assert_eq!(backlog["history_full"]["events_per_read"], 4.0, "{backlog}");
+
+    // What the report says was written is in the database: copies with their whole logs,
+    // time-ordered ids, and the parked share that was due moved by the scheduler's ticks.
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let (copies, events, ordered): (i64, i64, bool) = sqlx::query_as(
+        "SELECT count(*), sum(last_sequence)::bigint,
+                bool_and(ordered)
+         FROM (SELECT last_sequence,
+                      (lag(created_at) OVER (ORDER BY run_id)) IS NULL
+                      OR lag(created_at) OVER (ORDER BY run_id) <= created_at AS ordered
+               FROM rein_runs WHERE queue LIKE '%-backlog') r",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(copies, 3000);
+    assert!(ordered, "backlog run ids order by creation time");
+    let logged: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM rein_events e JOIN rein_runs r USING (run_id) WHERE r.queue LIKE '%-backlog'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(logged, events, "every copy has its whole log");
+    assert_eq!(events, 3000 * 4);
+    let ticks = &backlog["scheduler"];
+    assert_eq!(ticks["due_at_once"], 5, "{ticks}");
+    assert!(ticks["runs_moved"].as_u64() >= Some(5), "{ticks}");
+    let parked: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT status, count(*) FROM rein_runs WHERE queue LIKE '%-parked' GROUP BY 1 ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let total: i64 = parked.iter().map(|p| p.1).sum();
+    // The copies and the template they were made from.
+    assert_eq!(total, 501, "{parked:?}");
+    // A due copy's approval expired: `timeout` ends it in `failed`. The others still wait.
+    assert_eq!(
+        parked,
+        vec![("parked".to_owned(), 496), ("terminal".to_owned(), 5)],
+        "only the due share moved"
+    );
+    pool.close().await;
+}

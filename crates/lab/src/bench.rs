@@ -99,6 +99,15 @@ pub struct BenchArgs {
     /// With --model: runs enqueued per second (open loop).
     #[arg(long, default_value_t = 20.0)]
     model_rate: f64,
+    /// After the empty-database point(s), copy this many finished runs of the first point,
+    /// with their logs, into the database (by SQL, spread over the past 30 days), then
+    /// measure the headline point again.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    backlog_runs: u64,
+    /// With the backlog: this many lifecycle runs parked on approvals whose timers fall in
+    /// the next hour, one in 100 due at once; the scheduler's ticks over them are timed.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    parked_runs: u64,
 }
 
 /// The benchmark's poll interval: short, so a closed-loop point measures the database
@@ -361,6 +370,12 @@ pub async fn bench(args: BenchArgs) -> u8 {
         return exit::INPUT;
     }
 
+    if (args.backlog_runs > 0 || args.parked_runs > 0) && (args.model || args.compare_redis) {
+        eprintln!(
+            "error: --backlog-runs and --parked-runs measure the workload's point on a full database; leave out --model and --compare-redis"
+        );
+        return exit::INPUT;
+    }
     if args.model
         && !(args.model_rate.is_finite() && args.model_rate > 0.0 && args.model_rate <= 1000.0)
     {
@@ -564,6 +579,15 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
         None
     };
 
+    let backlog = if args.backlog_runs > 0 || args.parked_runs > 0 {
+        match measure_backlog(args, plan, &store, &results, &peak).await {
+            Ok(b) => Some(b),
+            Err(code) => return code,
+        }
+    } else {
+        None
+    };
+
     // As many connections as the workers of the headline point had open.
     let reference_connections = peak.connections;
     let reference = match measure_reference(
@@ -636,6 +660,7 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
         "peak_rss_mb": { "bench_process": own_rss, "workers": headline.peak_rss_mb },
         "points": results,
         "half_peak": half_peak,
+        "backlog": backlog,
         "params": params,
     });
     if plan.json {
@@ -643,8 +668,163 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
     } else {
         print_tables(&results, half_peak.as_ref(), &reference, &own_rss);
         print_costs(headline, &reference);
+        if let Some(b) = &backlog {
+            print_backlog(b);
+        }
     }
     exit::OK
+}
+
+/// The headline point again on a database that holds a backlog, next to the empty one.
+#[derive(Debug, Clone, Serialize)]
+struct Backlog {
+    filled: crate::backlog::Filled,
+    empty: Point,
+    full: Point,
+    history_empty: crate::backlog::HistoryReads,
+    history_full: crate::backlog::HistoryReads,
+    scheduler: Option<crate::backlog::Ticks>,
+    /// Full ÷ empty: steps/s (target ≥ 0.8) and claim p99 (target ≤ 1.5).
+    steps_per_s_ratio: f64,
+    claim_p99_ratio: f64,
+    history_p50_ratio: f64,
+}
+
+async fn measure_backlog(
+    args: &BenchArgs,
+    plan: &Plan,
+    store: &Store,
+    results: &[Point],
+    peak: &Point,
+) -> Result<Backlog, u8> {
+    let first_queue = format!("bench-{}-0", std::process::id());
+    let history_empty = crate::backlog::history_reads(store, &first_queue)
+        .await
+        .map_err(|e| report(&e))?;
+    if !plan.json {
+        eprintln!(
+            "filling the database: {} finished runs and {} parked runs…",
+            args.backlog_runs, args.parked_runs
+        );
+    }
+    let filled = crate::backlog::fill(
+        store,
+        &first_queue,
+        args.backlog_runs,
+        args.parked_runs,
+        plan.json,
+    )
+    .await
+    .map_err(|e| report(&e))?;
+    if !plan.json {
+        eprintln!(
+            "filled in {:.0} s: {}",
+            filled.fill_seconds,
+            filled
+                .tables
+                .iter()
+                .map(|t| format!("{} {} rows, {:.0} MB", t.table, t.rows, t.mb))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
+    let scheduler = if args.parked_runs > 0 {
+        Some(
+            crate::backlog::scheduler_ticks(&plan.url, args.parked_runs)
+                .await
+                .map_err(|e| report(&e))?,
+        )
+    } else {
+        None
+    };
+    let history_full = crate::backlog::history_reads(
+        store,
+        &format!(
+            "bench-{}-{}",
+            std::process::id(),
+            if args.backlog_runs > 0 {
+                "backlog"
+            } else {
+                "0"
+            }
+        ),
+    )
+    .await
+    .map_err(|e| report(&e))?;
+    let empty = results
+        .iter()
+        .find(|p| p.workers == peak.workers && p.offered_runs_per_s == peak.offered_runs_per_s)
+        .unwrap_or(peak)
+        .clone();
+    let full = run_point(
+        plan,
+        store,
+        results.len() + 1,
+        empty.workers,
+        empty.offered_runs_per_s,
+        None,
+    )
+    .await?;
+    if !plan.json {
+        eprintln!("{} (with the backlog)", point_line(&full));
+    }
+    Ok(Backlog {
+        steps_per_s_ratio: ratio(full.steps_per_s, empty.steps_per_s),
+        claim_p99_ratio: ratio(full.claim_ms_p99, empty.claim_ms_p99),
+        history_p50_ratio: ratio(history_full.us_p50, history_empty.us_p50),
+        filled,
+        empty,
+        full,
+        history_empty,
+        history_full,
+        scheduler,
+    })
+}
+
+fn print_backlog(b: &Backlog) {
+    println!();
+    println!(
+        "with a backlog of {} finished and {} parked runs (filled in {:.0} s):",
+        b.filled.backlog_runs, b.filled.parked_runs, b.filled.fill_seconds
+    );
+    for t in &b.filled.tables {
+        println!("  {:<20} {:>12} rows {:>9.0} MB", t.table, t.rows, t.mb);
+    }
+    println!(
+        "  steps/s {:.0} → {:.0} ({:.2}× the empty database; target ≥ 0.8×)",
+        b.empty.steps_per_s, b.full.steps_per_s, b.steps_per_s_ratio
+    );
+    println!(
+        "  claim p99 {:.1} → {:.1} ms ({:.2}×; target ≤ 1.5×)",
+        b.empty.claim_ms_p99, b.full.claim_ms_p99, b.claim_p99_ratio
+    );
+    println!(
+        "  one run's history: p50 {:.0} → {:.0} µs, p99 {:.0} → {:.0} µs ({:.1} → {:.1} events a read)",
+        b.history_empty.us_p50,
+        b.history_full.us_p50,
+        b.history_empty.us_p99,
+        b.history_full.us_p99,
+        b.history_empty.events_per_read,
+        b.history_full.events_per_read
+    );
+    if let Some(s) = &b.scheduler {
+        println!(
+            "  scheduler: {} of {} parked runs due at once, moved {} in {} ticks of ≤ {} runs; tick p50 {:.1} ms, max {:.1} ms against a {} ms period ({})",
+            s.due_at_once,
+            s.parked_runs,
+            s.runs_moved,
+            s.ticks,
+            s.batch,
+            s.tick_ms_p50,
+            s.tick_ms_max,
+            s.period_ms,
+            if s.within_period {
+                "within"
+            } else {
+                "OVER the period"
+            }
+        );
+    }
 }
 
 /// What a report was measured with.

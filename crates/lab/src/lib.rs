@@ -2,6 +2,7 @@
 //! workers and the API in one go), `rein bench` and `rein chaos`; the supervision of their
 //! child processes, and the private PostgreSQL and Redis servers they start.
 
+pub mod backlog;
 pub mod bench;
 pub mod bench_model;
 pub mod chaos;

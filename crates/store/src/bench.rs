@@ -229,6 +229,104 @@ impl Store {
         Ok(())
     }
 
+    /// A run of `queue` in `status`, to copy with [`Store::copy_runs`].
+    pub async fn template_run(
+        &self,
+        queue: &str,
+        status: &str,
+    ) -> Result<Option<uuid::Uuid>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT run_id FROM rein_runs WHERE queue = $1 AND status = $2 AND lease_owner IS NULL
+             ORDER BY created_at LIMIT 1",
+        )
+        .bind(queue)
+        .bind(status)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+
+    /// Copies `copy.template` (its row, log, grants, ledger, checkpoints and approval
+    /// requests) as copies `copy.first..=copy.last` into `copy.queue`, in one statement;
+    /// returns how many runs it wrote. Only `rein bench` fills a database this way.
+    pub async fn copy_runs(&self, copy: &RunCopies<'_>) -> Result<u64, StoreError> {
+        if copy.last < copy.first {
+            return Ok(0);
+        }
+        let n: i64 = sqlx::query_scalar(include_str!("../queries/copy_runs.sql"))
+            .bind(copy.template)
+            .bind(copy.salt)
+            .bind(copy.first)
+            .bind(copy.last)
+            .bind(copy.created_from)
+            .bind(copy.created_every_ms)
+            .bind(copy.due_every)
+            .bind(copy.queue)
+            .fetch_one(self.pool())
+            .await?;
+        Ok(n as u64)
+    }
+
+    /// Refreshes the planner's statistics of the tables a backlog fills, as autovacuum
+    /// would after a bulk load.
+    pub async fn analyze_runs(&self) -> Result<(), StoreError> {
+        sqlx::query(
+            "ANALYZE rein_runs, rein_events, rein_lease_grants, rein_actions, rein_approvals",
+        )
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// How long reading each of `runs`' history took, in microseconds, and the events read.
+    pub async fn time_history_reads(
+        &self,
+        runs: &[uuid::Uuid],
+    ) -> Result<(Vec<f64>, usize), StoreError> {
+        let mut times = Vec::with_capacity(runs.len());
+        let mut events = 0;
+        for run in runs {
+            let start = std::time::Instant::now();
+            events += self.history(*run).await?.len();
+            times.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+        Ok((times, events))
+    }
+
+    /// Up to `n` runs of `queue`: from a 1% sample of the table's pages (spread over a large
+    /// queue), else the newest.
+    pub async fn sample_runs(&self, queue: &str, n: i64) -> Result<Vec<uuid::Uuid>, StoreError> {
+        let sampled: Vec<uuid::Uuid> = sqlx::query_scalar(
+            "SELECT run_id FROM rein_runs TABLESAMPLE SYSTEM (1) WHERE queue = $1 LIMIT $2",
+        )
+        .bind(queue)
+        .bind(n)
+        .fetch_all(self.pool())
+        .await?;
+        if sampled.len() as i64 * 2 >= n {
+            return Ok(sampled);
+        }
+        Ok(sqlx::query_scalar(
+            "SELECT run_id FROM rein_runs WHERE queue = $1 ORDER BY created_at DESC LIMIT $2",
+        )
+        .bind(queue)
+        .bind(n)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// Rows and on-disk bytes of the tables a backlog fills (with their indexes).
+    pub async fn table_sizes(&self) -> Result<Vec<(String, i64, i64)>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT c.relname::text, c.reltuples::bigint, pg_total_relation_size(c.oid)
+             FROM pg_class c
+             WHERE c.relname IN ('rein_runs', 'rein_events', 'rein_lease_grants', 'rein_actions',
+                                 'rein_approvals')
+             ORDER BY pg_total_relation_size(c.oid) DESC",
+        )
+        .fetch_all(self.pool())
+        .await?)
+    }
+
     pub async fn scratch_drop(&self, table: &str) -> Result<(), StoreError> {
         let t = scratch_ident(table)?;
         sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {t}")))
@@ -236,6 +334,22 @@ impl Store {
             .await?;
         Ok(())
     }
+}
+
+/// What [`Store::copy_runs`] writes.
+#[derive(Debug, Clone)]
+pub struct RunCopies<'a> {
+    pub template: uuid::Uuid,
+    pub queue: &'a str,
+    /// Makes the copies' run ids differ from another fill's.
+    pub salt: &'a str,
+    pub first: i64,
+    pub last: i64,
+    /// Copy i is created at `created_from + i * created_every_ms`.
+    pub created_from: chrono::DateTime<chrono::Utc>,
+    pub created_every_ms: f64,
+    /// Every copy whose number is a multiple of this has its timer due now (0: none).
+    pub due_every: i64,
 }
 
 /// What one kind of statement is: the commit, the claim, the lease renewal, the reference's
