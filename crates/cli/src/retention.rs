@@ -101,7 +101,7 @@ async fn archive(args: ArchiveArgs) -> u8 {
     let mut total = ArchivedBatch::default();
     let mut batches = 0u64;
     if !args.dry_run {
-        let progress = rein_lab::bench::bar(
+        let progress = rein_lab::progress_bar(
             candidates.runs as u64,
             "{elapsed:>4} [{bar:30}] {pos}/{len} runs archived, {msg}",
         );

@@ -180,7 +180,7 @@ async fn copy_in_chunks(
     let progress = if quiet {
         indicatif::ProgressBar::hidden()
     } else {
-        crate::bench::bar(
+        crate::progress_bar(
             total,
             &format!("copying {{bar:30}} {{pos}}/{{len}} {what} ({{per_sec}}, {{eta}} left)"),
         )

@@ -6,12 +6,10 @@
 //! transactions from `pg_stat_database`, with the benchmark's own queries subtracted.
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
 use rein_core::Definition;
 use rein_scheduler::{Scheduler, SchedulerConfig};
 use rein_store::{
@@ -1033,18 +1031,6 @@ fn mb(bytes: u64) -> f64 {
     (bytes as f64 / (1024.0 * 1024.0) * 10.0).round() / 10.0
 }
 
-/// A progress bar on stderr, hidden when stderr is not a terminal.
-pub fn bar(len: u64, template: &str) -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(len);
-    if let Ok(style) = ProgressStyle::with_template(template) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar
-}
-
 /// Inserts into a scratch table from `connections` connections at once: first one row per
 /// transaction, then [`REFERENCE_BATCH`] rows per transaction; each after a warm-up.
 async fn measure_reference(
@@ -1074,7 +1060,7 @@ async fn measure_reference(
             });
         }
         let total = (WARM_UP + measure).as_secs();
-        let progress = bar(
+        let progress = crate::progress_bar(
             total,
             &format!("reference, {rows} row(s)/transaction {{bar:30}} {{pos}}/{{len}} s  {{msg}}"),
         );
@@ -1365,7 +1351,7 @@ async fn run_point(
         .await
         .map_err(|e| report(&e))?;
     if rate.is_none() {
-        let progress = bar(runs_total, "enqueueing {bar:30} {pos}/{len} runs");
+        let progress = crate::progress_bar(runs_total, "enqueueing {bar:30} {pos}/{len} runs");
         let mut done = 0u64;
         while done < runs_total {
             let k = (runs_total - done).min(ENQUEUE_CHUNK as u64);
@@ -1461,7 +1447,7 @@ async fn run_point(
         Some(r) => format!("{workers}w @ {r:.0} runs/s"),
         None => format!("{workers} worker(s)"),
     };
-    let progress = bar(
+    let progress = crate::progress_bar(
         runs_total,
         &format!("{label:>18} {{bar:30}} {{pos}}/{{len}} runs  {{elapsed}}  {{msg}}"),
     );
