@@ -239,10 +239,19 @@ pub fn decided_event(def: &Definition, run: &RunState) -> Option<(String, Value)
 /// The reason of the CANCEL a branch gets when its join is decided without it.
 pub const JOIN_DECIDED: &str = "join_decided";
 
-/// The child runs to cancel when `run`'s join is decided now: its branches still running,
-/// unless the fan-out says `cancel_losers = false`. Their result can no longer count, and a
-/// branch left running would spend for nothing.
-pub fn losers(def: &Definition, parent: Uuid, run: &RunState) -> Vec<Uuid> {
+/// A branch to cancel: the parent's child started for `branch` by the fan-out at sequence
+/// `fan_out`. Storage finds it by these, not by an id derived again here, so a child keeps
+/// being found whatever rule made its id when it started (an older release's included).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Loser {
+    pub fan_out: u64,
+    pub branch: String,
+}
+
+/// The branches to cancel when `run`'s join is decided now: those still running, unless the
+/// fan-out says `cancel_losers = false`. Their result can no longer count, and a branch left
+/// running would spend for nothing.
+pub fn losers(def: &Definition, run: &RunState) -> Vec<Loser> {
     let (Some(_), Some(join)) = (outcome(def, run), run.join.as_ref()) else {
         return Vec::new();
     };
@@ -252,19 +261,29 @@ pub fn losers(def: &Definition, parent: Uuid, run: &RunState) -> Vec<Uuid> {
     spec.branches
         .iter()
         .filter(|b| status_of(run, b) == Some(RUNNING))
-        .map(|b| child_run_id(parent, join.fan_out, &b.name))
+        .map(|b| Loser {
+            fan_out: join.fan_out,
+            branch: b.name.clone(),
+        })
         .collect()
 }
 
 /// The id of a branch's child run: a function of the parent, the fan-out and the branch, so
-/// a commit retried after a lost answer creates nothing twice.
+/// a commit retried after a lost answer creates nothing twice. It is a UUIDv7 with its
+/// parent's 48-bit time prefix, the rest from the hash: a whole tree sorts with its root,
+/// by the root's creation time, and falls in the root's range of `run_id` (retention by
+/// ranges of run ids, docs/SCALING.md).
 pub fn child_run_id(parent: Uuid, fan_out: u64, branch: &str) -> Uuid {
     let digest = sha256_hex(format!("rein/branch/v1\0{parent}\0{fan_out}\0{branch}").as_bytes());
     let mut bytes = [0u8; 16];
     for (i, byte) in bytes.iter_mut().enumerate() {
         *byte = u8::from_str_radix(&digest[2 * i..2 * i + 2], 16).unwrap_or(0);
     }
-    uuid::Builder::from_custom_bytes(bytes).into_uuid()
+    bytes[..6].copy_from_slice(&parent.as_bytes()[..6]);
+    // Version 7 in the high nibble of byte 6, the RFC 9562 variant in byte 8.
+    bytes[6] = 0x70 | (bytes[6] & 0x0f);
+    bytes[8] = 0x80 | (bytes[8] & 0x3f);
+    Uuid::from_bytes(bytes)
 }
 
 /// The child runs to start when the commit from `base_sequence` to `run` opened a fan-out.

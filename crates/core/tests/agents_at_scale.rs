@@ -5,7 +5,8 @@
 
 use proptest::prelude::*;
 use rein_core::join::{
-    JoinOutcome, Refusal, TreeBounds, child_run_id, children, outcome, refused_events,
+    JoinOutcome, Loser, Refusal, TreeBounds, child_run_id, children, losers, outcome,
+    refused_events,
 };
 use rein_core::{
     Definition, Event, Format, GuardRegistry, RejectReason, RunState, apply, follow_up,
@@ -290,6 +291,46 @@ fn children_are_started_once_per_fan_out_with_stable_ids_and_their_inputs() {
     assert!(
         children(&def, parent_id, run.sequence, &run).is_empty(),
         "a commit that does not open the fan-out starts nothing"
+    );
+}
+
+#[test]
+fn a_whole_tree_of_branch_ids_is_time_ordered_with_its_root() {
+    // Two roots made a millisecond apart, as UUIDv7 does.
+    let earlier = Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001);
+    let later = Uuid::from_u128(0x0190_0000_0001_7000_8000_0000_0000_0000);
+    let child = child_run_id(earlier, 1, "a");
+    let grandchild = child_run_id(child, 3, "b");
+    for id in [child, grandchild] {
+        assert_eq!(id.get_version_num(), 7, "{id}");
+        assert_eq!(id.get_variant(), uuid::Variant::RFC4122, "{id}");
+        assert_eq!(id.as_bytes()[..6], earlier.as_bytes()[..6], "{id}");
+        // In the earlier root's range of run ids, before any run made after it.
+        assert!(id < later, "{id} sorts before {later}");
+    }
+    assert_ne!(child, grandchild);
+    assert_eq!(
+        child,
+        child_run_id(earlier, 1, "a"),
+        "still a function of its inputs"
+    );
+}
+
+#[test]
+fn the_losers_of_a_decided_join_are_named_by_fan_out_and_branch() {
+    let def = at_least(1, &["a", "b", "c"]);
+    let run = fanned_out(&def);
+    let fan_out = run.join.as_ref().expect("open").fan_out;
+    assert!(losers(&def, &run).is_empty(), "nothing is decided yet");
+    // The state the commit judges: a's result applied, the join's own event not yet.
+    let (kind, payload) = result(&run, "a", true);
+    let run = step(&def, &run, &kind, payload);
+    assert_eq!(
+        losers(&def, &run),
+        ["b", "c"].map(|b| Loser {
+            fan_out,
+            branch: b.to_owned()
+        })
     );
 }
 

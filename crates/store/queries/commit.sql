@@ -201,21 +201,24 @@ branch_results AS (
 -- reason join_decided goes into each such child's inbox in this same statement, and whoever
 -- holds the child applies it (a worker also stops the running action). Once per child. The
 -- children's rows are locked, so a child that ends at this moment is seen ended and gets
--- nothing.
+-- nothing. A child is found by its parent, fan-out and branch ($55, $57, $54), not by an id
+-- derived again, so one started under an older release's id rule is found too.
 losers AS (
-    SELECT c.run_id FROM rein_runs c
-    WHERE c.run_id = ANY($54::uuid[]) AND c.status <> 'terminal'
+    SELECT c.run_id, c.parent_run_id FROM rein_runs c
+    JOIN unnest($54::text[], $55::uuid[], $57::bigint[]) AS x(branch, parent_run_id, fan_out)
+      ON c.parent_run_id = x.parent_run_id AND c.branch IS NOT NULL
+     AND c.branch->>'name' = x.branch AND (c.branch->>'fan_out')::bigint = x.fan_out
+    WHERE c.status <> 'terminal'
     ORDER BY c.run_id
-    FOR UPDATE
+    FOR UPDATE OF c
 ),
 cancel_losers AS (
     INSERT INTO rein_inbox (run_id, event_id, type, payload, sender, expires_at)
-    SELECT x.run_id, md5('rein/join-decided/' || x.run_id::text)::uuid, 'CANCEL',
-           jsonb_build_object('reason', 'join_decided', 'parent_run_id', x.parent_run_id),
+    SELECT l.run_id, md5('rein/join-decided/' || l.run_id::text)::uuid, 'CANCEL',
+           jsonb_build_object('reason', 'join_decided', 'parent_run_id', l.parent_run_id),
            $17, clock_timestamp() + interval '30 days'
-    FROM unnest($54::uuid[], $55::uuid[]) AS x(run_id, parent_run_id)
-    JOIN upd ON upd.run_id = x.parent_run_id
-    JOIN losers l ON l.run_id = x.run_id
+    FROM losers l
+    JOIN upd ON upd.run_id = l.parent_run_id
     ON CONFLICT (run_id, event_id) DO NOTHING
 ),
 -- [descendants]

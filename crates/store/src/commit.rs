@@ -106,9 +106,9 @@ pub struct CommitRequest {
     /// This commit starts the first try of an action: the run's `first_try_at` becomes now,
     /// by the database clock (what a retry policy's `deadline_ms` counts from).
     pub first_try: bool,
-    /// Child runs of a join this commit decides that are still running (SPEC P1): each gets
-    /// CANCEL with reason `join_decided` in its inbox, only if this commit lands.
-    pub cancel_children: Vec<Uuid>,
+    /// Branches of a join this commit decides that are still running (SPEC P1): each child
+    /// gets CANCEL with reason `join_decided` in its inbox, only if this commit lands.
+    pub cancel_children: Vec<rein_core::join::Loser>,
 }
 
 /// Options of [`plan_commit`].
@@ -224,7 +224,7 @@ fn settle(
         };
         request
             .cancel_children
-            .extend(rein_core::join::losers(def, request.run_id, state));
+            .extend(rein_core::join::losers(def, state));
         request.events.push(NewEvent::new(kind, payload));
         request.state = next;
     }
@@ -854,9 +854,10 @@ async fn commit_statement(
                     .map(|ms| ms as i64),
             );
         }
-        for child in &r.cancel_children {
-            q.x_run.push(*child);
+        for loser in &r.cancel_children {
+            q.x_branch.push(loser.branch.clone());
             q.x_parent.push(r.run_id);
+            q.x_fan_out.push(loser.fan_out as i64);
         }
         for b in r.blobs.iter().filter(|b| !stored.contains(&b.sha256)) {
             q.blob_run.push(r.run_id);
@@ -929,7 +930,7 @@ async fn commit_statement(
         ending: q.statuses.iter().any(|s| s == RunStatus::Terminal.as_str()),
         blobs: !q.blob_run.is_empty(),
         children: !q.c_run.is_empty(),
-        losers: !q.x_run.is_empty(),
+        losers: !q.x_branch.is_empty(),
         descendants: q.cancels.iter().any(|c| *c),
         checkpoints: !q.ck_run.is_empty(),
     };
@@ -987,9 +988,10 @@ async fn commit_statement(
         .bind(&q.defers)
         .bind(&q.first_tries)
         .bind(&q.ev_sender)
-        .bind(&q.x_run)
+        .bind(&q.x_branch)
         .bind(&q.x_parent)
         .bind(&q.cancels)
+        .bind(&q.x_fan_out)
         .fetch_all(&mut *conn)
         .await
         .inspect_err(|e| {
@@ -1248,8 +1250,9 @@ struct Columns {
     defers: Vec<Option<i64>>,
     first_tries: Vec<bool>,
     cancels: Vec<bool>,
-    x_run: Vec<Uuid>,
+    x_branch: Vec<String>,
     x_parent: Vec<Uuid>,
+    x_fan_out: Vec<i64>,
 }
 
 #[cfg(test)]

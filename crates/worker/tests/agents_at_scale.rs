@@ -530,6 +530,13 @@ async fn the_branches_still_running_when_the_join_is_decided_are_cancelled() {
         states_by_branch(&children),
         vec![("a", "DONE"), ("b", "CANCELLED"), ("c", "CANCELLED")]
     );
+    for (child, branch, _) in &children {
+        assert_eq!(
+            child.as_bytes()[..6],
+            run.as_bytes()[..6],
+            "branch {branch}'s id {child} carries its parent's time prefix"
+        );
+    }
     for (child, branch, _) in children.iter().filter(|(_, b, _)| b != "a") {
         let cancels = events_of(&store, *child, "CANCEL").await;
         assert_eq!(cancels.len(), 1, "branch {branch}");
@@ -547,6 +554,104 @@ async fn the_branches_still_running_when_the_join_is_decided_are_cancelled() {
         assert_replays(&store, *child).await;
     }
     assert!(fakes.calls_of("task") <= 3, "no branch ran again");
+    assert_replays(&store, run).await;
+}
+
+/// Moves every row of run `old`, in every table that has a `run_id`, to the id `new`: as if
+/// its fan-out had started it under another rule for child ids (an older release's).
+async fn move_run(store: &Store, old: Uuid, new: Uuid) {
+    let sql = r#"
+DO $$
+DECLARE t record; cols text; vals text;
+BEGIN
+    FOR t IN SELECT c.table_name FROM information_schema.columns c
+             JOIN information_schema.tables b USING (table_schema, table_name)
+             WHERE c.column_name = 'run_id' AND b.table_type = 'BASE TABLE'
+               AND c.table_schema = current_schema()
+    LOOP
+        SELECT string_agg(quote_ident(column_name), ', ' ORDER BY ordinal_position),
+               string_agg(CASE WHEN column_name = 'run_id' THEN quote_literal('NEW_ID') || '::uuid'
+                               ELSE quote_ident(column_name) END, ', ' ORDER BY ordinal_position)
+        INTO cols, vals
+        FROM information_schema.columns
+        WHERE table_schema = current_schema() AND table_name = t.table_name;
+        EXECUTE format('INSERT INTO %I (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM %I WHERE run_id = %L',
+                       t.table_name, cols, vals, t.table_name, 'OLD_ID');
+        EXECUTE format('DELETE FROM %I WHERE run_id = %L', t.table_name, 'OLD_ID');
+    END LOOP;
+END $$"#
+        .replace("NEW_ID", &new.to_string())
+        .replace("OLD_ID", &old.to_string());
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(store.pool())
+        .await
+        .expect("move the run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_decided_after_an_upgrade_cancels_branches_started_under_another_id_rule() {
+    let store = store("fan_cancel_old_ids").await;
+    register(&store, &task()).await;
+    let parent = register(
+        &store,
+        &fan_parent(
+            "fan-old-ids",
+            r#"{ policy = "at_least", k = 1 }"#,
+            &["a", "b", "c"],
+        ),
+    )
+    .await;
+    let hold = json!({ "outcome": "succeed", "hold": true, "value": "x" });
+    let run = enqueue(
+        &store,
+        &parent,
+        json!({ "branch_inputs": { "a": hold, "b": hold, "c": hold } }),
+    )
+    .await;
+    let before = Fakes::default();
+    let fleet = Fleet::new()
+        .worker(&store, "old-ids-w1", 4, &before)
+        .scheduler(&store, "old-ids-s1");
+    wait_until("every branch is at work", LONG, || async {
+        before.calls_of("task") == 3
+    })
+    .await;
+    fleet.stop().await;
+    // No child keeps the id the current rule gives it.
+    let mut moved = Vec::new();
+    for (child, branch, _) in children_of(&store, run).await {
+        let other = Uuid::now_v7();
+        move_run(&store, child, other).await;
+        moved.push((other, branch));
+    }
+    assert_eq!(moved.len(), 3);
+
+    // One branch may finish; the join is then decided with the other two still at work.
+    let after = Fakes::default();
+    after.release.notify_one();
+    let fleet = Fleet::new()
+        .worker(&store, "old-ids-w2", 4, &after)
+        .scheduler(&store, "old-ids-s2");
+    wait_state(&store, run, "DONE").await;
+    wait_until("the two losers are cancelled", LONG, || async {
+        children_of(&store, run)
+            .await
+            .iter()
+            .filter(|(_, _, s)| s == "CANCELLED")
+            .count()
+            == 2
+    })
+    .await;
+    fleet.stop().await;
+    for (child, branch, state) in children_of(&store, run).await {
+        assert!(moved.contains(&(child, branch.clone())), "{child} {branch}");
+        if state == "CANCELLED" {
+            let cancels = events_of(&store, child, "CANCEL").await;
+            assert_eq!(cancels.len(), 1, "branch {branch}");
+            assert_eq!(cancels[0].payload["reason"], "join_decided");
+        }
+        assert_replays(&store, child).await;
+    }
     assert_replays(&store, run).await;
 }
 
