@@ -1,5 +1,6 @@
 //! `rein retention archive`: moves the event logs of runs that finished long ago out of the
-//! hot table (SPEC L2), in batches of whole runs, with progress and a summary.
+//! hot table (SPEC L2), in batches of whole runs, with progress and a summary; `rein
+//! retention detach` moves whole months of them by moving their partition.
 
 use std::time::Instant;
 
@@ -19,6 +20,28 @@ pub enum RetentionCommand {
     /// rein_events_archive, whole runs per transaction; their history, `runs verify` and
     /// `why` keep working. Run it as the schema owner.
     Archive(ArchiveArgs),
+    /// Move whole months: each month partition of rein_events whose runs all ended more than
+    /// DURATION ago is detached and attached to rein_events_archive, catalog changes instead
+    /// of moving rows; their history, `runs verify` and `why` keep working. A month with a
+    /// run still going (or ended since the cutoff) stays, and the command names one such run.
+    /// Run it as the schema owner.
+    Detach(DetachArgs),
+}
+
+#[derive(clap::Args)]
+pub struct DetachArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Move months whose runs all finished longer ago than this, by the database clock: a
+    /// number and a unit, ms, s, m, h, d or w (e.g. 30d).
+    #[arg(long, value_parser = parse_duration_ms)]
+    older_than: u64,
+    /// List the months and what holds each back; move nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -79,22 +102,123 @@ pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
 pub async fn retention(cmd: RetentionCommand) -> u8 {
     match cmd {
         RetentionCommand::Archive(args) => archive(args).await,
+        RetentionCommand::Detach(args) => detach(args).await,
+    }
+}
+
+async fn detach(args: DetachArgs) -> u8 {
+    let started = Instant::now();
+    let (store, cutoff) = match open(&args.db, args.older_than).await {
+        Ok(opened) => opened,
+        Err(code) => return code,
+    };
+    let months = match store.month_candidates(cutoff).await {
+        Ok(m) => m,
+        Err(e) => return fail(&e),
+    };
+    let mut moved = Vec::new();
+    let mut held = Vec::new();
+    for month in &months {
+        if month.unfinished > 0 {
+            held.push(month);
+            continue;
+        }
+        if args.dry_run {
+            continue;
+        }
+        if !args.json {
+            eprintln!(
+                "moving {} ({} runs, {} bytes) to the archive ...",
+                month.name, month.runs, month.bytes
+            );
+        }
+        match store.archive_month(&month.name, cutoff).await {
+            Ok(m) => {
+                if !args.json {
+                    println!(
+                        "moved {}: {} runs, {} bytes in {:.3} s, {} bytes of WAL",
+                        m.name, m.runs, m.bytes, m.seconds, m.wal_bytes
+                    );
+                }
+                moved.push(m);
+            }
+            Err(e) => {
+                eprintln!(
+                    "{} months moved before this one failed; each month moves whole or not at all, so running the command again continues",
+                    moved.len()
+                );
+                return fail(&e);
+            }
+        }
+    }
+    let summary = json!({
+        "dry_run": args.dry_run,
+        "older_than_ms": args.older_than,
+        "cutoff": cutoff,
+        "months": months,
+        "moved": moved,
+        "elapsed_ms": started.elapsed().as_millis() as u64,
+    });
+    if args.json {
+        print_json(&summary);
+        return exit::OK;
+    }
+    let when = crate::print::short_time(summary["cutoff"].as_str().unwrap_or(""));
+    if months.is_empty() {
+        println!(
+            "no month of rein_events was created entirely before {when}: nothing to move (`rein retention archive` moves single runs)"
+        );
+    }
+    for month in &months {
+        if month.unfinished > 0 {
+            println!(
+                "{} stays: {} of its {} runs have not ended before {when}, e.g. {} (`rein why {}`)",
+                month.name,
+                month.unfinished,
+                month.runs,
+                month.example.map(|u| u.to_string()).unwrap_or_default(),
+                month.example.map(|u| u.to_string()).unwrap_or_default(),
+            );
+        } else if args.dry_run {
+            println!(
+                "dry run: {} would move ({} runs, {} bytes); nothing moved",
+                month.name, month.runs, month.bytes
+            );
+        }
+    }
+    if !held.is_empty() && !args.dry_run {
+        println!(
+            "{} months stay until their runs end; run this again then",
+            held.len()
+        );
+    }
+    exit::OK
+}
+
+/// The store and the cutoff `older_than_ms` before the database clock.
+async fn open(
+    db: &DbArgs,
+    older_than_ms: u64,
+) -> Result<(rein_store::Store, chrono::DateTime<chrono::Utc>), u8> {
+    let store = connect(db, false).await?;
+    match store.archive_cutoff(older_than_ms).await {
+        Ok(cutoff) => Ok((store, cutoff)),
+        Err(e) => Err(report(&e)),
     }
 }
 
 async fn archive(args: ArchiveArgs) -> u8 {
-    let store = match connect(&args.db, false).await {
-        Ok(s) => s,
+    let started = Instant::now();
+    let (store, cutoff) = match open(&args.db, args.older_than).await {
+        Ok(opened) => opened,
         Err(code) => return code,
     };
-    let started = Instant::now();
     let prepared = async {
-        let cutoff = store.archive_cutoff(args.older_than).await?;
         let candidates = store.archive_candidates(cutoff).await?;
         let before = store.events_table_size().await?;
-        Ok::<_, rein_store::StoreError>((cutoff, candidates, before))
+        Ok::<_, rein_store::StoreError>((candidates, before))
     };
-    let (cutoff, candidates, before) = match prepared.await {
+    let (candidates, before) = match prepared.await {
         Ok(p) => p,
         Err(e) => return report(&e),
     };

@@ -569,12 +569,33 @@ async fn bench_fills_a_backlog_by_sql_and_measures_the_same_point_on_it() {
     assert_eq!(copies, 3000);
     assert!(ordered, "backlog run ids order by creation time");
     let logged: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM rein_events e JOIN rein_runs r USING (run_id) WHERE r.queue LIKE '%-backlog'")
+        sqlx::query_scalar("SELECT count(*) FROM rein_events_all e JOIN rein_runs r USING (run_id) WHERE r.queue LIKE '%-backlog'")
             .fetch_one(&pool)
             .await
             .unwrap();
     assert_eq!(logged, events, "every copy has its whole log");
     assert_eq!(events, 3000 * 4);
+
+    // Then history left both ways: the copies' month by its partition, whole; finished runs
+    // of this month one by one.
+    let retention = &backlog["retention"];
+    assert_eq!(retention["month"]["runs"], 3000, "{retention}");
+    assert_eq!(retention["month_events"], events, "{retention}");
+    assert!(
+        retention["rows"]["runs"].as_i64() >= Some(400),
+        "{retention}"
+    );
+    assert!(
+        retention["rows"]["wal_bytes"].as_i64() > Some(0),
+        "{retention}"
+    );
+    let hot: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM rein_events e JOIN rein_runs r USING (run_id) WHERE r.queue LIKE '%-backlog'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(hot, 0, "the month left the hot log");
     let ticks = &backlog["scheduler"];
     assert_eq!(ticks["due_at_once"], 5, "{ticks}");
     assert!(ticks["runs_moved"].as_u64() >= Some(5), "{ticks}");

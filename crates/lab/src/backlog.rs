@@ -1,17 +1,23 @@
 //! `rein bench --backlog-runs N --parked-runs M`: a database that already holds history.
 //!
 //! After the empty-database point, the benchmark copies one finished run of that point N
-//! times (row, log, grants, ledger) with creation times spread over the past 30 days, and
+//! times (row, log, grants, ledger) with creation times spread over the previous calendar
+//! month (UTC), in that month's partition of the log, and
 //! one lifecycle run parked on an approval M times with creation times over the past hour,
 //! so their approval timers fall in the next hour; one in [`DUE_EVERY`] of them is due at
 //! once. Copies are written by SQL in chunks (no run goes through a worker), then the same
 //! point is measured again, the scheduler's ticks over the due share are timed, and reading
-//! one run's history is timed before and after.
+//! one run's history is timed before and after. Last, history leaves both ways on the same
+//! database: the previous month by moving its partition (`rein retention detach`), and the
+//! finished runs of this month run by run (`rein retention archive`), each with its time and
+//! WAL.
 
 use std::time::{Duration, Instant};
 
+use chrono::Datelike;
+
 use rein_scheduler::{Scheduler, SchedulerConfig};
-use rein_store::{EnqueueRequest, RunCopies, Store, StoreError};
+use rein_store::{EnqueueRequest, MonthMoved, RunCopies, Store, StoreError};
 use rein_worker::{Worker, WorkerConfig};
 use serde::Serialize;
 use serde_json::json;
@@ -27,9 +33,11 @@ const HISTORY_READS: i64 = 200;
 const TEMPLATE_WAIT: Duration = Duration::from_secs(30);
 /// Most scheduler ticks timed over the due share.
 const TICKS_MAX: usize = 1000;
-/// Where the backlog spreads its finished runs.
-const BACKLOG_SPAN_MS: f64 = 30.0 * 24.0 * 3600.0 * 1000.0;
 const PARKED_SPAN_MS: f64 = 3600.0 * 1000.0;
+/// Runs archived one by one when timing that way (the rest stay hot).
+const ROW_ARCHIVE_RUNS_MAX: i64 = 50_000;
+/// Runs per transaction when archiving run by run (`rein retention archive`'s default).
+const ROW_ARCHIVE_BATCH: i64 = 500;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Filled {
@@ -113,7 +121,17 @@ pub async fn fill(
                     "no run of {finished_queue} finished: there is nothing to copy into a backlog (let the first point finish runs: raise --duration-s)"
                 ))
             })?;
-        let every = BACKLOG_SPAN_MS / backlog as f64;
+        // The previous calendar month (UTC), with a partition of its own.
+        let this_month = chrono::NaiveDate::from_ymd_opt(now.year(), now.month(), 1)
+            .map(|d| d.and_time(chrono::NaiveTime::MIN).and_utc())
+            .unwrap_or(now);
+        let month_start = this_month
+            .checked_sub_months(chrono::Months::new(1))
+            .unwrap_or(this_month);
+        store.add_event_month(month_start).await?;
+        store.add_event_month(now).await?;
+        let span_ms = (this_month - month_start).num_milliseconds().max(1) as f64;
+        let every = span_ms / backlog as f64;
         copy_in_chunks(
             store,
             RunCopies {
@@ -122,7 +140,7 @@ pub async fn fill(
                 salt: &format!("{pid}-backlog"),
                 first: 0,
                 last: backlog as i64 - 1,
-                created_from: now - chrono::Duration::milliseconds(BACKLOG_SPAN_MS as i64),
+                created_from: month_start,
                 created_every_ms: every,
                 due_every: 0,
             },
@@ -280,5 +298,116 @@ pub async fn scheduler_ticks(url: &str, parked: u64) -> Result<Ticks, StoreError
         tick_ms_p50: sorted_percentile(&sorted, 0.5),
         tick_ms_max: max,
         within_period: max <= period_ms as f64,
+    })
+}
+
+/// History leaving the hot log both ways on the same database.
+#[derive(Debug, Clone, Serialize)]
+pub struct RetentionBothWays {
+    /// The previous month, moved as one partition; none when no month could move.
+    pub month: Option<MonthMoved>,
+    pub month_events: i64,
+    pub month_us_per_run: f64,
+    pub month_wal_bytes_per_run: f64,
+    /// Finished runs of this month, archived run by run.
+    pub rows: RowArchive,
+    /// Row by row ÷ by partition, per run: time and WAL.
+    pub time_ratio: f64,
+    pub wal_ratio: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RowArchive {
+    pub runs: i64,
+    pub events: i64,
+    pub seconds: f64,
+    pub wal_bytes: i64,
+    pub us_per_run: f64,
+    pub wal_bytes_per_run: f64,
+}
+
+fn per(n: f64, d: i64) -> f64 {
+    if d > 0 { n / d as f64 } else { 0.0 }
+}
+
+/// Moves the months whose runs all ended out of the hot log by partition, then archives up
+/// to [`ROW_ARCHIVE_RUNS_MAX`] finished runs of the rest run by run, timing both.
+pub async fn retention_both_ways(
+    store: &Store,
+    quiet: bool,
+) -> Result<RetentionBothWays, StoreError> {
+    let cutoff = store.archive_cutoff(1).await?;
+    let mut month = None;
+    let mut month_events = 0;
+    for candidate in store.month_candidates(cutoff).await? {
+        if candidate.unfinished > 0 || month.is_some() {
+            continue;
+        }
+        if !quiet {
+            eprintln!(
+                "moving {} ({} runs) to the archive by its partition…",
+                candidate.name, candidate.runs
+            );
+        }
+        let moved = store.archive_month(&candidate.name, cutoff).await?;
+        month_events = store.archived_month_events(&moved.archived_as).await?;
+        month = Some(moved);
+    }
+    let row_runs = store
+        .archive_candidates(cutoff)
+        .await?
+        .runs
+        .min(ROW_ARCHIVE_RUNS_MAX);
+    let progress = if quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        crate::progress_bar(
+            row_runs as u64,
+            "archiving run by run {bar:30} {pos}/{len} runs ({per_sec}, {eta} left)",
+        )
+    };
+    let before = store.db_cost(false).await?;
+    let started = Instant::now();
+    let (mut runs, mut events) = (0, 0);
+    while runs < row_runs {
+        let batch = store
+            .archive_batch(cutoff, ROW_ARCHIVE_BATCH.min(row_runs - runs))
+            .await?;
+        if batch.runs == 0 {
+            break;
+        }
+        runs += batch.runs;
+        events += batch.events;
+        progress.inc(batch.runs as u64);
+    }
+    progress.finish_and_clear();
+    let seconds = started.elapsed().as_secs_f64();
+    let wal_bytes = store.db_cost(false).await?.wal_lsn - before.wal_lsn;
+    let rows = RowArchive {
+        runs,
+        events,
+        seconds,
+        wal_bytes,
+        us_per_run: per(seconds * 1e6, runs),
+        wal_bytes_per_run: per(wal_bytes as f64, runs),
+    };
+    let (month_us_per_run, month_wal_bytes_per_run) = month
+        .as_ref()
+        .map(|m| {
+            (
+                per(m.seconds * 1e6, m.runs),
+                per(m.wal_bytes as f64, m.runs),
+            )
+        })
+        .unwrap_or((0.0, 0.0));
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    Ok(RetentionBothWays {
+        time_ratio: ratio(rows.us_per_run, month_us_per_run),
+        wal_ratio: ratio(rows.wal_bytes_per_run, month_wal_bytes_per_run),
+        month,
+        month_events,
+        month_us_per_run,
+        month_wal_bytes_per_run,
+        rows,
     })
 }

@@ -682,6 +682,8 @@ struct Backlog {
     history_empty: crate::backlog::HistoryReads,
     history_full: crate::backlog::HistoryReads,
     scheduler: Option<crate::backlog::Ticks>,
+    /// History leaving the hot log by partition and run by run, after the full point.
+    retention: Option<crate::backlog::RetentionBothWays>,
     /// Full ÷ empty: steps/s (target ≥ 0.8) and claim p99 (target ≤ 1.5).
     steps_per_s_ratio: f64,
     claim_p99_ratio: f64,
@@ -766,7 +768,17 @@ async fn measure_backlog(
     if !plan.json {
         eprintln!("{} (with the backlog)", point_line(&full));
     }
+    let retention = if args.backlog_runs > 0 {
+        Some(
+            crate::backlog::retention_both_ways(store, plan.json)
+                .await
+                .map_err(|e| report(&e))?,
+        )
+    } else {
+        None
+    };
     Ok(Backlog {
+        retention,
         steps_per_s_ratio: ratio(full.steps_per_s, empty.steps_per_s),
         claim_p99_ratio: ratio(full.claim_ms_p99, empty.claim_ms_p99),
         history_p50_ratio: ratio(history_full.us_p50, history_empty.us_p50),
@@ -823,6 +835,37 @@ fn print_backlog(b: &Backlog) {
             }
         );
     }
+    if let Some(r) = &b.retention {
+        print_retention(r);
+    }
+}
+
+fn print_retention(r: &crate::backlog::RetentionBothWays) {
+    match &r.month {
+        Some(m) => println!(
+            "  history leaves by partition: {} ({} runs, {} events, {:.0} MB) in {:.3} s, {} B of WAL: {:.2} µs and {:.2} B of WAL a run",
+            m.name,
+            m.runs,
+            r.month_events,
+            m.bytes as f64 / (1024.0 * 1024.0),
+            m.seconds,
+            m.wal_bytes,
+            r.month_us_per_run,
+            r.month_wal_bytes_per_run
+        ),
+        None => println!("  history leaves by partition: no month could move"),
+    }
+    println!(
+        "  history leaves run by run: {} runs ({} events) in {:.1} s, {:.1} MB of WAL: {:.0} µs and {:.0} B of WAL a run ({:.0}× the time and {:.0}× the WAL of the partition's, a run)",
+        r.rows.runs,
+        r.rows.events,
+        r.rows.seconds,
+        r.rows.wal_bytes as f64 / (1024.0 * 1024.0),
+        r.rows.us_per_run,
+        r.rows.wal_bytes_per_run,
+        r.time_ratio,
+        r.wal_ratio
+    );
 }
 
 /// What a report was measured with.

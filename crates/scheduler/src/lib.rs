@@ -80,8 +80,14 @@ pub struct Scheduler {
     config: SchedulerConfig,
     definitions: HashMap<(String, u32), Definition>,
     leadership: Leadership,
+    /// When this scheduler, leading, last made sure the coming months' event partitions exist.
+    months_checked: Option<std::time::Instant>,
     pub stats: SchedulerStats,
 }
+
+/// How often a leading scheduler makes sure this month's and the next two months' event
+/// partitions exist (`rein_events_add_month`): a month is made weeks before its first event.
+const MONTHS_CHECK_EVERY: Duration = Duration::from_secs(600);
 
 impl Scheduler {
     pub fn new(store: Store, config: SchedulerConfig) -> Scheduler {
@@ -92,6 +98,7 @@ impl Scheduler {
             config,
             definitions: HashMap::new(),
             leadership,
+            months_checked: None,
             stats: SchedulerStats::default(),
         }
     }
@@ -116,6 +123,7 @@ impl Scheduler {
             }
             ticks += 1;
             if self.leadership.check(&self.store).await {
+                self.ensure_event_months().await;
                 match self.tick().await {
                     Ok(n) if n > 0 => continue,
                     Ok(_) => {}
@@ -131,6 +139,26 @@ impl Scheduler {
         let _ = self.store.deregister(&self.config.scheduler_id).await;
         info!(scheduler = %self.config.scheduler_id, "scheduler stopped");
         Ok(())
+    }
+
+    /// Makes the coming months' event partitions, at most every [`MONTHS_CHECK_EVERY`]. A
+    /// failure only delays them: events of a month without a partition land in the default
+    /// one, and making the month later moves them into it.
+    async fn ensure_event_months(&mut self) {
+        if self
+            .months_checked
+            .is_some_and(|at| at.elapsed() < MONTHS_CHECK_EVERY)
+        {
+            return;
+        }
+        self.months_checked = Some(std::time::Instant::now());
+        match self.store.ensure_event_months().await {
+            Ok(made) if !made.is_empty() => info!(partitions = ?made, "event partitions made"),
+            Ok(_) => {}
+            Err(e) => {
+                warn!(error = %e, "making the coming months' event partitions failed; retrying in 10 minutes")
+            }
+        }
     }
 
     /// Whether this scheduler led at its last check.

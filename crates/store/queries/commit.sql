@@ -29,7 +29,11 @@ t AS (SELECT clock_timestamp() AS now),
 -- update judges, so a refused run's reason below is read from here.
 locked AS (
     SELECT r.run_id, r.state, r.state_entered_at, r.fencing_token, r.last_sequence,
-           r.lease_owner, r.lease_until, r.archived_at
+           r.lease_owner, r.lease_until,
+           -- Archived alone, or with its month's partition (rein_event_ranges).
+           r.archived_at IS NOT NULL OR EXISTS (
+               SELECT 1 FROM rein_event_ranges g
+               WHERE g.moved_at IS NOT NULL AND r.run_id >= g.lo AND r.run_id < g.hi) AS archived
     FROM rein_runs r
     WHERE r.run_id IN (SELECT run_id FROM req)
     ORDER BY r.run_id
@@ -67,11 +71,10 @@ upd AS (
         updated_at = clock_timestamp()
     FROM req q, t
     WHERE r.run_id = q.run_id
-      AND r.run_id IN (SELECT run_id FROM locked)
+      -- An archived run's log has left rein_events for good: nothing is appended to it.
+      AND r.run_id IN (SELECT run_id FROM locked WHERE NOT archived)
       AND r.fencing_token = q.token
       AND r.last_sequence = q.base_seq
-      -- An archived run's log has left rein_events for good: nothing is appended to it.
-      AND r.archived_at IS NULL
       AND CASE WHEN q.bump THEN (r.lease_owner IS NULL OR r.lease_until <= clock_timestamp())
                ELSE (r.lease_owner = $17 AND r.lease_until > clock_timestamp()) END
       AND NOT EXISTS (
@@ -280,7 +283,7 @@ SELECT q.run_id,
        clock_timestamp() AS db_now,
        CASE
            WHEN upd.run_id IS NOT NULL OR l.run_id IS NULL THEN NULL
-           WHEN l.archived_at IS NOT NULL THEN 'archived'
+           WHEN l.archived THEN 'archived'
            WHEN l.fencing_token <> q.token THEN 'token'
            WHEN l.last_sequence <> q.base_seq THEN 'sequence'
            WHEN EXISTS (SELECT 1 FROM rein_events x JOIN ev ON ev.run_id = x.run_id AND ev.event_id = x.event_id

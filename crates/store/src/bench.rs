@@ -317,11 +317,16 @@ impl Store {
     /// Rows and on-disk bytes of the tables a backlog fills (with their indexes).
     pub async fn table_sizes(&self) -> Result<Vec<(String, i64, i64)>, StoreError> {
         Ok(sqlx::query_as(
-            "SELECT c.relname::text, c.reltuples::bigint, pg_total_relation_size(c.oid)
-             FROM pg_class c
+            // A partitioned table's size and rows are its partitions'.
+            "SELECT c.relname::text, sum(GREATEST(p.reltuples, 0))::bigint,
+                    sum(pg_total_relation_size(p.oid))::bigint AS bytes
+             FROM pg_class c, pg_partition_tree(c.oid) t
+             JOIN pg_class p ON p.oid = t.relid
              WHERE c.relname IN ('rein_runs', 'rein_events', 'rein_lease_grants', 'rein_actions',
                                  'rein_approvals')
-             ORDER BY pg_total_relation_size(c.oid) DESC",
+               AND c.relnamespace = current_schema()::regnamespace
+             GROUP BY c.relname
+             ORDER BY bytes DESC",
         )
         .fetch_all(self.pool())
         .await?)

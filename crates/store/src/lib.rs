@@ -63,7 +63,10 @@ pub use reads::{
     RunFilter, RunRow, StoredEvent, id_prefix_range,
 };
 pub use redact::{REDACT_REASON_BYTES_MAX, Redacted};
-pub use retention::{ARCHIVE_BATCH_MAX, ArchiveCandidates, ArchivedBatch, EventsTableSize};
+pub use retention::{
+    ARCHIVE_BATCH_MAX, ArchiveCandidates, ArchivedBatch, EventRange, EventsTableSize,
+    MonthCandidate, MonthMoved,
+};
 pub use scans::{NextLook, SCAN_BACKOFF_MS_MAX, SCAN_BACKOFF_MS_MIN, Seen};
 pub use schema::{
     Blocker, CONTRACT_MIGRATOR, ContractPlan, Pending, application_name, application_name_of,
