@@ -575,6 +575,25 @@ async fn bench_fills_a_backlog_by_sql_and_measures_the_same_point_on_it() {
             .unwrap();
     assert_eq!(logged, events, "every copy has its whole log");
     assert_eq!(events, 3000 * 4);
+    // The sizes the report gives are of every table, a partitioned one counted once.
+    let tables = backlog["filled"]["tables"].as_array().expect("tables");
+    let rows_of = |name: &str| {
+        tables
+            .iter()
+            .find(|t| t["table"] == name)
+            .and_then(|t| t["rows"].as_i64())
+            .unwrap_or_else(|| panic!("{name} in {tables:?}"))
+    };
+    let all_events: i64 = sqlx::query_scalar("SELECT count(*) FROM rein_events_all")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(rows_of("rein_runs") >= 3000, "{tables:?}");
+    let estimated = rows_of("rein_events");
+    assert!(
+        estimated >= events && estimated <= all_events * 11 / 10,
+        "{estimated} rows estimated, {all_events} when filled: {tables:?}"
+    );
 
     // Then history left both ways: the copies' month by its partition, whole; finished runs
     // of this month one by one.

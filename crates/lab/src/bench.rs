@@ -98,8 +98,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 20.0)]
     model_rate: f64,
     /// After the empty-database point(s), copy this many finished runs of the first point,
-    /// with their logs, into the database (by SQL, spread over the past 30 days), then
-    /// measure the headline point again.
+    /// with their logs, into the database (by SQL, spread over the previous calendar month),
+    /// then measure the headline point again, and time history leaving both ways: that month
+    /// by its partition, this month's finished runs one by one.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
     backlog_runs: u64,
     /// With the backlog: this many lifecycle runs parked on approvals whose timers fall in

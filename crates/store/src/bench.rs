@@ -320,8 +320,11 @@ impl Store {
             // A partitioned table's size and rows are its partitions'.
             "SELECT c.relname::text, sum(GREATEST(p.reltuples, 0))::bigint,
                     sum(pg_total_relation_size(p.oid))::bigint AS bytes
-             FROM pg_class c, pg_partition_tree(c.oid) t
-             JOIN pg_class p ON p.oid = t.relid
+             FROM pg_class c
+             JOIN pg_class p
+               ON (c.relkind <> 'p' AND p.oid = c.oid)
+               OR (c.relkind = 'p'
+                   AND p.oid IN (SELECT relid FROM pg_partition_tree(c.oid) WHERE isleaf))
              WHERE c.relname IN ('rein_runs', 'rein_events', 'rein_lease_grants', 'rein_actions',
                                  'rein_approvals')
                AND c.relnamespace = current_schema()::regnamespace
