@@ -286,7 +286,7 @@ impl Store {
 
     /// Moves the month partition `name` from `rein_events` to `rein_events_archive` if every
     /// run in its range ended before `cutoff` (checked again under the lock). Every statement
-    /// that writes events waits while it runs: catalog changes, no rows move.
+    /// on `rein_events` waits for the second check and the catalog changes; no rows move.
     pub async fn archive_month(
         &self,
         name: &str,
