@@ -363,3 +363,127 @@ fn the_checker_catches_a_statement_that_scans_a_per_run_table() {
     assert_eq!(tables.len(), 1);
     assert_eq!(tables["rein_x"].0, "reference");
 }
+
+/// The migration that partitions the log, on a database that already holds one: the old
+/// rows stay where they are (no copy of the log), a hashed id above the cut goes to the
+/// default partition, every event still reads through the view, new events land in their
+/// month, and the log is still append-only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_from_before_partitions_stays_in_place_and_every_event_still_reads() {
+    const PARTITIONS: i64 = 20261208000100;
+    let url = rein_devdb::test_database("scaling_before", env!("CARGO_TARGET_TMPDIR"))
+        .expect("a test database");
+    let store = rein_store::Store::connect_without_migrating(&url, 2)
+        .await
+        .expect("connect");
+    // As `rein migrate` applies them, up to the partitions and then the rest.
+    let apply = |before: bool| {
+        let store = store.clone();
+        async move {
+            use sqlx::migrate::Migrate;
+            let mut conn = store.pool().acquire().await.expect("connection");
+            conn.ensure_migrations_table("_sqlx_migrations")
+                .await
+                .expect("migrations table");
+            for m in rein_store::MIGRATOR
+                .iter()
+                .filter(|m| (m.version < PARTITIONS) == before)
+            {
+                conn.apply("_sqlx_migrations", m)
+                    .await
+                    .unwrap_or_else(|e| panic!("migration {}: {e}", m.version));
+            }
+        }
+    };
+    apply(true).await;
+    // 90 runs created over the past days (UUIDv7 from their time), 10 with hashed ids all
+    // over the range (branch children of earlier releases), 5 archived events.
+    sqlx::raw_sql(
+        "INSERT INTO rein_events (run_id, sequence, event_id, type, fencing_token, worker)
+         SELECT (CASE WHEN i % 10 = 0 THEN 'f' || substr(md5(i::text), 2, 31)
+                      ELSE lpad(to_hex((extract(epoch FROM now() - i * interval '1 hour') * 1000)::bigint), 12, '0')
+                           || '7' || substr(md5(i::text), 1, 3) || '8' || substr(md5(i::text), 4, 15)
+                 END)::uuid, 1, gen_random_uuid(), 'CREATED', 1, 'w'
+         FROM generate_series(1, 100) AS i;
+         INSERT INTO rein_events_archive (run_id, sequence, event_id, type, payload, schema_version,
+                                          fencing_token, worker, occurred_at)
+         SELECT ('0' || substr(md5(i::text), 2, 31))::uuid, 1, gen_random_uuid(), 'CREATED', '{}', 1, 1, 'w', now()
+         FROM generate_series(1, 5) AS i;",
+    )
+    .execute(store.pool())
+    .await
+    .expect("a log from before");
+    let heap_before: i64 = sqlx::query_scalar("SELECT pg_relation_filenode('rein_events')::bigint")
+        .fetch_one(store.pool())
+        .await
+        .expect("filenode");
+    apply(false).await;
+
+    let placed: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT tableoid::regclass::text, count(*) FROM rein_events GROUP BY 1 ORDER BY 1",
+    )
+    .fetch_all(store.pool())
+    .await
+    .expect("placed");
+    assert_eq!(
+        placed,
+        vec![
+            ("rein_events_before".to_owned(), 90),
+            ("rein_events_other".to_owned(), 10)
+        ]
+    );
+    let kept: i64 = sqlx::query_scalar("SELECT pg_relation_filenode('rein_events_before')::bigint")
+        .fetch_one(store.pool())
+        .await
+        .expect("filenode");
+    assert_eq!(
+        kept, heap_before,
+        "the old log is the same table, not a copy"
+    );
+    let all: i64 = sqlx::query_scalar("SELECT count(*) FROM rein_events_all")
+        .fetch_one(store.pool())
+        .await
+        .expect("all");
+    assert_eq!(all, 105, "every event reads through the view");
+
+    // A run made now lands in this month's partition; the log refuses an update.
+    let now_id = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO rein_events (run_id, sequence, event_id, type, fencing_token, worker)
+         VALUES ($1, 1, gen_random_uuid(), 'CREATED', 1, 'w')",
+    )
+    .bind(now_id)
+    .execute(store.pool())
+    .await
+    .expect("a new event");
+    let (home, month): (String, String) = sqlx::query_as(
+        "SELECT tableoid::regclass::text,
+                'rein_events_' || to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYYMM')
+         FROM rein_events WHERE run_id = $1",
+    )
+    .bind(now_id)
+    .fetch_one(store.pool())
+    .await
+    .expect("home");
+    assert_eq!(home, month);
+    let refused = sqlx::query("UPDATE rein_events SET type = 'X' WHERE run_id = $1")
+        .bind(now_id)
+        .execute(store.pool())
+        .await;
+    assert!(
+        refused.is_err_and(|e| e.to_string().contains("append-only")),
+        "the log stays append-only"
+    );
+    let triggers: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_trigger
+         WHERE tgrelid = 'rein_events_before'::regclass AND NOT tgisinternal
+           AND tgparentid = 0",
+    )
+    .fetch_one(store.pool())
+    .await
+    .expect("triggers");
+    assert_eq!(
+        triggers, 0,
+        "the old table keeps no trigger of its own: each fires once"
+    );
+}
