@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Datelike;
 
+use crate::ratio;
 use rein_scheduler::{Scheduler, SchedulerConfig};
 use rein_store::{EnqueueRequest, MonthMoved, RunCopies, Store, StoreError};
 use rein_worker::{Worker, WorkerConfig};
@@ -326,10 +327,6 @@ pub struct RowArchive {
     pub wal_bytes_per_run: f64,
 }
 
-fn per(n: f64, d: i64) -> f64 {
-    if d > 0 { n / d as f64 } else { 0.0 }
-}
-
 /// Moves the months whose runs all ended out of the hot log by partition, then archives up
 /// to [`ROW_ARCHIVE_RUNS_MAX`] finished runs of the rest run by run, timing both.
 pub async fn retention_both_ways(
@@ -388,19 +385,18 @@ pub async fn retention_both_ways(
         events,
         seconds,
         wal_bytes,
-        us_per_run: per(seconds * 1e6, runs),
-        wal_bytes_per_run: per(wal_bytes as f64, runs),
+        us_per_run: ratio(seconds * 1e6, runs as f64),
+        wal_bytes_per_run: ratio(wal_bytes as f64, runs as f64),
     };
     let (month_us_per_run, month_wal_bytes_per_run) = month
         .as_ref()
         .map(|m| {
             (
-                per(m.seconds * 1e6, m.runs),
-                per(m.wal_bytes as f64, m.runs),
+                ratio(m.seconds * 1e6, m.runs as f64),
+                ratio(m.wal_bytes as f64, m.runs as f64),
             )
         })
         .unwrap_or((0.0, 0.0));
-    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     Ok(RetentionBothWays {
         time_ratio: ratio(rows.us_per_run, month_us_per_run),
         wal_ratio: ratio(rows.wal_bytes_per_run, month_wal_bytes_per_run),

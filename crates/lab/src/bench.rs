@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rein_core::Definition;
+
+use crate::ratio;
 use rein_scheduler::{Scheduler, SchedulerConfig};
 use rein_store::{
     DbCost, EnqueueRequest, Percentiles, QueueStats, StatementCost, StatementKind, Store,
@@ -1065,10 +1067,6 @@ fn print_costs(p: &Point, r: &Reference) {
     println!(
         "WAL is the server's (pg_current_wal_lsn); statement time is execution time (pg_stat_statements), the commit's fsync not included"
     );
-}
-
-fn ratio(a: f64, b: f64) -> f64 {
-    if b > 0.0 { a / b } else { 0.0 }
 }
 
 fn mb(bytes: u64) -> f64 {

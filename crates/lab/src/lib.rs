@@ -34,3 +34,8 @@ pub fn progress_bar(len: u64, template: &str) -> indicatif::ProgressBar {
     }
     bar
 }
+
+/// `a / b`, or 0 when there is nothing to divide by.
+pub fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 { a / b } else { 0.0 }
+}
