@@ -13,9 +13,9 @@ WITH RECURSIVE req AS (
     SELECT *
     FROM unnest($1::uuid[], $2::bigint[], $3::bigint[], $4::jsonb[], $5::text[], $6::text[],
                 $7::bool[], $8::bool[], $9::bigint[], $10::text[], $35::uuid[], $51::bigint[],
-                $52::bool[], $56::bool[])
+                $52::bool[], $56::bool[], $58::bigint[])
         AS r(run_id, token, base_seq, projection, state, status, bump, release, timer_ms, terminal_reason,
-             approval_id, defer_ms, first_try, cancelled)
+             approval_id, defer_ms, first_try, cancelled, new_seq)
 ),
 ev AS (
     SELECT *
@@ -23,28 +23,40 @@ ev AS (
         AS e(run_id, sequence, event_id, type, payload, node, sender)
 ),
 t AS (SELECT clock_timestamp() AS now),
+-- The ranges of months whose partition moved to the archive (rein_event_ranges): read once.
+moved AS MATERIALIZED (
+    SELECT lo, hi FROM rein_event_ranges WHERE moved_at IS NOT NULL
+),
+-- Runs some of whose events are stored already (a retried commit whose first attempt
+-- landed): one probe of the (run_id, event_id) key per event, never a read of a whole log.
+-- A scalar subquery, so the probe stays an index lookup whatever the tables' statistics.
+stored AS MATERIALIZED (
+    SELECT DISTINCT ev.run_id FROM ev
+    WHERE (SELECT 1 FROM rein_events x
+           WHERE x.run_id = ev.run_id AND x.event_id = ev.event_id LIMIT 1) IS NOT NULL
+),
 -- Row locks in run_id order: concurrent batches and renewals touching the same runs then
 -- queue behind each other instead of deadlocking. The update only reaches a row this has
 -- already locked. A locking read returns the newest version of each row, the one the
--- update judges, so a refused run's reason below is read from here.
+-- update judges, so a refused run's reason below is read from here. Each request is paired
+-- with its row here, by primary key, so nothing later joins two lists of the batch.
 locked AS (
-    SELECT r.run_id, r.state, r.state_entered_at, r.fencing_token, r.last_sequence,
+    SELECT q.*, r.state AS from_state, r.state_entered_at, r.fencing_token, r.last_sequence,
            r.lease_owner, r.lease_until,
-           -- Archived alone, or with its month's partition (rein_event_ranges).
+           -- Archived alone, or with its month's partition.
            r.archived_at IS NOT NULL OR EXISTS (
-               SELECT 1 FROM rein_event_ranges g
-               WHERE g.moved_at IS NOT NULL AND r.run_id >= g.lo AND r.run_id < g.hi) AS archived
-    FROM rein_runs r
-    WHERE r.run_id IN (SELECT run_id FROM req)
+               SELECT 1 FROM moved g WHERE r.run_id >= g.lo AND r.run_id < g.hi) AS archived
+    FROM req q
+    JOIN rein_runs r ON r.run_id = q.run_id
     ORDER BY r.run_id
-    FOR UPDATE
+    FOR UPDATE OF r
 ),
 upd AS (
     UPDATE rein_runs r SET
         projection = q.projection,
         state = q.state,
         status = q.status,
-        last_sequence = COALESCE((SELECT max(ev.sequence) FROM ev WHERE ev.run_id = q.run_id), q.base_seq),
+        last_sequence = q.new_seq,
         fencing_token = r.fencing_token + CASE WHEN q.bump THEN 1 ELSE 0 END,
         lease_owner = CASE WHEN q.release OR q.bump THEN NULL ELSE r.lease_owner END,
         lease_until = CASE WHEN q.release OR q.bump THEN NULL ELSE r.lease_until END,
@@ -69,17 +81,15 @@ upd AS (
         scan_after = NULL,
         scan_misses = 0,
         updated_at = clock_timestamp()
-    FROM req q, t
+    FROM locked q, t
     WHERE r.run_id = q.run_id
       -- An archived run's log has left rein_events for good: nothing is appended to it.
-      AND r.run_id IN (SELECT run_id FROM locked WHERE NOT archived)
+      AND NOT q.archived
       AND r.fencing_token = q.token
       AND r.last_sequence = q.base_seq
       AND CASE WHEN q.bump THEN (r.lease_owner IS NULL OR r.lease_until <= clock_timestamp())
                ELSE (r.lease_owner = $17 AND r.lease_until > clock_timestamp()) END
-      AND NOT EXISTS (
-          SELECT 1 FROM rein_events x JOIN ev ON ev.run_id = x.run_id AND ev.event_id = x.event_id
-          WHERE x.run_id = q.run_id)
+      AND q.run_id <> ALL (ARRAY(SELECT run_id FROM stored))
       -- A commit that uses an approval lands only while the grant is granted and unused.
       AND (q.approval_id IS NULL OR EXISTS (
           SELECT 1 FROM rein_approvals a
@@ -89,14 +99,18 @@ upd AS (
         r.enqueued_by, r.root_run_id, r.depth,
         r.lease_owner IS NULL AS unleased,
         -- How long the run was in the state it leaves (none when it stays).
-        (SELECT extract(epoch FROM t.now - l.state_entered_at)::float8
-         FROM locked l WHERE l.run_id = r.run_id AND l.state <> q.state) AS left_after_s
+        CASE WHEN q.from_state <> q.state
+             THEN extract(epoch FROM t.now - q.state_entered_at)::float8 END AS left_after_s,
+        -- What the optional parts below need of the request, so none joins it again.
+        q.state AS to_state, q.status AS to_status, q.terminal_reason AS reason, q.approval_id,
+        CASE WHEN q.status = 'terminal' THEN q.projection->'data'->'result' END AS result
 ),
 ins AS (
     INSERT INTO rein_events (run_id, sequence, event_id, type, payload, node, fencing_token, worker, sender)
     SELECT ev.run_id, ev.sequence, ev.event_id, ev.type, ev.payload, ev.node, upd.fencing_token, $17, ev.sender
     FROM ev JOIN upd ON upd.run_id = ev.run_id
 ),
+-- [grants]
 grants AS (
     INSERT INTO rein_lease_grants (run_id, fencing_token, worker, at_sequence)
     SELECT run_id, fencing_token, $17, base_seq FROM upd WHERE bump
@@ -132,8 +146,8 @@ ledger AS (
 -- [approvals_used]
 approvals_used AS (
     UPDATE rein_approvals a SET consumed_at = clock_timestamp()
-    FROM req q JOIN upd ON upd.run_id = q.run_id
-    WHERE a.approval_id = q.approval_id
+    FROM upd
+    WHERE a.approval_id = upd.approval_id
 ),
 -- [approvals_void]
 -- A run that ends leaves no request waiting for a person: what is still pending (and not
@@ -142,8 +156,8 @@ approvals_used AS (
 approvals_void AS (
     UPDATE rein_approvals a SET status = 'void',
         comment = COALESCE(a.comment || ' ', '') || '(void: the run ended)'
-    FROM req q JOIN upd ON upd.run_id = q.run_id
-    WHERE a.run_id = q.run_id AND q.status = 'terminal' AND a.status = 'pending'
+    FROM upd
+    WHERE a.run_id = upd.run_id AND upd.to_status = 'terminal' AND a.status = 'pending'
       AND a.expires_at > clock_timestamp()
 ),
 -- [blobs]
@@ -182,21 +196,20 @@ children AS (
 branch_results AS (
     INSERT INTO rein_inbox (run_id, event_id, type, payload, sender, expires_at)
     SELECT c.parent_run_id,
-           md5('rein/branch-result/' || q.run_id::text)::uuid,
-           CASE WHEN (c.branch->'succeed_on') @> to_jsonb(q.state)
+           md5('rein/branch-result/' || upd.run_id::text)::uuid,
+           CASE WHEN (c.branch->'succeed_on') @> to_jsonb(upd.to_state)
                 THEN 'BRANCH_SUCCEEDED' ELSE 'BRANCH_FAILED' END,
            jsonb_build_object(
-               'branch', c.branch->'name', 'fan_out', c.branch->'fan_out', 'child_run_id', q.run_id,
-               'state', q.state, 'reason', q.terminal_reason,
-               'result', CASE WHEN octet_length(COALESCE(q.projection->'data'->'result', 'null'::jsonb)::text) <= $50
-                              THEN q.projection->'data'->'result'
+               'branch', c.branch->'name', 'fan_out', c.branch->'fan_out', 'child_run_id', upd.run_id,
+               'state', upd.to_state, 'reason', upd.reason,
+               'result', CASE WHEN octet_length(COALESCE(upd.result, 'null'::jsonb)::text) <= $50
+                              THEN upd.result
                               ELSE jsonb_build_object('too_large_bytes',
-                                       octet_length((q.projection->'data'->'result')::text)) END),
+                                       octet_length(upd.result::text)) END),
            $17, clock_timestamp() + interval '30 days'
-    FROM req q
-    JOIN upd ON upd.run_id = q.run_id
-    JOIN rein_runs c ON c.run_id = q.run_id
-    WHERE q.status = 'terminal' AND c.branch IS NOT NULL AND c.parent_run_id IS NOT NULL
+    FROM upd
+    JOIN rein_runs c ON c.run_id = upd.run_id
+    WHERE upd.to_status = 'terminal' AND c.branch IS NOT NULL AND c.parent_run_id IS NOT NULL
     ON CONFLICT (run_id, event_id) DO NOTHING
 ),
 -- [losers]
@@ -286,8 +299,7 @@ SELECT q.run_id,
            WHEN l.archived THEN 'archived'
            WHEN l.fencing_token <> q.token THEN 'token'
            WHEN l.last_sequence <> q.base_seq THEN 'sequence'
-           WHEN EXISTS (SELECT 1 FROM rein_events x JOIN ev ON ev.run_id = x.run_id AND ev.event_id = x.event_id
-                        WHERE x.run_id = q.run_id) THEN 'already_stored'
+           WHEN q.run_id IN (SELECT run_id FROM stored) THEN 'already_stored'
            WHEN q.approval_id IS NOT NULL AND NOT EXISTS (
                SELECT 1 FROM rein_approvals a
                WHERE a.approval_id = q.approval_id AND a.run_id = q.run_id

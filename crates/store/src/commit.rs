@@ -867,6 +867,7 @@ async fn commit_statement(
         q.run_ids.push(r.run_id);
         q.tokens.push(r.token);
         q.base_seqs.push(r.base_sequence as i64);
+        q.new_seqs.push(r.state.sequence as i64);
         q.projections
             .push(serde_json::to_value(&r.state).map_err(|e| StoreError::Corrupt(e.to_string()))?);
         q.states.push(r.state.state.clone());
@@ -923,6 +924,7 @@ async fn commit_statement(
     }
 
     let parts = CommitParts {
+        grants: q.bumps.iter().any(|b| *b),
         consumed: !q.inbox_id.is_empty(),
         inbox_due: q.bumps.iter().zip(&q.releases).any(|(b, r)| *b || *r),
         ledger: !q.l_run.is_empty(),
@@ -992,6 +994,7 @@ async fn commit_statement(
         .bind(&q.x_parent)
         .bind(&q.cancels)
         .bind(&q.x_fan_out)
+        .bind(&q.new_seqs)
         .fetch_all(&mut *conn)
         .await
         .inspect_err(|e| {
@@ -1113,6 +1116,8 @@ async fn commit_statement(
 /// can reach it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 struct CommitParts {
+    /// A writer that takes the token (no lease held): its grant is recorded.
+    grants: bool,
     /// Inbox entries the batch applied.
     consumed: bool,
     /// A run that releases its lease or takes the token: its inbox is looked at again.
@@ -1131,6 +1136,7 @@ struct CommitParts {
 impl CommitParts {
     fn wants(&self, part: &str) -> bool {
         match part {
+            "grants" => self.grants,
             "consumed" => self.consumed,
             "inbox_due" => self.inbox_due,
             "ledger" => self.ledger,
@@ -1253,6 +1259,7 @@ struct Columns {
     x_branch: Vec<String>,
     x_parent: Vec<Uuid>,
     x_fan_out: Vec<i64>,
+    new_seqs: Vec<i64>,
 }
 
 #[cfg(test)]
@@ -1264,6 +1271,7 @@ mod tests {
         sql.lines()
             .filter_map(|l| {
                 let l = l.strip_prefix("WITH RECURSIVE ").unwrap_or(l);
+                let l = l.replace(" AS MATERIALIZED (", " AS (");
                 let (name, _) = l.split_once(" AS (")?;
                 name.chars()
                     .all(|c| c.is_ascii_lowercase() || c == '_')
@@ -1274,6 +1282,7 @@ mod tests {
 
     fn all() -> CommitParts {
         CommitParts {
+            grants: true,
             consumed: true,
             inbox_due: true,
             ledger: true,
@@ -1307,7 +1316,7 @@ mod tests {
         let plain = assemble_commit(CommitParts::default());
         assert_eq!(
             ctes(&plain),
-            ["req", "ev", "t", "locked", "upd", "ins", "grants"]
+            ["req", "ev", "t", "moved", "stored", "locked", "upd", "ins"]
         );
         assert!(plain.contains("SELECT q.run_id,"), "{plain}");
         assert!(!plain.contains(",\n-- A refused"), "{plain}");
@@ -1316,7 +1325,7 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(
-            ctes(&ending)[7..],
+            ctes(&ending)[8..],
             ["approvals_void", "branch_results"].map(String::from)
         );
         let cancelling = assemble_commit(CommitParts {
@@ -1324,7 +1333,7 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(
-            ctes(&cancelling)[7..],
+            ctes(&cancelling)[8..],
             ["descendants", "doomed", "cancel_descendants"].map(String::from)
         );
     }

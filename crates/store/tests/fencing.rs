@@ -874,3 +874,92 @@ async fn a_batch_refused_for_one_runs_data_is_committed_run_by_run() {
         }
     }
 }
+
+/// Index entries of the event log every backend has read so far, and the rows inserted into
+/// it, once each backend's statistics have reached the shared counters.
+async fn event_log_reads(store: &Store) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT (SELECT COALESCE(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
+                  WHERE relname LIKE 'rein_events%'),
+                (SELECT COALESCE(sum(n_tup_ins), 0)::bigint FROM pg_stat_user_tables
+                  WHERE relname LIKE 'rein_events%')",
+    )
+    .fetch_one(store.pool())
+    .await
+    .expect("statistics")
+}
+
+/// Waits until the shared counters show `inserted` rows in the event log.
+async fn event_log_reads_after(store: &Store, inserted: i64) -> i64 {
+    let end = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (read, ins) = event_log_reads(store).await;
+        if ins >= inserted {
+            return read;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the statistics never showed {inserted} events inserted (they show {ins})"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// A commit asks whether its events are stored already (a retry whose first attempt landed)
+/// by the batch's own (run_id, event_id) keys. It once read every event of the run to learn
+/// it, so each step of a long run cost more than the last: here a step on top of a
+/// 3,000-event log read 3,000 index entries of the log; now it reads none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_on_a_long_log_reads_only_its_own_events() {
+    let store = store("commit_reads_own_events").await;
+    let run = enqueue(&store).await;
+    let claimed = claim_one(&store, "worker-a", 60_000).await;
+    assert_eq!(claimed.run_id, run);
+    // A long log, written as the owner would have: the run row says where it ends.
+    const LOG: i64 = 3_000;
+    sqlx::query(
+        "INSERT INTO rein_events (run_id, sequence, event_id, type, payload, fencing_token, worker)
+         SELECT $1, s, gen_random_uuid(), 'NOTE', '{}', $2, 'worker-a'
+         FROM generate_series(1, $3::bigint) AS s",
+    )
+    .bind(run)
+    .bind(claimed.token)
+    .bind(LOG)
+    .execute(store.pool())
+    .await
+    .expect("a long log");
+    sqlx::query("UPDATE rein_runs SET last_sequence = $2 WHERE run_id = $1")
+        .bind(run)
+        .bind(LOG)
+        .execute(store.pool())
+        .await
+        .expect("the run row follows its log");
+    let before = event_log_reads_after(&store, LOG).await;
+
+    let mut base = claimed.state.clone();
+    base.sequence = LOG as u64;
+    let request = commit_of(&claimed, &base, &["start"]);
+    assert!(
+        matches!(
+            commit_one(&store, "worker-a", &request).await,
+            CommitOutcome::Committed(_)
+        ),
+        "the step on top of the long log commits"
+    );
+    let after = event_log_reads_after(&store, LOG + 1).await;
+    assert!(
+        after - before < 100,
+        "one step read {} index entries of the event log; its run has {LOG} events, so it \
+         read the run's log instead of probing its own event",
+        after - before
+    );
+
+    // A retry of that same commit is still recognised as landed.
+    assert!(
+        matches!(
+            commit_one(&store, "worker-a", &request).await,
+            CommitOutcome::AlreadyCommitted { .. }
+        ),
+        "a retried commit is answered from the stored event"
+    );
+}
