@@ -28,6 +28,12 @@ pub struct WorkerArgs {
     lease_ttl_ms: u64,
     #[arg(long, default_value_t = 16)]
     claim_batch: u32,
+    /// When busy (its last claim got all it asked for), wait up to this long for half a
+    /// claim batch of free slots before claiming, so a claim takes many runs at once; 0
+    /// claims as soon as one slot is free.
+    #[arg(long, default_value_t = rein_worker::CLAIM_GATHER_MS_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    claim_gather_ms: u64,
     #[arg(long, default_value_t = 100)]
     poll_interval_ms: u64,
     /// Grace period for in-flight actions after SIGTERM.
@@ -495,6 +501,7 @@ pub async fn worker(args: WorkerArgs) -> u8 {
     config.concurrency = args.concurrency;
     config.lease_ttl_ms = args.lease_ttl_ms;
     config.claim_batch = args.claim_batch;
+    config.claim_gather_ms = args.claim_gather_ms;
     config.poll_interval_ms = args.poll_interval_ms;
     config.shutdown_grace_ms = args.shutdown_grace_ms;
     config.commit_batching = !args.no_commit_batching;

@@ -53,6 +53,11 @@ pub struct BenchArgs {
     /// Most runs taken per claim query.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1000))]
     claim_batch: u32,
+    /// How long a busy worker waits for half a claim batch of free slots before it claims
+    /// (`rein worker --claim-gather-ms`); 0 claims as soon as one slot is free.
+    #[arg(long, default_value_t = rein_worker::CLAIM_GATHER_MS_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    claim_gather_ms: u64,
     /// Commit one run per statement instead of grouping commits.
     #[arg(long)]
     no_commit_batching: bool,
@@ -165,10 +170,15 @@ struct PointCost {
     commit_us_per_event: Option<f64>,
     commit_wal_bytes_per_event: Option<f64>,
     commit_calls: Option<i64>,
+    /// Committed events per commit statement (the group commit's batch).
+    events_per_commit: Option<f64>,
     /// The claim statement's execution time and WAL per run it took.
     claim_us_per_claimed_run: Option<f64>,
     claim_wal_bytes_per_claimed_run: Option<f64>,
     runs_claimed: Option<i64>,
+    /// Claim statements, and runs each took on average (group claiming).
+    claim_calls: Option<i64>,
+    runs_per_claim: Option<f64>,
     /// The statements that cost the most, most first.
     top_statements: Vec<StatementFigures>,
 }
@@ -216,10 +226,13 @@ impl PointCost {
         cost.db_us_per_event = Some(per_event(total_ms * 1000.0));
         let (calls, _, ms, wal) = sum(StatementKind::Commit);
         cost.commit_calls = Some(calls);
+        cost.events_per_commit = Some(ratio(events as f64, calls as f64));
         cost.commit_us_per_event = Some(per_event(ms * 1000.0));
         cost.commit_wal_bytes_per_event = Some(per_event(wal as f64));
-        let (_, claimed, ms, wal) = sum(StatementKind::Claim);
+        let (claims, claimed, ms, wal) = sum(StatementKind::Claim);
         cost.runs_claimed = Some(claimed);
+        cost.claim_calls = Some(claims);
+        cost.runs_per_claim = Some(ratio(claimed as f64, claims as f64));
         cost.claim_us_per_claimed_run = Some(ratio(ms * 1000.0, claimed as f64));
         cost.claim_wal_bytes_per_claimed_run = Some(ratio(wal as f64, claimed as f64));
         cost.top_statements = statements
@@ -287,6 +300,7 @@ struct Plan {
     args_runs: u32,
     concurrency: u32,
     claim_batch: u32,
+    claim_gather_ms: u64,
     commit_batching: bool,
     worker_pool: u32,
     duration: Duration,
@@ -402,6 +416,7 @@ pub async fn bench(args: BenchArgs) -> u8 {
         args_runs: args.runs,
         concurrency: args.concurrency,
         claim_batch: args.claim_batch,
+        claim_gather_ms: args.claim_gather_ms,
         commit_batching: !args.no_commit_batching,
         worker_pool: args.worker_pool,
         duration: Duration::from_secs(args.duration_s),
@@ -516,7 +531,7 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
     };
     if !plan.json {
         eprintln!(
-            "rein bench: {} v{}, {} {}, {} runs at once each, claim batch {}, commit batching {}",
+            "rein bench: {} v{}, {} {}, {} runs at once each, claim batch {} (gathered for up to {} ms), commit batching {}",
             plan.definition.name(),
             plan.definition.version(),
             points
@@ -531,6 +546,7 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
             },
             plan.concurrency,
             plan.claim_batch,
+            plan.claim_gather_ms,
             if plan.commit_batching { "on" } else { "off" },
         );
         eprintln!(
@@ -638,6 +654,8 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
             "commit_us_per_event": headline.cost.commit_us_per_event,
             "commit_wal_bytes_per_event": headline.cost.commit_wal_bytes_per_event,
             "claim_us_per_claimed_run": headline.cost.claim_us_per_claimed_run,
+            "runs_per_claim": headline.cost.runs_per_claim,
+            "events_per_commit": headline.cost.events_per_commit,
             "statements_unavailable": headline.cost.statements_unavailable,
             "reference_batched": reference.batched_cost,
             "reference_single": reference.single_cost,
@@ -885,6 +903,7 @@ fn params(
         "processes": if plan.processes { json!(points) } else { Value::Null },
         "concurrency": plan.concurrency,
         "claim_batch": plan.claim_batch,
+        "claim_gather_ms": plan.claim_gather_ms,
         "commit_batching": plan.commit_batching,
         "worker_pool": plan.worker_pool,
         "duration_s": plan.duration.as_secs(),
@@ -1014,21 +1033,25 @@ fn print_costs(p: &Point, r: &Reference) {
     let c = &p.cost;
     println!();
     println!(
-        "database cost per committed event ({} workers): {} µs of statement time, {:.0} B of WAL; the commit statement {} µs and {} B",
+        "database cost per committed event ({} workers): {} µs of statement time, {:.0} B of WAL; the commit statement {} µs and {} B ({} events a statement)",
         p.workers,
         optional(c.db_us_per_event),
         c.wal_bytes_per_event,
         optional(c.commit_us_per_event),
         c.commit_wal_bytes_per_event
             .map_or_else(|| "n/a".to_owned(), |x| format!("{x:.0}")),
+        c.events_per_commit
+            .map_or_else(|| "n/a".to_owned(), |x| format!("{x:.1}")),
     );
     println!(
-        "per claimed run: the claim statement {} µs and {} B of WAL ({} runs claimed)",
+        "per claimed run: the claim statement {} µs and {} B of WAL ({} runs claimed, {} a statement)",
         optional(c.claim_us_per_claimed_run),
         c.claim_wal_bytes_per_claimed_run
             .map_or_else(|| "n/a".to_owned(), |x| format!("{x:.0}")),
         c.runs_claimed
             .map_or_else(|| "n/a".to_owned(), |n| n.to_string()),
+        c.runs_per_claim
+            .map_or_else(|| "n/a".to_owned(), |x| format!("{x:.1}")),
     );
     for (label, rc) in [
         (format!("{} rows", r.batch_size), &r.batched_cost),
@@ -1213,6 +1236,7 @@ async fn start_fleet(plan: &Plan, queue: &str, workers: u32) -> Result<Fleet, St
                 ("--lease-ttl-ms", "30000".to_owned()),
                 ("--concurrency", plan.concurrency.to_string()),
                 ("--claim-batch", plan.claim_batch.to_string()),
+                ("--claim-gather-ms", plan.claim_gather_ms.to_string()),
                 ("--db-pool-max", plan.worker_pool.to_string()),
             ];
             if !plan.commit_batching {
@@ -1242,6 +1266,7 @@ async fn start_fleet(plan: &Plan, queue: &str, workers: u32) -> Result<Fleet, St
             let mut config = WorkerConfig::new(format!("{queue}-w{i}"));
             config.concurrency = plan.concurrency as usize;
             config.claim_batch = plan.claim_batch;
+            config.claim_gather_ms = plan.claim_gather_ms;
             config.commit_batching = plan.commit_batching;
             config.queues = vec![queue.to_owned()];
             config.poll_interval_ms = plan.poll_interval_ms;

@@ -12,7 +12,7 @@ pub mod trace;
 pub use handler::{
     ActionContext, BoxFuture, ModelReply, NodeHandler, Outcome, Reconciled, Registry,
 };
-pub use runtime::{Worker, WorkerConfig, WorkerStats};
+pub use runtime::{CLAIM_GATHER_MS_DEFAULT, Worker, WorkerConfig, WorkerStats};
 
 /// Names of the actions [`builtin_registry`] handles.
 pub fn builtin_registry_actions() -> &'static [&'static str] {

@@ -22,6 +22,10 @@ use uuid::Uuid;
 
 use crate::handler::{ActionContext, Outcome, Reconciled, Registry};
 
+/// How long a busy worker waits for more free slots before a small claim
+/// ([`WorkerConfig::claim_gather_ms`]).
+pub const CLAIM_GATHER_MS_DEFAULT: u64 = 10;
+
 /// What a model call books against a `tpm` limit when its table sets no `max_tokens`.
 pub const MODEL_TOKENS_BOOKED_DEFAULT: u64 = 1024;
 
@@ -35,6 +39,11 @@ pub struct WorkerConfig {
     pub claim_batch: u32,
     /// Idle wait between claim queries when nothing was found.
     pub poll_interval_ms: u64,
+    /// Group claiming: a busy worker (its last claim got all it asked for) with fewer free
+    /// slots than half a claim batch waits up to this long for more to free before it
+    /// claims, so one claim statement takes many runs instead of one or two. A worker with
+    /// room, or an idle queue, claims at once. 0: claim as soon as a slot is free.
+    pub claim_gather_ms: u64,
     pub queues: Vec<String>,
     /// How long in-flight actions may take to finish after SIGTERM.
     pub shutdown_grace_ms: u64,
@@ -64,6 +73,7 @@ impl WorkerConfig {
             lease_ttl_ms: 10_000,
             claim_batch: 16,
             poll_interval_ms: 100,
+            claim_gather_ms: CLAIM_GATHER_MS_DEFAULT,
             queues: vec!["default".to_owned()],
             shutdown_grace_ms: 10_000,
             steps_per_claim_max: 64,
@@ -88,6 +98,9 @@ impl WorkerConfig {
         }
         if self.claim_batch == 0 || self.claim_batch > 1000 {
             return Err("claim batch must be 1..=1000".into());
+        }
+        if self.claim_gather_ms > 10_000 {
+            return Err("claim gather wait must be 0..=10000 ms".into());
         }
         if self.queues.is_empty() || self.queues.len() > 64 {
             return Err("give 1..=64 queues".into());
@@ -137,6 +150,8 @@ pub struct WorkerStats {
     pub fenced: AtomicU64,
     pub leases_lost: AtomicU64,
     pub claim_queries: AtomicU64,
+    /// Claim queries that took at least one run.
+    pub claims_taking: AtomicU64,
     /// Runs this worker committed into a terminal state.
     pub runs_finished: AtomicU64,
     /// Round-trip time of each claim query in µs (the first [`CLAIM_SAMPLES_MAX`]).
@@ -186,6 +201,7 @@ impl WorkerStats {
             "fenced": self.fenced.load(Ordering::Relaxed),
             "leases_lost": self.leases_lost.load(Ordering::Relaxed),
             "claim_queries": self.claim_queries.load(Ordering::Relaxed),
+            "claims_taking": self.claims_taking.load(Ordering::Relaxed),
             "runs_finished": self.runs_finished.load(Ordering::Relaxed),
             "claim_ms_p50": pct(0.50),
             "claim_ms_p99": pct(0.99),
@@ -323,6 +339,17 @@ impl Worker {
         let mut tasks = tokio::task::JoinSet::new();
         let mut idle_ms = inner.config.poll_interval_ms;
         let mut last_heartbeat = tokio::time::Instant::now();
+        // Group claiming: whether the last claim took all it asked for (the queue has more),
+        // and since when a few slots have been waiting for company.
+        let mut backlog = false;
+        let mut gathering_since: Option<tokio::time::Instant> = None;
+        let gather = Duration::from_millis(inner.config.claim_gather_ms);
+        let claim_min = (inner
+            .config
+            .claim_batch
+            .min(inner.config.concurrency as u32)
+            / 2)
+        .max(1);
         info!(worker = %inner.config.worker_id, concurrency = inner.config.concurrency, "worker started");
         loop {
             while tasks.try_join_next().is_some() {}
@@ -341,6 +368,19 @@ impl Worker {
                     .await;
             }
             let free = inner.config.concurrency.saturating_sub(tasks.len());
+            if backlog && free > 0 && (free as u32) < claim_min && !gather.is_zero() {
+                let since = *gathering_since.get_or_insert_with(tokio::time::Instant::now);
+                let until = since + gather;
+                if tokio::time::Instant::now() < until {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep_until(until) => {}
+                        Some(_) = tasks.join_next() => {}
+                    }
+                    continue;
+                }
+            }
+            gathering_since = None;
             let mut claimed_any = false;
             if free > 0 {
                 let n = (free as u32).min(inner.config.claim_batch);
@@ -358,6 +398,10 @@ impl Worker {
                 match claimed {
                     Ok(runs) => {
                         claimed_any = !runs.is_empty();
+                        backlog = runs.len() as u32 == n;
+                        if claimed_any {
+                            inner.stats.claims_taking.fetch_add(1, Ordering::Relaxed);
+                        }
                         metrics::counter!(rein_store::metrics::LEASE_CLAIMS)
                             .increment(runs.len() as u64);
                         for run in runs {
@@ -366,7 +410,10 @@ impl Worker {
                             tasks.spawn(async move { drive(inner, run).await });
                         }
                     }
-                    Err(e) => warn!(error = %e, "claim failed; retrying after a pause"),
+                    Err(e) => {
+                        backlog = false;
+                        warn!(error = %e, "claim failed; retrying after a pause")
+                    }
                 }
             }
             if claimed_any {

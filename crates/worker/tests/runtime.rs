@@ -1020,6 +1020,25 @@ async fn initial_waiting_state_timeout_fires_at_deadline() {
     assert_replays(&store, run).await;
 }
 
+/// Enqueues `n` runs of the built-in chain4 in one statement.
+async fn enqueue_chains(store: &Store, n: usize) {
+    let chain = rein_core::builtin::load("chain4")
+        .expect("chain4 is built in")
+        .expect("chain4 is valid");
+    let requests: Vec<EnqueueRequest> = (0..n)
+        .map(|_| EnqueueRequest::new(chain.clone(), json!({})))
+        .collect();
+    store.enqueue_batch(&requests).await.expect("enqueue");
+}
+
+/// Runs that have not ended yet.
+async fn runs_left(store: &Store) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM rein_runs WHERE status <> 'terminal'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
 /// Renewals race with claims and commits. A renewal must judge only the leases it asked
 /// about (runs claimed or released while it was in flight were once taken for lost leases),
 /// and a renewal and a commit batch touching the same runs must not deadlock (they once
@@ -1031,13 +1050,7 @@ async fn renewal_never_loses_leases_claimed_while_it_was_in_flight() {
         .with_test_writer()
         .try_init();
     let store = store("renewal_race").await;
-    let chain = rein_core::builtin::load("chain4")
-        .expect("chain4 is built in")
-        .expect("chain4 is valid");
-    let requests: Vec<EnqueueRequest> = (0..6000)
-        .map(|_| EnqueueRequest::new(chain.clone(), json!({})))
-        .collect();
-    store.enqueue_batch(&requests).await.expect("enqueue");
+    enqueue_chains(&store, 6000).await;
     // Renewals every second while claims of 8 runs happen every few ms; the lease is long
     // enough that a busy machine does not let it lapse for real.
     let mut c = config("renewal-race", 1_000);
@@ -1045,12 +1058,8 @@ async fn renewal_never_loses_leases_claimed_while_it_was_in_flight() {
     c.concurrency = 64;
     let worker = Running::start(&store, c, builtin_registry(store.clone()));
     wait_until("every run is terminal", Duration::from_secs(60), || async {
-        let left: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM rein_runs WHERE status <> 'terminal'")
-                .fetch_one(store.pool())
-                .await
-                .unwrap();
-        left == 0 || worker.worker.stats().leases_lost.load(Ordering::Relaxed) > 0
+        runs_left(&store).await == 0
+            || worker.worker.stats().leases_lost.load(Ordering::Relaxed) > 0
     })
     .await;
     let lost = worker.worker.stats().leases_lost.load(Ordering::Relaxed);
@@ -1058,6 +1067,69 @@ async fn renewal_never_loses_leases_claimed_while_it_was_in_flight() {
     assert_eq!(
         lost, 0,
         "no fault was injected, yet leases were taken for lost"
+    );
+}
+
+/// A step that takes a time of its own for each run (0 to 375 ms, from the run id), so a
+/// busy worker's slots free one at a time.
+struct Staggered;
+
+impl NodeHandler for Staggered {
+    fn side_effect(&self, _ctx: &ActionContext) -> bool {
+        false
+    }
+
+    fn run(&self, ctx: ActionContext) -> BoxFuture<Outcome> {
+        let ms = u64::from(ctx.run_id.as_bytes()[15] % 16) * 25;
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Outcome::event("next", json!({}))
+        })
+    }
+}
+
+/// Claims that took runs while a worker of 8 slots drove 64 runs through chain4.
+async fn claims_for_a_backlog(name: &str, gather_ms: u64) -> u64 {
+    let store = store(name).await;
+    enqueue_chains(&store, 64).await;
+    let mut c = config(name, 10_000);
+    c.concurrency = 8;
+    c.claim_batch = 8;
+    c.claim_gather_ms = gather_ms;
+    let mut registry = Registry::new();
+    registry.register("noop", Staggered);
+    let worker = Running::start(&store, c, registry);
+    wait_until("every run is terminal", Duration::from_secs(60), || async {
+        runs_left(&store).await == 0
+    })
+    .await;
+    let stats = worker.worker.stats();
+    let (claimed, taking) = (
+        stats.claimed.load(Ordering::Relaxed),
+        stats.claims_taking.load(Ordering::Relaxed),
+    );
+    worker.stop().await;
+    assert_eq!(claimed, 64, "each run is claimed once");
+    taking
+}
+
+/// Group claiming: a busy worker whose slots free one at a time waits for half a claim
+/// batch (4 of 8) before it claims again, so a backlog of 64 runs is taken in at most
+/// 1 + 56 / 4 claims. Without the wait it claims as each slot frees, one or two runs a
+/// statement; that is what the bound is there to catch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_worker_gathers_free_slots_into_few_claims() {
+    let gathered = claims_for_a_backlog("claims_gathered", 10_000).await;
+    assert!(
+        gathered <= 15,
+        "{gathered} claims took runs; waiting for 4 free slots allows at most 15"
+    );
+    let at_once = claims_for_a_backlog("claims_at_once", 0).await;
+    println!("claims that took runs: {gathered} gathered, {at_once} at once");
+    assert!(
+        at_once > 15,
+        "claiming as each slot frees took only {at_once} claims: the bound above would not \
+         notice a worker that stopped gathering"
     );
 }
 
