@@ -95,6 +95,17 @@ fn assert_complete(report: &Value, runs: i64, events_per_run: i64) {
         report["db_cost"]["reference_batched"]["wal_bytes_per_row"].as_f64() > Some(0.0),
         "{report}"
     );
+    // The machine's CPU (/proc/stat) per event and per reference row, and their ratio.
+    let cpu = point["cost"]["machine_cpu_us_per_event"].as_f64();
+    assert!(cpu > Some(0.0), "{point}");
+    assert_eq!(report["db_cost"]["machine_cpu_us_per_event"].as_f64(), cpu);
+    let row = report["db_cost"]["reference_batched"]["machine_cpu_us_per_row"].as_f64();
+    assert!(row > Some(0.0), "{report}");
+    let expected = row.unwrap() / cpu.unwrap();
+    let said = report["ratios"]["batched_row_cpu_to_event_cpu"]
+        .as_f64()
+        .expect("the CPU ratio");
+    assert!((said - expected).abs() <= 1e-9 * expected, "{report}");
     assert!(
         point["peak_rss_mb"]
             .as_array()
@@ -448,6 +459,22 @@ fn bench_reports_the_database_cost_of_each_event_on_its_private_server() {
     // Every run was claimed (each finishes within its first claim), by claim statements.
     assert!(cost["runs_claimed"].as_i64() >= Some(40), "{cost}");
     assert!(cost["commit_calls"].as_i64() >= Some(1), "{cost}");
+    // The group claim's and the group commit's batches, from the same counters.
+    let per = |a: &str, b: &str| cost[a].as_f64().unwrap() / cost[b].as_f64().unwrap();
+    assert_eq!(
+        cost["runs_per_claim"].as_f64(),
+        Some(per("runs_claimed", "claim_calls")),
+        "{cost}"
+    );
+    assert!(cost["runs_per_claim"].as_f64() >= Some(1.0), "{cost}");
+    assert_eq!(
+        cost["events_per_commit"].as_f64(),
+        Some(
+            report["points"][0]["events"].as_f64().unwrap()
+                / cost["commit_calls"].as_f64().unwrap()
+        ),
+        "{cost}"
+    );
     // The commit statement's time is part of all statements' time.
     assert!(
         cost["commit_us_per_event"].as_f64() <= cost["db_us_per_event"].as_f64(),

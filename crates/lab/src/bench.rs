@@ -153,6 +153,36 @@ struct RowCost {
     /// Execution time of the insert statement per row (`pg_stat_statements`); None when it
     /// is unavailable.
     db_us_per_row: Option<f64>,
+    /// CPU time the whole machine spent per row (see [`machine_busy_us`]).
+    machine_cpu_us_per_row: Option<f64>,
+}
+
+/// CPU time the whole machine has spent busy since boot, in µs: user, nice, system, irq and
+/// softirq from /proc/stat (idle, I/O wait and time stolen by a hypervisor left out). A
+/// point's delta divided by its events is what one event cost the machine, the database's
+/// processes and the workers together; unlike a rate, it does not move when a neighbour
+/// takes the CPU away. None where /proc/stat is not there.
+fn machine_busy_us() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let ticks: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...
+    let busy = [0, 1, 2, 5, 6]
+        .iter()
+        .filter_map(|&i| ticks.get(i))
+        .sum::<f64>();
+    // SAFETY: sysconf only reads a constant of the system.
+    let per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (per_s > 0).then(|| busy * 1e6 / per_s as f64)
+}
+
+/// The machine's busy CPU between two readings, per `n` things done.
+fn machine_cpu_per(from: Option<f64>, to: Option<f64>, n: f64) -> Option<f64> {
+    Some(ratio(to? - from?, n))
 }
 
 /// What the database spent on one point, per committed event and per claimed run.
@@ -162,6 +192,8 @@ struct PointCost {
     /// so other databases on a shared server are counted too).
     wal_bytes: i64,
     wal_bytes_per_event: f64,
+    /// CPU time the whole machine spent per committed event (see [`machine_busy_us`]).
+    machine_cpu_us_per_event: Option<f64>,
     /// Why the statement figures below are missing, when they are.
     statements_unavailable: Option<String>,
     /// Execution time of every statement this database ran during the point, per event.
@@ -655,6 +687,7 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
             "commit_wal_bytes_per_event": headline.cost.commit_wal_bytes_per_event,
             "claim_us_per_claimed_run": headline.cost.claim_us_per_claimed_run,
             "runs_per_claim": headline.cost.runs_per_claim,
+            "machine_cpu_us_per_event": headline.cost.machine_cpu_us_per_event,
             "events_per_commit": headline.cost.events_per_commit,
             "statements_unavailable": headline.cost.statements_unavailable,
             "reference_batched": reference.batched_cost,
@@ -674,6 +707,13 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
         "ratios": {
             "events_per_s_to_batched_rows_per_s": ratio(headline.events_per_s, reference.batched_inserts_per_s),
             "steps_per_s_to_single_inserts_per_s": ratio(headline.steps_per_s, reference.single_inserts_per_s),
+            // The reference's machine CPU per row over the point's per event: 0.5 means an
+            // event costs the machine twice a row at 10 rows per transaction.
+            "batched_row_cpu_to_event_cpu": headline
+                .cost
+                .machine_cpu_us_per_event
+                .zip(reference.batched_cost.machine_cpu_us_per_row)
+                .map(|(event, row)| ratio(row, event)),
         },
         "reference": reference,
         "peak_rss_mb": { "bench_process": own_rss, "workers": headline.peak_rss_mb },
@@ -1043,6 +1083,15 @@ fn print_costs(p: &Point, r: &Reference) {
         c.events_per_commit
             .map_or_else(|| "n/a".to_owned(), |x| format!("{x:.1}")),
     );
+    if let Some(cpu) = c.machine_cpu_us_per_event {
+        println!(
+            "the machine's CPU per committed event (database and workers together): {cpu:.1} µs, {} times a reference row's at {} rows per transaction",
+            r.batched_cost
+                .machine_cpu_us_per_row
+                .map_or_else(|| "n/a".to_owned(), |row| format!("{:.2}", ratio(cpu, row))),
+            r.batch_size,
+        );
+    }
     println!(
         "per claimed run: the claim statement {} µs and {} B of WAL ({} runs claimed, {} a statement)",
         optional(c.claim_us_per_claimed_run),
@@ -1058,9 +1107,10 @@ fn print_costs(p: &Point, r: &Reference) {
         ("1 row".to_owned(), &r.single_cost),
     ] {
         println!(
-            "reference row at {label} per transaction: {} µs of statement time, {:.0} B of WAL",
+            "reference row at {label} per transaction: {} µs of statement time, {:.0} B of WAL, {} µs of the machine's CPU",
             optional(rc.db_us_per_row),
-            rc.wal_bytes_per_row
+            rc.wal_bytes_per_row,
+            optional(rc.machine_cpu_us_per_row),
         );
     }
     match &c.statements_unavailable {
@@ -1132,12 +1182,14 @@ async fn measure_reference(
         let started = Instant::now();
         let mut measured_from = None;
         let mut cost_from = None;
+        let mut cpu_from = None;
         loop {
             tokio::time::sleep(Duration::from_millis(200)).await;
             let elapsed = started.elapsed();
             progress.set_position(elapsed.as_secs().min(total));
             if measured_from.is_none() && elapsed >= WARM_UP {
                 cost_from = store.db_cost(with_statements).await.ok();
+                cpu_from = machine_busy_us();
                 measured_from = Some((Instant::now(), done.load(Ordering::Relaxed)));
             }
             if let Some((at, from)) = measured_from {
@@ -1158,6 +1210,7 @@ async fn measure_reference(
         let n = done.load(Ordering::Relaxed) - from;
         let secs = at.elapsed().as_secs_f64();
         let cost_to = store.db_cost(with_statements).await;
+        let cpu_to = machine_busy_us();
         stop.cancel();
         while let Some(joined) = tasks.join_next().await {
             if let Ok(Err(e)) = joined {
@@ -1169,7 +1222,10 @@ async fn measure_reference(
         progress.finish_and_clear();
         rates.push((n as f64 * rows as f64 / secs, secs));
         costs.push(match (cost_from, cost_to) {
-            (Some(from), Ok(to)) => row_cost(&from, &to, n * rows as u64),
+            (Some(from), Ok(to)) => RowCost {
+                machine_cpu_us_per_row: machine_cpu_per(cpu_from, cpu_to, (n * rows as u64) as f64),
+                ..row_cost(&from, &to, n * rows as u64)
+            },
             _ => RowCost::default(),
         });
     }
@@ -1200,6 +1256,7 @@ fn row_cost(before: &DbCost, after: &DbCost, rows: u64) -> RowCost {
                 .fold(0.0, |a, b| a + b);
             ratio(ms * 1000.0, rows)
         }),
+        machine_cpu_us_per_row: None,
     }
 }
 
@@ -1438,6 +1495,7 @@ async fn run_point(
         .db_cost(with_statements)
         .await
         .map_err(|e| report(&e))?;
+    let cpu_before = machine_busy_us();
 
     let observer = Store::connect_without_migrating(&plan.url, 2)
         .await
@@ -1595,17 +1653,21 @@ async fn run_point(
         .db_cost(with_statements)
         .await
         .map_err(|e| report(&e))?;
+    let cpu_after = machine_busy_us();
     // The count read itself and the benchmark's polls are not Rein's work.
     let db_transactions =
         (txn_after - txn_before - own_queries.load(Ordering::Relaxed) as i64 - 1).max(0);
 
     let stats: QueueStats = store.queue_stats(&queue).await.map_err(|e| report(&e))?;
-    let cost = PointCost::new(
-        &cost_before,
-        &cost_after,
-        stats.events,
-        plan.statements_unavailable.as_deref(),
-    );
+    let cost = PointCost {
+        machine_cpu_us_per_event: machine_cpu_per(cpu_before, cpu_after, stats.events as f64),
+        ..PointCost::new(
+            &cost_before,
+            &cost_after,
+            stats.events,
+            plan.statements_unavailable.as_deref(),
+        )
+    };
     let mut claims = figures.claim_samples_us;
     claims.sort_unstable();
     let secs = stats.span_s.max(1e-9);
