@@ -82,12 +82,19 @@ pub struct Scheduler {
     leadership: Leadership,
     /// When this scheduler, leading, last made sure the coming months' event partitions exist.
     months_checked: Option<std::time::Instant>,
+    /// Whether `rein_runs` has statistics (see [`Store::first_statistics`]).
+    statistics_taken: bool,
     pub stats: SchedulerStats,
 }
 
 /// How often a leading scheduler makes sure this month's and the next two months' event
 /// partitions exist (`rein_events_add_month`): a month is made weeks before its first event.
 const MONTHS_CHECK_EVERY: Duration = Duration::from_secs(600);
+
+/// Runs in `rein_runs` at which a leading scheduler takes the table's first statistics, if
+/// nobody has: enough that a primary-key probe costs less than a scan in every plan made
+/// after it.
+pub const FIRST_STATISTICS_RUNS: u64 = 1_000;
 
 impl Scheduler {
     pub fn new(store: Store, config: SchedulerConfig) -> Scheduler {
@@ -99,6 +106,7 @@ impl Scheduler {
             definitions: HashMap::new(),
             leadership,
             months_checked: None,
+            statistics_taken: false,
             stats: SchedulerStats::default(),
         }
     }
@@ -124,6 +132,7 @@ impl Scheduler {
             ticks += 1;
             if self.leadership.check(&self.store).await {
                 self.ensure_event_months().await;
+                self.first_statistics().await;
                 match self.tick().await {
                     Ok(n) if n > 0 => continue,
                     Ok(_) => {}
@@ -157,6 +166,21 @@ impl Scheduler {
             Ok(_) => {}
             Err(e) => {
                 warn!(error = %e, "making the coming months' event partitions failed; retrying in 10 minutes")
+            }
+        }
+    }
+
+    /// Takes `rein_runs`' first statistics once it holds [`FIRST_STATISTICS_RUNS`] runs,
+    /// unless autovacuum or an operator did; then never asks again. A failure is asked again
+    /// at the next tick.
+    async fn first_statistics(&mut self) {
+        if self.statistics_taken {
+            return;
+        }
+        match self.store.first_statistics(FIRST_STATISTICS_RUNS).await {
+            Ok(taken) => self.statistics_taken = taken,
+            Err(e) => {
+                warn!(error = %e, "taking the first statistics of rein_runs failed; retrying")
             }
         }
     }

@@ -91,6 +91,16 @@ pub struct Pending {
 }
 
 impl Store {
+    /// Takes `rein_runs`' first statistics once it holds `at_least` runs, if nobody has
+    /// (`rein_first_statistics`): plans made on a nearly empty, never analyzed table scan
+    /// it, and this makes every connection plan again. True once the table has statistics.
+    pub async fn first_statistics(&self, at_least: u64) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar("SELECT rein_first_statistics($1)")
+            .bind(at_least.min(i64::MAX as u64) as i64)
+            .fetch_one(self.pool())
+            .await?)
+    }
+
     /// Applies the expand migrations this binary embeds (what every role that starts work
     /// does when the schema is behind), then registers the built-in definitions.
     pub async fn migrate(&self) -> Result<(), StoreError> {

@@ -155,3 +155,82 @@ async fn within_a_queue_a_fair_claim_takes_the_highest_priority_first() {
     assert_eq!(seen["a-backlog"].len(), 30);
     assert_eq!(seen["b-small"].len(), 7);
 }
+
+/// Scans of `rein_runs` so far, read once the statistics show `updated` row updates in it.
+async fn run_scans_after(watch: &Store, updated: i64) -> i64 {
+    common::statistics_once(
+        watch,
+        "SELECT seq_scan, n_tup_upd FROM pg_stat_user_tables WHERE relname = 'rein_runs'",
+        updated,
+    )
+    .await
+}
+
+/// A worker's connection keeps a claim plan made when `rein_runs` was empty and had no
+/// statistics: it scanned the whole table for the runs it had picked, at every claim, however
+/// large the table grew, until autovacuum's first ANALYZE. Taking the first statistics once
+/// the table holds runs (what a leading scheduler does) makes it plan again: a probe by key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_probe_by_key_once_the_first_statistics_are_taken() {
+    let url = rein_devdb::test_database("first_statistics", env!("CARGO_TARGET_TMPDIR"))
+        .expect("a test database");
+    // One connection, so every claim runs on the plan the first one made.
+    let worker = Store::connect(&url, 1).await.expect("connect");
+    let watch = Store::connect_without_migrating(&url, 1)
+        .await
+        .expect("connect");
+    // As before autovacuum comes by (it would analyze the table in its own time).
+    sqlx::query("ALTER TABLE rein_runs SET (autovacuum_enabled = false)")
+        .execute(watch.pool())
+        .await
+        .expect("autovacuum off");
+    let queues = vec!["default".to_owned()];
+    assert!(
+        worker
+            .claim("w1", 8, 60_000, &queues)
+            .await
+            .unwrap()
+            .is_empty(),
+        "nothing to claim yet: the plan is made on an empty table"
+    );
+    assert!(
+        !worker.first_statistics(1_000).await.unwrap(),
+        "no statistics are taken of an empty table"
+    );
+    backlog(&worker, "default", 2_000, |_| 0).await;
+
+    // Scans of rein_runs by five claims of one run, made once `updated` updates show.
+    let five_claims_scan = |updated: i64| {
+        let (worker, watch, queues) = (&worker, &watch, &queues);
+        async move {
+            let before = run_scans_after(watch, updated).await;
+            for _ in 0..5 {
+                let claimed = worker.claim("w1", 1, 60_000, queues).await.unwrap();
+                assert_eq!(claimed.len(), 1);
+            }
+            run_scans_after(watch, updated + 5).await - before
+        }
+    };
+    let scanned = five_claims_scan(0).await;
+    assert!(
+        scanned >= 5,
+        "the plan made on the empty table scanned rein_runs {scanned} times for 5 claims: \
+         the check below could not tell it from a probe"
+    );
+
+    assert!(worker.first_statistics(1_000).await.unwrap());
+    // One claim more, so the counters read next include what taking the statistics read.
+    assert_eq!(
+        worker.claim("w1", 1, 60_000, &queues).await.unwrap().len(),
+        1
+    );
+    assert_eq!(
+        five_claims_scan(6).await,
+        0,
+        "claims still scan rein_runs after its first statistics were taken"
+    );
+    assert!(
+        worker.first_statistics(1_000).await.unwrap(),
+        "statistics taken stay taken"
+    );
+}

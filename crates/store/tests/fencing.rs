@@ -875,34 +875,18 @@ async fn a_batch_refused_for_one_runs_data_is_committed_run_by_run() {
     }
 }
 
-/// Index entries of the event log every backend has read so far, and the rows inserted into
-/// it, once each backend's statistics have reached the shared counters.
-async fn event_log_reads(store: &Store) -> (i64, i64) {
-    sqlx::query_as(
+/// Index entries of the event log read so far, once the statistics show `inserted` rows
+/// inserted into it.
+async fn event_log_reads_after(store: &Store, inserted: i64) -> i64 {
+    common::statistics_once(
+        store,
         "SELECT (SELECT COALESCE(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
                   WHERE relname LIKE 'rein_events%'),
                 (SELECT COALESCE(sum(n_tup_ins), 0)::bigint FROM pg_stat_user_tables
                   WHERE relname LIKE 'rein_events%')",
+        inserted,
     )
-    .fetch_one(store.pool())
     .await
-    .expect("statistics")
-}
-
-/// Waits until the shared counters show `inserted` rows in the event log.
-async fn event_log_reads_after(store: &Store, inserted: i64) -> i64 {
-    let end = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let (read, ins) = event_log_reads(store).await;
-        if ins >= inserted {
-            return read;
-        }
-        assert!(
-            tokio::time::Instant::now() < end,
-            "the statistics never showed {inserted} events inserted (they show {ins})"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
 }
 
 /// A commit asks whether its events are stored already (a retry whose first attempt landed)

@@ -103,3 +103,24 @@ pub async fn event_types(store: &Store, run: Uuid) -> Vec<String> {
         .map(|e| e.kind)
         .collect()
 }
+
+/// Reads `(value, progress)` with `query` until `progress` reaches `at_least`, and returns
+/// `value`. Each backend sends its statistics to the shared counters in its own time (about
+/// a second after it goes idle), so a figure is read only once the work it follows shows.
+pub async fn statistics_once(store: &Store, query: &'static str, at_least: i64) -> i64 {
+    let end = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (value, progress): (i64, i64) = sqlx::query_as(query)
+            .fetch_one(store.pool())
+            .await
+            .expect("statistics");
+        if progress >= at_least {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the statistics never reached {at_least} (they show {progress}): {query}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
