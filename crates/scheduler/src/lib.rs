@@ -82,8 +82,9 @@ pub struct Scheduler {
     leadership: Leadership,
     /// When this scheduler, leading, last made sure the coming months' event partitions exist.
     months_checked: Option<std::time::Instant>,
-    /// Whether `rein_runs` has statistics (see [`Store::first_statistics`]).
-    statistics_taken: bool,
+    /// When to ask again whether `rein_runs` has statistics (see
+    /// [`Store::first_statistics`]); None once it has.
+    statistics_due: Option<std::time::Instant>,
     pub stats: SchedulerStats,
 }
 
@@ -96,6 +97,9 @@ const MONTHS_CHECK_EVERY: Duration = Duration::from_secs(600);
 /// after it.
 pub const FIRST_STATISTICS_RUNS: u64 = 1_000;
 
+/// How often a leading scheduler asks, until `rein_runs` has statistics.
+const FIRST_STATISTICS_EVERY: Duration = Duration::from_secs(1);
+
 impl Scheduler {
     pub fn new(store: Store, config: SchedulerConfig) -> Scheduler {
         register_metrics();
@@ -106,7 +110,7 @@ impl Scheduler {
             definitions: HashMap::new(),
             leadership,
             months_checked: None,
-            statistics_taken: false,
+            statistics_due: Some(std::time::Instant::now()),
             stats: SchedulerStats::default(),
         }
     }
@@ -171,14 +175,17 @@ impl Scheduler {
     }
 
     /// Takes `rein_runs`' first statistics once it holds [`FIRST_STATISTICS_RUNS`] runs,
-    /// unless autovacuum or an operator did; then never asks again. A failure is asked again
-    /// at the next tick.
+    /// unless autovacuum or an operator did, asking at most every [`FIRST_STATISTICS_EVERY`];
+    /// then never asks again. A failure is asked again at the next turn.
     async fn first_statistics(&mut self) {
-        if self.statistics_taken {
+        let now = std::time::Instant::now();
+        if self.statistics_due.is_none_or(|due| now < due) {
             return;
         }
+        self.statistics_due = Some(now + FIRST_STATISTICS_EVERY);
         match self.store.first_statistics(FIRST_STATISTICS_RUNS).await {
-            Ok(taken) => self.statistics_taken = taken,
+            Ok(true) => self.statistics_due = None,
+            Ok(false) => {}
             Err(e) => {
                 warn!(error = %e, "taking the first statistics of rein_runs failed; retrying")
             }
