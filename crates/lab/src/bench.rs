@@ -180,9 +180,9 @@ fn machine_busy_us() -> Option<f64> {
     (per_s > 0).then(|| busy * 1e6 / per_s as f64)
 }
 
-/// The machine's busy CPU between two readings, per `n` things done.
-fn machine_cpu_per(from: Option<f64>, to: Option<f64>, n: f64) -> Option<f64> {
-    Some(ratio(to? - from?, n))
+/// The machine's busy CPU between two readings of [`machine_busy_us`].
+fn machine_cpu_between(from: Option<f64>, to: Option<f64>) -> Option<f64> {
+    Some(to? - from?)
 }
 
 /// What the database spent on one point, per committed event and per claimed run.
@@ -230,12 +230,21 @@ struct StatementFigures {
 const TOP_STATEMENTS: usize = 10;
 
 impl PointCost {
-    fn new(before: &DbCost, after: &DbCost, events: i64, unavailable: Option<&str>) -> PointCost {
+    /// `cpu_us`: the machine's busy CPU over the point ([`machine_busy_us`] after less
+    /// before), when it could be read.
+    fn new(
+        before: &DbCost,
+        after: &DbCost,
+        cpu_us: Option<f64>,
+        events: i64,
+        unavailable: Option<&str>,
+    ) -> PointCost {
         let (wal, statements) = after.since(before);
         let per_event = |x: f64| ratio(x, events as f64);
         let mut cost = PointCost {
             wal_bytes: wal,
             wal_bytes_per_event: per_event(wal as f64),
+            machine_cpu_us_per_event: cpu_us.map(per_event),
             statements_unavailable: unavailable.map(str::to_owned),
             ..Default::default()
         };
@@ -1222,10 +1231,12 @@ async fn measure_reference(
         progress.finish_and_clear();
         rates.push((n as f64 * rows as f64 / secs, secs));
         costs.push(match (cost_from, cost_to) {
-            (Some(from), Ok(to)) => RowCost {
-                machine_cpu_us_per_row: machine_cpu_per(cpu_from, cpu_to, (n * rows as u64) as f64),
-                ..row_cost(&from, &to, n * rows as u64)
-            },
+            (Some(from), Ok(to)) => row_cost(
+                &from,
+                &to,
+                machine_cpu_between(cpu_from, cpu_to),
+                n * rows as u64,
+            ),
             _ => RowCost::default(),
         });
     }
@@ -1243,7 +1254,7 @@ async fn measure_reference(
 }
 
 /// A reference phase's cost per row, from the counters before and after it.
-fn row_cost(before: &DbCost, after: &DbCost, rows: u64) -> RowCost {
+fn row_cost(before: &DbCost, after: &DbCost, cpu_us: Option<f64>, rows: u64) -> RowCost {
     let (wal, statements) = after.since(before);
     let rows = rows as f64;
     RowCost {
@@ -1256,7 +1267,7 @@ fn row_cost(before: &DbCost, after: &DbCost, rows: u64) -> RowCost {
                 .fold(0.0, |a, b| a + b);
             ratio(ms * 1000.0, rows)
         }),
-        machine_cpu_us_per_row: None,
+        machine_cpu_us_per_row: cpu_us.map(|us| ratio(us, rows)),
     }
 }
 
@@ -1659,15 +1670,13 @@ async fn run_point(
         (txn_after - txn_before - own_queries.load(Ordering::Relaxed) as i64 - 1).max(0);
 
     let stats: QueueStats = store.queue_stats(&queue).await.map_err(|e| report(&e))?;
-    let cost = PointCost {
-        machine_cpu_us_per_event: machine_cpu_per(cpu_before, cpu_after, stats.events as f64),
-        ..PointCost::new(
-            &cost_before,
-            &cost_after,
-            stats.events,
-            plan.statements_unavailable.as_deref(),
-        )
-    };
+    let cost = PointCost::new(
+        &cost_before,
+        &cost_after,
+        machine_cpu_between(cpu_before, cpu_after),
+        stats.events,
+        plan.statements_unavailable.as_deref(),
+    );
     let mut claims = figures.claim_samples_us;
     claims.sort_unstable();
     let secs = stats.span_s.max(1e-9);
