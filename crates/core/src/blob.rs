@@ -8,7 +8,7 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::hash::{canonical_json, sha256_hex};
+use crate::hash::{canonical_json, canonical_len, sha256_hex};
 use crate::limits;
 
 /// The key of a blob reference object.
@@ -85,18 +85,20 @@ pub fn externalize(
                     out.insert(field.clone(), value.clone());
                     continue;
                 }
-                let text = canonical_json(value);
-                if text.len() <= threshold_bytes {
+                // Measured without writing it: most fields stay inline.
+                let bytes = canonical_len(value);
+                if bytes <= threshold_bytes {
                     out.insert(field.clone(), value.clone());
                     continue;
                 }
-                if text.len() > limits::BLOB_BYTES_MAX {
+                if bytes > limits::BLOB_BYTES_MAX {
                     return Err(PayloadError::FieldTooLarge {
                         field: field.clone(),
-                        bytes: text.len(),
+                        bytes,
                         limit: limits::BLOB_BYTES_MAX,
                     });
                 }
+                let text = canonical_json(value);
                 let blob = Blob {
                     sha256: sha256_hex(text.as_bytes()),
                     content: text.into_bytes(),
@@ -116,7 +118,7 @@ pub fn externalize(
         }
         other => other.clone(),
     };
-    let bytes = canonical_json(&out).len();
+    let bytes = canonical_len(&out);
     if bytes > limits::EVENT_PAYLOAD_BYTES_MAX {
         return Err(PayloadError::PayloadTooLarge {
             bytes,

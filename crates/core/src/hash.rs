@@ -50,37 +50,102 @@ pub fn action_hash(action: ActionIdentity<'_>) -> String {
 
 /// JSON with object keys sorted and no insignificant whitespace.
 pub fn canonical_json(value: &serde_json::Value) -> String {
-    let mut out = String::new();
+    let mut out = Vec::new();
     write_canonical(value, &mut out);
-    out
+    // serde_json writes UTF-8 only.
+    String::from_utf8(out).expect("serde_json writes UTF-8")
 }
 
-fn write_canonical(value: &serde_json::Value, out: &mut String) {
+/// The length in bytes of [`canonical_json`]`(value)`, without writing it: the order of an
+/// object's keys does not change its length, so this is the length of the compact form.
+pub fn canonical_len(value: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing a Value to a sink that never fails cannot fail.
+    serde_json::to_writer(&mut count, value).expect("a JSON value always serializes");
+    count.0
+}
+
+fn write_canonical(value: &serde_json::Value, out: &mut Vec<u8>) {
     match value {
         serde_json::Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, key) in keys.into_iter().enumerate() {
+            let mut entries: Vec<(&String, &serde_json::Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push(b'{');
+            for (i, (key, item)) in entries.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                out.push_str(&serde_json::Value::String(key.clone()).to_string());
-                out.push(':');
-                write_canonical(&map[key], out);
+                serde_json::to_writer(&mut *out, key).expect("a string always serializes");
+                out.push(b':');
+                write_canonical(item, out);
             }
-            out.push('}');
+            out.push(b'}');
         }
         serde_json::Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_canonical(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
-        scalar => out.push_str(&scalar.to_string()),
+        scalar => serde_json::to_writer(&mut *out, scalar).expect("a scalar always serializes"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{canonical_json, canonical_len};
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    fn values() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<u64>().prop_map(|n| json!(n)),
+            (-1e12f64..1e12).prop_map(|f| json!(f)),
+            any::<String>().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 64, 8, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+                prop::collection::btree_map(any::<String>(), inner, 0..8)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    #[test]
+    fn canonical_json_sorts_keys_and_escapes_them() {
+        let v = json!({"b": [1, {"z": null, "a": "x\"y"}], "a\n": 2.5, "": true});
+        assert_eq!(
+            canonical_json(&v),
+            r#"{"":true,"a\n":2.5,"b":[1,{"a":"x\"y","z":null}]}"#
+        );
+    }
+
+    proptest! {
+        /// The length is that of the canonical text, and the text reads back as the value.
+        #[test]
+        fn canonical_len_is_the_length_of_canonical_json(v in values()) {
+            let text = canonical_json(&v);
+            prop_assert_eq!(canonical_len(&v), text.len());
+            let back: Value = serde_json::from_str(&text).unwrap();
+            prop_assert_eq!(back, v);
+        }
     }
 }

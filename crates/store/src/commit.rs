@@ -6,6 +6,7 @@ use rein_core::join::TreeBounds;
 use rein_core::{Definition, Event, InvalidTransition, RunState, RunStatus, apply};
 use serde_json::Value;
 use sqlx::Row;
+use sqlx::types::Json;
 use uuid::Uuid;
 
 use crate::{Store, StoreError};
@@ -505,8 +506,9 @@ impl Store {
             .await?;
         rows.into_iter()
             .map(|row| {
-                let projection: Value = row.try_get("projection")?;
-                let state: RunState = serde_json::from_value(projection)
+                // Read straight from the column's bytes, with no JSON tree in between.
+                let Json(state) = row
+                    .try_get::<Json<RunState>, _>("projection")
                     .map_err(|e| StoreError::Corrupt(format!("projection: {e}")))?;
                 let version: i32 = row.try_get("version")?;
                 let last_sequence: i64 = row.try_get("last_sequence")?;
@@ -774,7 +776,7 @@ async fn commit_statement(
             )));
         }
         for e in &r.events {
-            let size = rein_core::hash::canonical_json(&e.payload).len();
+            let size = rein_core::hash::canonical_len(&e.payload);
             if size > rein_core::limits::EVENT_PAYLOAD_BYTES_MAX {
                 return Err(StoreError::Invalid(format!(
                     "{} event of run {} has a {size}-byte payload; the limit is {} bytes (large fields belong in blobs)",
@@ -868,9 +870,9 @@ async fn commit_statement(
         q.tokens.push(r.token);
         q.base_seqs.push(r.base_sequence as i64);
         q.new_seqs.push(r.state.sequence as i64);
-        q.projections
-            .push(serde_json::to_value(&r.state).map_err(|e| StoreError::Corrupt(e.to_string()))?);
-        q.states.push(r.state.state.clone());
+        // Serialized straight into the statement's buffer, with no JSON tree in between.
+        q.projections.push(Json(&r.state));
+        q.states.push(&r.state.state);
         q.statuses.push(r.status.as_str().to_owned());
         q.bumps.push(r.writer == Writer::TakeToken);
         q.releases.push(r.release);
@@ -890,8 +892,8 @@ async fn commit_statement(
             q.ev_run.push(r.run_id);
             q.ev_seq.push((r.base_sequence + 1 + i as u64) as i64);
             q.ev_id.push(e.event_id);
-            q.ev_type.push(e.kind.clone());
-            q.ev_payload.push(e.payload.clone());
+            q.ev_type.push(&e.kind);
+            q.ev_payload.push(Json(&e.payload));
             q.ev_node.push(e.node.clone());
             q.ev_sender.push(e.sender.clone());
         }
@@ -918,8 +920,7 @@ async fn commit_statement(
             q.ck_seq.push(r.state.sequence as i64);
             q.ck_def.push(r.state.definition.clone());
             q.ck_ver.push(r.state.version as i32);
-            q.ck_state
-                .push(q.projections.last().cloned().unwrap_or_default());
+            q.ck_state.push(Json(&r.state));
         }
     }
 
@@ -1203,12 +1204,12 @@ fn assemble_commit(parts: CommitParts) -> String {
 }
 
 #[derive(Default)]
-struct Columns {
+struct Columns<'a> {
     run_ids: Vec<Uuid>,
     tokens: Vec<i64>,
     base_seqs: Vec<i64>,
-    projections: Vec<Value>,
-    states: Vec<String>,
+    projections: Vec<Json<&'a RunState>>,
+    states: Vec<&'a str>,
     statuses: Vec<String>,
     bumps: Vec<bool>,
     releases: Vec<bool>,
@@ -1218,8 +1219,8 @@ struct Columns {
     ev_run: Vec<Uuid>,
     ev_seq: Vec<i64>,
     ev_id: Vec<Uuid>,
-    ev_type: Vec<String>,
-    ev_payload: Vec<Value>,
+    ev_type: Vec<&'a str>,
+    ev_payload: Vec<Json<&'a Value>>,
     ev_node: Vec<Option<String>>,
     ev_sender: Vec<Option<String>>,
     inbox_run: Vec<Uuid>,
@@ -1238,7 +1239,7 @@ struct Columns {
     ck_seq: Vec<i64>,
     ck_def: Vec<String>,
     ck_ver: Vec<i32>,
-    ck_state: Vec<Value>,
+    ck_state: Vec<Json<&'a RunState>>,
     blob_run: Vec<Uuid>,
     blob_hash: Vec<String>,
     blob_content: Vec<Vec<u8>>,

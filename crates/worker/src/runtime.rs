@@ -223,7 +223,9 @@ struct Held {
 
 struct CommitJob {
     request: CommitRequest,
-    reply: oneshot::Sender<Result<CommitOutcome, StoreError>>,
+    /// The request comes back with its outcome: a retry sends it again, a commit keeps its
+    /// projection, and nothing is copied on the way.
+    reply: oneshot::Sender<(CommitRequest, Result<CommitOutcome, StoreError>)>,
 }
 
 #[derive(Clone)]
@@ -461,7 +463,8 @@ async fn committer(inner: Arc<Inner>, mut rx: mpsc::Receiver<CommitJob>) {
     let max = if inner.config.commit_batching { 256 } else { 1 };
     let mut jobs = Vec::with_capacity(max);
     while rx.recv_many(&mut jobs, max).await > 0 {
-        let requests: Vec<CommitRequest> = jobs.iter().map(|j| j.request.clone()).collect();
+        let (requests, replies): (Vec<CommitRequest>, Vec<_>) =
+            jobs.drain(..).map(|j| (j.request, j.reply)).unzip();
         inner
             .stats
             .commit_statements
@@ -472,8 +475,8 @@ async fn committer(inner: Arc<Inner>, mut rx: mpsc::Receiver<CommitJob>) {
             .store
             .commit_runs(&inner.config.worker_id, &requests)
             .await;
-        for (job, outcome) in jobs.drain(..).zip(outcomes) {
-            let _ = job.reply.send(outcome);
+        for ((request, reply), outcome) in requests.into_iter().zip(replies).zip(outcomes) {
+            let _ = reply.send((request, outcome));
         }
     }
 }
@@ -1435,6 +1438,7 @@ impl Driver {
         let deadline =
             tokio::time::Instant::now() + Duration::from_millis(self.inner.config.lease_ttl_ms);
         let mut pause = Duration::from_millis(50);
+        let mut request = request;
         loop {
             let outcome = if std::mem::take(&mut self.direct) {
                 self.inner
@@ -1451,33 +1455,27 @@ impl Driver {
                 let sent = self
                     .inner
                     .commits
-                    .send(CommitJob {
-                        request: request.clone(),
-                        reply: tx,
-                    })
+                    .send(CommitJob { request, reply: tx })
                     .await;
                 match (sent, rx.await) {
-                    (Ok(()), Ok(outcome)) => outcome,
+                    (Ok(()), Ok((back, outcome))) => {
+                        request = back;
+                        outcome
+                    }
                     _ => return Err(Stop::Lost),
                 }
             };
             match outcome {
                 Ok(CommitOutcome::Committed(c)) => {
-                    self.after_commit(&request, n_events, c.inbox_pending);
+                    let release = request.release;
+                    self.after_commit(request, n_events, c.inbox_pending);
                     // A commit into a parked or terminal state released the lease too.
-                    return if request.release {
-                        Err(Stop::Released)
-                    } else {
-                        Ok(())
-                    };
+                    return if release { Err(Stop::Released) } else { Ok(()) };
                 }
                 Ok(CommitOutcome::AlreadyCommitted { .. }) => {
-                    self.after_commit(&request, n_events, true);
-                    return if request.release {
-                        Err(Stop::Released)
-                    } else {
-                        Ok(())
-                    };
+                    let release = request.release;
+                    self.after_commit(request, n_events, true);
+                    return if release { Err(Stop::Released) } else { Ok(()) };
                 }
                 Ok(CommitOutcome::Fenced {
                     current_token,
@@ -1518,13 +1516,14 @@ impl Driver {
         Box::pin(self.release()).await
     }
 
-    fn after_commit(&mut self, request: &CommitRequest, n_events: u64, inbox_pending: bool) {
+    fn after_commit(&mut self, request: CommitRequest, n_events: u64, inbox_pending: bool) {
         if self.state.state != request.state.state {
             info!(run_id = %self.run_id, from = %self.state.state, to = %request.state.state,
                   sequence = request.state.sequence, token = self.token, "transition");
         }
-        self.state = request.state.clone();
-        if request.status == RunStatus::Terminal {
+        let finished = request.status == RunStatus::Terminal;
+        self.state = request.state;
+        if finished {
             self.inner
                 .stats
                 .runs_finished
