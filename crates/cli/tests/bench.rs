@@ -99,6 +99,19 @@ fn assert_complete(report: &Value, runs: i64, events_per_run: i64) {
     let cpu = point["cost"]["machine_cpu_us_per_event"].as_f64();
     assert!(cpu > Some(0.0), "{point}");
     assert_eq!(report["db_cost"]["machine_cpu_us_per_event"].as_f64(), cpu);
+    // The in-process workers' share of it: this process's own CPU, part of the machine's
+    // (whose /proc/stat ticks are coarser, hence the slack).
+    let workers = point["cost"]["workers_cpu_us_per_event"].as_f64();
+    if point["processes"] == false {
+        assert!(workers > Some(0.0), "{point}");
+        assert!(workers < cpu.map(|c| c * 1.1), "{point}");
+    } else {
+        assert_eq!(workers, None, "worker processes' CPU is theirs: {point}");
+    }
+    assert_eq!(
+        report["db_cost"]["workers_cpu_us_per_event"].as_f64(),
+        workers
+    );
     let row = report["db_cost"]["reference_batched"]["machine_cpu_us_per_row"].as_f64();
     assert!(row > Some(0.0), "{report}");
     let expected = row.unwrap() / cpu.unwrap();

@@ -180,6 +180,21 @@ fn machine_busy_us() -> Option<f64> {
     (per_s > 0).then(|| busy * 1e6 / per_s as f64)
 }
 
+/// CPU time this process has spent, user and system, in µs: with in-process workers, what
+/// the workers (and the benchmark's own polls) cost, apart from the database's processes.
+fn process_cpu_us() -> Option<f64> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: getrusage fills the struct it is given and reads nothing else.
+    let usage = unsafe {
+        if libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) != 0 {
+            return None;
+        }
+        usage.assume_init()
+    };
+    let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    Some(us(usage.ru_utime) + us(usage.ru_stime))
+}
+
 /// The machine's busy CPU between two readings of [`machine_busy_us`].
 fn machine_cpu_between(from: Option<f64>, to: Option<f64>) -> Option<f64> {
     Some(to? - from?)
@@ -194,6 +209,9 @@ struct PointCost {
     wal_bytes_per_event: f64,
     /// CPU time the whole machine spent per committed event (see [`machine_busy_us`]).
     machine_cpu_us_per_event: Option<f64>,
+    /// Of that, what the in-process workers spent (this process's CPU, see
+    /// [`process_cpu_us`]); None when the workers are `rein worker` processes.
+    workers_cpu_us_per_event: Option<f64>,
     /// Why the statement figures below are missing, when they are.
     statements_unavailable: Option<String>,
     /// Execution time of every statement this database ran during the point, per event.
@@ -231,11 +249,11 @@ const TOP_STATEMENTS: usize = 10;
 
 impl PointCost {
     /// `cpu_us`: the machine's busy CPU over the point ([`machine_busy_us`] after less
-    /// before), when it could be read.
+    /// before), when it could be read; `workers_cpu_us` the in-process workers' part of it.
     fn new(
         before: &DbCost,
         after: &DbCost,
-        cpu_us: Option<f64>,
+        (cpu_us, workers_cpu_us): (Option<f64>, Option<f64>),
         events: i64,
         unavailable: Option<&str>,
     ) -> PointCost {
@@ -245,6 +263,7 @@ impl PointCost {
             wal_bytes: wal,
             wal_bytes_per_event: per_event(wal as f64),
             machine_cpu_us_per_event: cpu_us.map(per_event),
+            workers_cpu_us_per_event: workers_cpu_us.map(per_event),
             statements_unavailable: unavailable.map(str::to_owned),
             ..Default::default()
         };
@@ -697,6 +716,7 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
             "claim_us_per_claimed_run": headline.cost.claim_us_per_claimed_run,
             "runs_per_claim": headline.cost.runs_per_claim,
             "machine_cpu_us_per_event": headline.cost.machine_cpu_us_per_event,
+            "workers_cpu_us_per_event": headline.cost.workers_cpu_us_per_event,
             "events_per_commit": headline.cost.events_per_commit,
             "statements_unavailable": headline.cost.statements_unavailable,
             "reference_batched": reference.batched_cost,
@@ -1094,11 +1114,13 @@ fn print_costs(p: &Point, r: &Reference) {
     );
     if let Some(cpu) = c.machine_cpu_us_per_event {
         println!(
-            "the machine's CPU per committed event (database and workers together): {cpu:.1} µs, {} times a reference row's at {} rows per transaction",
+            "the machine's CPU per committed event (database and workers together): {cpu:.1} µs, {} times a reference row's at {} rows per transaction{}",
             r.batched_cost
                 .machine_cpu_us_per_row
                 .map_or_else(|| "n/a".to_owned(), |row| format!("{:.2}", ratio(cpu, row))),
             r.batch_size,
+            c.workers_cpu_us_per_event
+                .map_or_else(String::new, |w| format!("; the workers' share {w:.1} µs")),
         );
     }
     println!(
@@ -1507,6 +1529,7 @@ async fn run_point(
         .await
         .map_err(|e| report(&e))?;
     let cpu_before = machine_busy_us();
+    let own_cpu_before = process_cpu_us();
 
     let observer = Store::connect_without_migrating(&plan.url, 2)
         .await
@@ -1665,6 +1688,7 @@ async fn run_point(
         .await
         .map_err(|e| report(&e))?;
     let cpu_after = machine_busy_us();
+    let own_cpu_after = process_cpu_us();
     // The count read itself and the benchmark's polls are not Rein's work.
     let db_transactions =
         (txn_after - txn_before - own_queries.load(Ordering::Relaxed) as i64 - 1).max(0);
@@ -1673,7 +1697,13 @@ async fn run_point(
     let cost = PointCost::new(
         &cost_before,
         &cost_after,
-        machine_cpu_between(cpu_before, cpu_after),
+        (
+            machine_cpu_between(cpu_before, cpu_after),
+            // `rein worker` processes' CPU is not this process's.
+            (!plan.processes)
+                .then(|| machine_cpu_between(own_cpu_before, own_cpu_after))
+                .flatten(),
+        ),
         stats.events,
         plan.statements_unavailable.as_deref(),
     );
