@@ -180,23 +180,17 @@ fn machine_busy_us() -> Option<f64> {
     (per_s > 0).then(|| busy * 1e6 / per_s as f64)
 }
 
-/// CPU time this process has spent, user and system, in µs: with in-process workers, what
-/// the workers (and the benchmark's own polls) cost, apart from the database's processes.
+/// CPU time this process has spent, user and system, in µs (what its `process_cpu_seconds_total`
+/// metric exports): with in-process workers, what the workers (and the benchmark's own polls)
+/// cost, apart from the database's processes.
 fn process_cpu_us() -> Option<f64> {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
-    // SAFETY: getrusage fills the struct it is given and reads nothing else.
-    let usage = unsafe {
-        if libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) != 0 {
-            return None;
-        }
-        usage.assume_init()
-    };
-    let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
-    Some(us(usage.ru_utime) + us(usage.ru_stime))
+    metrics_process::collector::collect()
+        .cpu_seconds_total
+        .map(|s| s * 1e6)
 }
 
-/// The machine's busy CPU between two readings of [`machine_busy_us`].
-fn machine_cpu_between(from: Option<f64>, to: Option<f64>) -> Option<f64> {
+/// CPU time spent between two readings of [`machine_busy_us`] or of [`process_cpu_us`].
+fn cpu_between(from: Option<f64>, to: Option<f64>) -> Option<f64> {
     Some(to? - from?)
 }
 
@@ -1253,12 +1247,9 @@ async fn measure_reference(
         progress.finish_and_clear();
         rates.push((n as f64 * rows as f64 / secs, secs));
         costs.push(match (cost_from, cost_to) {
-            (Some(from), Ok(to)) => row_cost(
-                &from,
-                &to,
-                machine_cpu_between(cpu_from, cpu_to),
-                n * rows as u64,
-            ),
+            (Some(from), Ok(to)) => {
+                row_cost(&from, &to, cpu_between(cpu_from, cpu_to), n * rows as u64)
+            }
             _ => RowCost::default(),
         });
     }
@@ -1698,10 +1689,10 @@ async fn run_point(
         &cost_before,
         &cost_after,
         (
-            machine_cpu_between(cpu_before, cpu_after),
+            cpu_between(cpu_before, cpu_after),
             // `rein worker` processes' CPU is not this process's.
             (!plan.processes)
-                .then(|| machine_cpu_between(own_cpu_before, own_cpu_after))
+                .then(|| cpu_between(own_cpu_before, own_cpu_after))
                 .flatten(),
         ),
         stats.events,
