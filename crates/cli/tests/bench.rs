@@ -162,6 +162,65 @@ fn bench_reports_every_figure_for_in_process_workers_and_groups_commits() {
     assert_eq!(report["params"]["commit_batching"], false);
 }
 
+/// `--floor`: each bare shape of a step's writes is measured from as many connections as
+/// the reference, next to it, on scratch tables that are gone afterwards; the event log and
+/// the runs are left as the point left them.
+#[tokio::test]
+async fn bench_measures_the_floor_under_a_step_on_scratch_tables() {
+    let url = migrated("bench_floor");
+    let (code, report, err) = tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || bench(&url, &["--workers", "1", "--floor"])
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    assert_complete(&report, 200, 4);
+    let floor = &report["floor"];
+    let reference = &report["reference"];
+    assert_eq!(floor["connections"], reference["connections"], "{report}");
+    assert_eq!(floor["runs_per_statement"], 28, "{floor}");
+    // The projection of a finished chain4 run, not an empty object.
+    assert!(floor["projection_bytes"].as_u64() > Some(100), "{floor}");
+    let shapes = floor["shapes"].as_array().expect("shapes");
+    let names: Vec<&str> = shapes.iter().filter_map(|s| s["shape"].as_str()).collect();
+    assert_eq!(names, ["events_only", "run_row", "projection"], "{floor}");
+    let rows_per_s = reference["batched_inserts_per_s"].as_f64().unwrap();
+    for s in shapes {
+        let per_s = s["events_per_s"].as_f64().unwrap_or(0.0);
+        assert!(per_s > 0.0, "{s}");
+        let r = s["events_per_s_to_batched_rows_per_s"].as_f64().unwrap();
+        assert!((r - per_s / rows_per_s).abs() <= 0.01 * r, "{s}");
+        let cost = &s["cost"];
+        assert!(cost["wal_bytes_per_row"].as_f64() > Some(0.0), "{s}");
+        let machine = cost["machine_cpu_us_per_row"].as_f64().unwrap_or(0.0);
+        let client = cost["client_cpu_us_per_row"].as_f64().unwrap_or(0.0);
+        // /proc/stat counts in ticks: 10% slack for the client's share of the machine.
+        assert!(client > 0.0 && client <= machine * 1.1, "{s}");
+    }
+    // The reference's rows carry the client's share too.
+    assert!(
+        report["db_cost"]["reference_batched"]["client_cpu_us_per_row"].as_f64() > Some(0.0),
+        "{report}"
+    );
+
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let left: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'rein_bench_floor_%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(left, 0, "the floor's scratch tables are dropped");
+    let floor_events: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM rein_events_all WHERE worker = 'floor'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(floor_events, 0, "the floor never writes the event log");
+    pool.close().await;
+}
+
 #[test]
 fn bench_drives_real_worker_processes_and_reads_their_figures() {
     let url = migrated("bench_procs");

@@ -15,8 +15,8 @@ use rein_core::Definition;
 use crate::ratio;
 use rein_scheduler::{Scheduler, SchedulerConfig};
 use rein_store::{
-    DbCost, EnqueueRequest, Percentiles, QueueStats, StatementCost, StatementKind, Store,
-    StoreError,
+    DbCost, EnqueueRequest, FloorShape, Percentiles, QueueStats, StatementCost, StatementKind,
+    Store, StoreError,
 };
 use rein_worker::{Worker, WorkerConfig};
 use serde::Serialize;
@@ -77,6 +77,12 @@ pub struct BenchArgs {
     /// Seconds each reference measurement lasts (after a 2 s warm-up).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
     reference_s: u64,
+    /// After the reference, measure the floor under a step's cost: the bare writes a commit
+    /// cannot do without (each run's event; and its row locked and updated under its token;
+    /// and its projection written), one statement for 28 runs on scratch tables, for
+    /// --reference-s each.
+    #[arg(long)]
+    floor: bool,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
@@ -155,6 +161,9 @@ struct RowCost {
     db_us_per_row: Option<f64>,
     /// CPU time the whole machine spent per row (see [`machine_busy_us`]).
     machine_cpu_us_per_row: Option<f64>,
+    /// Of that, what this process spent, the client that sent the rows (see
+    /// [`process_cpu_us`]); the rest is the database server's.
+    client_cpu_us_per_row: Option<f64>,
 }
 
 /// CPU time the whole machine has spent busy since boot, in µs: user, nice, system, irq and
@@ -683,6 +692,23 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
         );
     }
 
+    let floor = if args.floor {
+        match measure_floor(
+            &plan.url,
+            reference_connections,
+            Duration::from_secs(args.reference_s),
+            plan.statements_unavailable.is_none(),
+            &reference,
+        )
+        .await
+        {
+            Ok(f) => Some(f),
+            Err(e) => return report(&e),
+        }
+    } else {
+        None
+    };
+
     let mut own_rss = Vec::new();
     if let Some(b) = crate::procs::own_peak_rss_bytes() {
         own_rss.push(mb(b));
@@ -739,6 +765,7 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
                 .map(|(event, row)| ratio(row, event)),
         },
         "reference": reference,
+        "floor": floor,
         "peak_rss_mb": { "bench_process": own_rss, "workers": headline.peak_rss_mb },
         "points": results,
         "half_peak": half_peak,
@@ -750,6 +777,9 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
     } else {
         print_tables(&results, half_peak.as_ref(), &reference, &own_rss);
         print_costs(headline, &reference);
+        if let Some(f) = &floor {
+            print_floor(f, headline, &reference);
+        }
         if let Some(b) = &backlog {
             print_backlog(b);
         }
@@ -1167,6 +1197,63 @@ fn print_costs(p: &Point, r: &Reference) {
     );
 }
 
+fn print_floor(f: &Floor, p: &Point, r: &Reference) {
+    println!();
+    println!(
+        "the floor under a step ({} connections, {} runs a statement, a {} B projection), next to Rein and the reference:",
+        f.connections, f.runs_per_statement, f.projection_bytes
+    );
+    println!(
+        "{:>22} {:>10} {:>9} {:>15} {:>14} {:>9} {:>9}",
+        "", "events/s", "ev/ref10", "machine µs/ev", "client µs/ev", "DB µs/ev", "WAL B/ev"
+    );
+    let line = |name: &str,
+                per_s: f64,
+                machine: Option<f64>,
+                client: Option<f64>,
+                db: Option<f64>,
+                wal: f64| {
+        println!(
+            "{name:>22} {per_s:>10.0} {:>9.2} {:>15} {:>14} {:>9} {wal:>9.0}",
+            ratio(per_s, r.batched_inserts_per_s),
+            optional(machine),
+            optional(client),
+            optional(db),
+        );
+    };
+    for s in &f.shapes {
+        let c = &s.cost;
+        line(
+            json!(s.shape).as_str().unwrap_or_default(),
+            s.events_per_s,
+            c.machine_cpu_us_per_row,
+            c.client_cpu_us_per_row,
+            c.db_us_per_row,
+            c.wal_bytes_per_row,
+        );
+    }
+    line(
+        &format!("rein, {} workers", p.workers),
+        p.events_per_s,
+        p.cost.machine_cpu_us_per_event,
+        p.cost.workers_cpu_us_per_event,
+        p.cost.db_us_per_event,
+        p.cost.wal_bytes_per_event,
+    );
+    let c = &r.batched_cost;
+    line(
+        &format!("reference, {} rows/tx", r.batch_size),
+        r.batched_inserts_per_s,
+        c.machine_cpu_us_per_row,
+        c.client_cpu_us_per_row,
+        c.db_us_per_row,
+        c.wal_bytes_per_row,
+    );
+    println!(
+        "client: this process's CPU (for Rein, its in-process workers); machine less client is the database server's"
+    );
+}
+
 fn mb(bytes: u64) -> f64 {
     (bytes as f64 / (1024.0 * 1024.0) * 10.0).round() / 10.0
 }
@@ -1182,48 +1269,219 @@ async fn measure_reference(
     let store = Store::connect_without_migrating(url, connections).await?;
     let table = format!("rein_bench_scratch_{}", std::process::id());
     store.scratch_create(&table).await?;
-    let mut rates = Vec::new();
-    let mut costs = Vec::new();
+    let mut loads = Vec::new();
     for rows in [1, REFERENCE_BATCH] {
+        let load = Load {
+            store: &store,
+            connections,
+            measure,
+            with_statements,
+            kind: StatementKind::Reference,
+            label: format!("reference, {rows} row(s)/transaction"),
+            rows: rows as u64,
+        };
+        let (for_tasks, table_name) = (store.clone(), table.clone());
+        match load
+            .run(move |_, _| {
+                let (store, table) = (for_tasks.clone(), table_name.clone());
+                async move { store.scratch_insert(&table, rows).await }
+            })
+            .await
+        {
+            Ok(measured) => loads.push(measured),
+            Err(e) => {
+                let _ = store.scratch_drop(&table).await;
+                return Err(e);
+            }
+        }
+    }
+    store.scratch_drop(&table).await?;
+    store.pool().close().await;
+    let batched = loads.pop().unwrap_or_default();
+    let single = loads.pop().unwrap_or_default();
+    Ok(Reference {
+        connections,
+        seconds: single.seconds.min(batched.seconds),
+        single_inserts_per_s: single.rows_per_s,
+        batched_inserts_per_s: batched.rows_per_s,
+        batch_size: REFERENCE_BATCH,
+        batched_cost: batched.cost,
+        single_cost: single.cost,
+    })
+}
+
+/// Runs per floor statement: about the events a commit statement carries at the headline
+/// point (`events_per_commit`).
+const FLOOR_RUNS_PER_STATEMENT: usize = 28;
+
+/// The floor under a step's cost (`--floor`): each [`FloorShape`]'s bare statement, on
+/// scratch copies of the run and event tables, from as many connections as the reference,
+/// each connection stepping its own runs.
+#[derive(Debug, Clone, Serialize)]
+struct Floor {
+    connections: u32,
+    runs_per_statement: usize,
+    /// Bytes of the projection each step of the last shape writes per run.
+    projection_bytes: usize,
+    shapes: Vec<FloorPoint>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct FloorPoint {
+    shape: FloorShape,
+    events_per_s: f64,
+    seconds: f64,
+    cost: RowCost,
+    /// events/s ÷ the reference's rows/s at 10 rows per transaction.
+    events_per_s_to_batched_rows_per_s: f64,
+    /// The reference row's machine CPU ÷ this shape's per event.
+    batched_row_cpu_to_event_cpu: Option<f64>,
+}
+
+async fn measure_floor(
+    url: &str,
+    connections: u32,
+    measure: Duration,
+    with_statements: bool,
+    reference: &Reference,
+) -> Result<Floor, StoreError> {
+    let store = Store::connect_without_migrating(url, connections).await?;
+    let prefix = format!("rein_bench_floor_{}", std::process::id());
+    let runs = FLOOR_RUNS_PER_STATEMENT * connections as usize;
+    let mut shapes = Vec::new();
+    let mut projection_bytes = 0;
+    for shape in FloorShape::ALL {
+        // Fresh tables and runs for each shape, so none measures on another's history.
+        let (ids, projection) = store.floor_create(&prefix, runs).await?;
+        projection_bytes = projection.to_string().len();
+        let load = Load {
+            store: &store,
+            connections,
+            measure,
+            with_statements,
+            kind: StatementKind::Floor,
+            label: format!("floor, {}", json!(shape).as_str().unwrap_or_default()),
+            rows: FLOOR_RUNS_PER_STATEMENT as u64,
+        };
+        let (for_tasks, prefix_name) = (store.clone(), prefix.clone());
+        let (ids, projection) = (Arc::new(ids), Arc::new(projection));
+        let measured = load
+            .run(move |task, i| {
+                let (store, prefix) = (for_tasks.clone(), prefix_name.clone());
+                let (ids, projection) = (ids.clone(), projection.clone());
+                async move {
+                    let from = task as usize * FLOOR_RUNS_PER_STATEMENT;
+                    let mine = &ids[from..from + FLOOR_RUNS_PER_STATEMENT];
+                    store
+                        .floor_step(&prefix, shape, mine, i + 1, &projection)
+                        .await
+                }
+            })
+            .await;
+        let measured = match measured {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = store.floor_drop(&prefix).await;
+                return Err(e);
+            }
+        };
+        shapes.push(FloorPoint {
+            shape,
+            events_per_s: measured.rows_per_s,
+            seconds: measured.seconds,
+            events_per_s_to_batched_rows_per_s: ratio(
+                measured.rows_per_s,
+                reference.batched_inserts_per_s,
+            ),
+            batched_row_cpu_to_event_cpu: measured
+                .cost
+                .machine_cpu_us_per_row
+                .zip(reference.batched_cost.machine_cpu_us_per_row)
+                .map(|(event, row)| ratio(row, event)),
+            cost: measured.cost,
+        });
+    }
+    store.floor_drop(&prefix).await?;
+    store.pool().close().await;
+    Ok(Floor {
+        connections,
+        runs_per_statement: FLOOR_RUNS_PER_STATEMENT,
+        projection_bytes,
+        shapes,
+    })
+}
+
+/// A timed load: one operation in a loop on each of `connections` tasks, each writing
+/// `rows` rows in one transaction, measured for `measure` after a warm-up.
+struct Load<'a> {
+    store: &'a Store,
+    connections: u32,
+    measure: Duration,
+    with_statements: bool,
+    /// The statements whose time and WAL are the load's (`pg_stat_statements`).
+    kind: StatementKind,
+    label: String,
+    rows: u64,
+}
+
+/// What a [`Load`] measured.
+#[derive(Default)]
+struct Measured {
+    rows_per_s: f64,
+    seconds: f64,
+    cost: RowCost,
+}
+
+impl Load<'_> {
+    /// `op(task, i)` is task `task`'s `i`-th operation (from 0). Err is the first
+    /// operation's error, if any failed.
+    async fn run<F, Fut>(self, op: F) -> Result<Measured, StoreError>
+    where
+        F: Fn(u32, i64) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), StoreError>> + Send + 'static,
+    {
+        let (store, connections, rows) = (self.store, self.connections, self.rows);
         let stop = CancellationToken::new();
         let done = Arc::new(AtomicU64::new(0));
+        let op = Arc::new(op);
         let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..connections {
-            let (store, table, stop, done) =
-                (store.clone(), table.clone(), stop.clone(), done.clone());
+        for task in 0..connections {
+            let (stop, done, op) = (stop.clone(), done.clone(), op.clone());
             tasks.spawn(async move {
+                let mut i = 0;
                 while !stop.is_cancelled() {
-                    store.scratch_insert(&table, rows).await?;
+                    op(task, i).await?;
+                    i += 1;
                     done.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok::<(), StoreError>(())
             });
         }
-        let total = (WARM_UP + measure).as_secs();
+        let total = (WARM_UP + self.measure).as_secs();
         let progress = crate::progress_bar(
             total,
-            &format!("reference, {rows} row(s)/transaction {{bar:30}} {{pos}}/{{len}} s  {{msg}}"),
+            &format!("{} {{bar:30}} {{pos}}/{{len}} s  {{msg}}", self.label),
         );
         let started = Instant::now();
         let mut measured_from = None;
         let mut cost_from = None;
-        let mut cpu_from = None;
+        let mut cpu_from = (None, None);
         loop {
             tokio::time::sleep(Duration::from_millis(200)).await;
             let elapsed = started.elapsed();
             progress.set_position(elapsed.as_secs().min(total));
             if measured_from.is_none() && elapsed >= WARM_UP {
-                cost_from = store.db_cost(with_statements).await.ok();
-                cpu_from = machine_busy_us();
+                cost_from = store.db_cost(self.with_statements).await.ok();
+                cpu_from = (machine_busy_us(), process_cpu_us());
                 measured_from = Some((Instant::now(), done.load(Ordering::Relaxed)));
             }
             if let Some((at, from)) = measured_from {
                 let secs = at.elapsed().as_secs_f64();
                 if secs > 0.0 {
                     let n = done.load(Ordering::Relaxed) - from;
-                    progress.set_message(format!("{:.0} rows/s", n as f64 * rows as f64 / secs));
+                    progress.set_message(format!("{:.0} rows/s", (n * rows) as f64 / secs));
                 }
-                if at.elapsed() >= measure {
+                if at.elapsed() >= self.measure {
                     break;
                 }
             }
@@ -1234,40 +1492,49 @@ async fn measure_reference(
         let (at, from) = measured_from.unwrap_or((started, 0));
         let n = done.load(Ordering::Relaxed) - from;
         let secs = at.elapsed().as_secs_f64();
-        let cost_to = store.db_cost(with_statements).await;
-        let cpu_to = machine_busy_us();
+        let cost_to = store.db_cost(self.with_statements).await;
+        let cpu_to = (machine_busy_us(), process_cpu_us());
         stop.cancel();
+        let mut failed = None;
         while let Some(joined) = tasks.join_next().await {
             if let Ok(Err(e)) = joined {
-                progress.finish_and_clear();
-                let _ = store.scratch_drop(&table).await;
-                return Err(e);
+                failed.get_or_insert(e);
             }
         }
         progress.finish_and_clear();
-        rates.push((n as f64 * rows as f64 / secs, secs));
-        costs.push(match (cost_from, cost_to) {
-            (Some(from), Ok(to)) => {
-                row_cost(&from, &to, cpu_between(cpu_from, cpu_to), n * rows as u64)
-            }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let cost = match (cost_from, cost_to) {
+            (Some(from), Ok(to)) => row_cost(
+                &from,
+                &to,
+                self.kind,
+                (
+                    cpu_between(cpu_from.0, cpu_to.0),
+                    cpu_between(cpu_from.1, cpu_to.1),
+                ),
+                n * rows,
+            ),
             _ => RowCost::default(),
-        });
+        };
+        Ok(Measured {
+            rows_per_s: (n * rows) as f64 / secs,
+            seconds: secs,
+            cost,
+        })
     }
-    store.scratch_drop(&table).await?;
-    store.pool().close().await;
-    Ok(Reference {
-        connections,
-        seconds: rates[0].1.min(rates[1].1),
-        single_inserts_per_s: rates[0].0,
-        batched_inserts_per_s: rates[1].0,
-        batch_size: REFERENCE_BATCH,
-        batched_cost: costs.pop().unwrap_or_default(),
-        single_cost: costs.pop().unwrap_or_default(),
-    })
 }
 
-/// A reference phase's cost per row, from the counters before and after it.
-fn row_cost(before: &DbCost, after: &DbCost, cpu_us: Option<f64>, rows: u64) -> RowCost {
+/// A load's cost per row, from the counters before and after it: `cpu_us` is the
+/// machine's and this process's CPU over it.
+fn row_cost(
+    before: &DbCost,
+    after: &DbCost,
+    kind: StatementKind,
+    (cpu_us, client_cpu_us): (Option<f64>, Option<f64>),
+    rows: u64,
+) -> RowCost {
     let (wal, statements) = after.since(before);
     let rows = rows as f64;
     RowCost {
@@ -1275,12 +1542,13 @@ fn row_cost(before: &DbCost, after: &DbCost, cpu_us: Option<f64>, rows: u64) -> 
         db_us_per_row: statements.map(|s| {
             let ms = s
                 .iter()
-                .filter(|s| s.kind == StatementKind::Reference)
+                .filter(|s| s.kind == kind)
                 .map(|s| s.total_ms)
                 .fold(0.0, |a, b| a + b);
             ratio(ms * 1000.0, rows)
         }),
         machine_cpu_us_per_row: cpu_us.map(|us| ratio(us, rows)),
+        client_cpu_us_per_row: client_cpu_us.map(|us| ratio(us, rows)),
     }
 }
 

@@ -342,7 +342,199 @@ impl Store {
             .await?;
         Ok(())
     }
+
+    /// Creates (afresh) the scratch tables of the floor (`{prefix}_runs` shaped and indexed
+    /// like `rein_runs`, `{prefix}_events` with the event log's columns and both its keys)
+    /// and `runs` leased runs in them; returns their ids, in id order, and the projection
+    /// each step writes: the newest finished run's, so it has the size a real one has.
+    pub async fn floor_create(
+        &self,
+        prefix: &str,
+        runs: usize,
+    ) -> Result<(Vec<uuid::Uuid>, serde_json::Value), StoreError> {
+        let p = scratch_ident(prefix)?;
+        self.floor_drop(prefix).await?;
+        for ddl in [
+            format!(
+                "CREATE TABLE {p}_runs (LIKE rein_runs INCLUDING DEFAULTS INCLUDING CONSTRAINTS
+                                        INCLUDING INDEXES)"
+            ),
+            // LIKE does not copy a partitioned table's keys: they are declared here.
+            format!(
+                "CREATE TABLE {p}_events (LIKE rein_events INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
+                                          PRIMARY KEY (run_id, sequence), UNIQUE (run_id, event_id))"
+            ),
+        ] {
+            sqlx::query(sqlx::AssertSqlSafe(ddl))
+                .execute(self.pool())
+                .await?;
+        }
+        // rein_runs' storage parameters (its fillfactor decides whether a step's update is
+        // HOT), which LIKE does not copy.
+        let options: Vec<String> = sqlx::query_scalar(
+            "SELECT unnest(reloptions) FROM pg_class WHERE oid = 'rein_runs'::regclass",
+        )
+        .fetch_all(self.pool())
+        .await?;
+        let plain = |o: &String| {
+            o.split_once('=').is_some_and(|(k, v)| {
+                k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                    && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '.')
+            })
+        };
+        if !options.is_empty() && options.iter().all(plain) {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "ALTER TABLE {p}_runs SET ({})",
+                options.join(", ")
+            )))
+            .execute(self.pool())
+            .await?;
+        }
+        let projection: serde_json::Value = sqlx::query_scalar(
+            "SELECT projection FROM rein_runs WHERE status = 'terminal'
+             ORDER BY created_at DESC LIMIT 1",
+        )
+        .fetch_optional(self.pool())
+        .await?
+        .unwrap_or_else(|| serde_json::json!({}));
+        let mut ids: Vec<uuid::Uuid> = (0..runs).map(|_| uuid::Uuid::now_v7()).collect();
+        ids.sort();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {p}_runs (run_id, definition, version, state, status, projection,
+                                   fencing_token, lease_owner, lease_until)
+             SELECT id, 'floor', 1, 'step', 'runnable', $2, 1, 'floor',
+                    clock_timestamp() + interval '1 day'
+             FROM unnest($1::uuid[]) AS id"
+        )))
+        .bind(&ids)
+        .bind(sqlx::types::Json(&projection))
+        .execute(self.pool())
+        .await?;
+        // Statistics before the first statement is planned, as Rein's tables have them
+        // (rein_first_statistics): a generic plan made on a never-analyzed table may scan it.
+        sqlx::query(sqlx::AssertSqlSafe(format!("ANALYZE {p}_runs, {p}_events")))
+            .execute(self.pool())
+            .await?;
+        Ok((ids, projection))
+    }
+
+    /// One statement of a floor shape: event `sequence` of each of `runs` (every earlier one
+    /// is written). Err if any run's event was not written.
+    pub async fn floor_step(
+        &self,
+        prefix: &str,
+        shape: FloorShape,
+        runs: &[uuid::Uuid],
+        sequence: i64,
+        projection: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        let p = scratch_ident(prefix)?;
+        let event_ids: Vec<uuid::Uuid> = runs.iter().map(|_| uuid::Uuid::now_v7()).collect();
+        let payloads: Vec<sqlx::types::Json<serde_json::Value>> = (0..runs.len())
+            .map(|i| sqlx::types::Json(serde_json::json!({ "step": i, "ok": true })))
+            .collect();
+        let sql = sqlx::AssertSqlSafe(shape.statement().replace("{p}", p));
+        let query = sqlx::query_scalar(sql)
+            .bind(runs)
+            .bind(sequence)
+            .bind(&event_ids)
+            .bind(&payloads);
+        let written: i64 = if shape == FloorShape::Projection {
+            let projections = vec![sqlx::types::Json(projection); runs.len()];
+            query.bind(projections).fetch_one(self.pool()).await?
+        } else {
+            query.fetch_one(self.pool()).await?
+        };
+        if written != runs.len() as i64 {
+            return Err(StoreError::Corrupt(format!(
+                "the floor's {shape:?} statement wrote {written} of {} events at sequence {sequence}",
+                runs.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Drops the floor's scratch tables.
+    pub async fn floor_drop(&self, prefix: &str) -> Result<(), StoreError> {
+        let p = scratch_ident(prefix)?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP TABLE IF EXISTS {p}_runs, {p}_events"
+        )))
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
 }
+
+/// The bare writes a step's commit cannot do without, measured by `rein bench --floor` on
+/// scratch copies of the tables, one statement for many runs as Rein's commit does: where
+/// the floor under Rein's cost per event lies, next to the reference's insert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FloorShape {
+    /// Each run's event inserted, under both keys of the log.
+    EventsOnly,
+    /// And each run's row locked in run_id order and updated under its token, lease and
+    /// sequence (state, last sequence): the fencing check a commit makes.
+    RunRow,
+    /// And the run's projection written with it, as Rein's commit writes it every step.
+    Projection,
+}
+
+impl FloorShape {
+    pub const ALL: [FloorShape; 3] = [Self::EventsOnly, Self::RunRow, Self::Projection];
+
+    fn statement(self) -> String {
+        let with_projection = |on: bool| {
+            let part = |text: &'static str| if on { text } else { "" };
+            FLOOR_RUN_ROW
+                .replace("{projection_title}", part(" and its projection"))
+                .replace("{projection_array}", part(", $5::jsonb[]"))
+                .replace("{projection_column}", part(", projection"))
+                .replace("{projection_set}", part(", projection = q.projection"))
+        };
+        match self {
+            Self::EventsOnly => FLOOR_EVENTS_ONLY.to_owned(),
+            Self::RunRow => with_projection(false),
+            Self::Projection => with_projection(true),
+        }
+    }
+}
+
+const FLOOR_EVENTS_ONLY: &str = "-- rein bench floor: events only
+WITH ins AS (
+    INSERT INTO {p}_events (run_id, sequence, event_id, type, payload, node, fencing_token, worker)
+    SELECT u.run_id, $2, u.event_id, 'next', u.payload, 'step', 1, 'floor'
+    FROM unnest($1::uuid[], $3::uuid[], $4::jsonb[]) AS u(run_id, event_id, payload)
+    RETURNING 1
+)
+SELECT count(*) FROM ins";
+
+/// The run-row shapes, with or without the projection: `{projection_array}`,
+/// `{projection_column}` and `{projection_set}` are filled for [`FloorShape::Projection`] and
+/// left empty for [`FloorShape::RunRow`].
+const FLOOR_RUN_ROW: &str = "-- rein bench floor: events and the run row{projection_title}
+WITH req AS (
+    SELECT * FROM unnest($1::uuid[], $3::uuid[], $4::jsonb[]{projection_array})
+        AS u(run_id, event_id, payload{projection_column})
+),
+locked AS (
+    SELECT q.* FROM req q JOIN {p}_runs r ON r.run_id = q.run_id ORDER BY r.run_id FOR UPDATE OF r
+),
+upd AS (
+    UPDATE {p}_runs r SET state = 'step', last_sequence = $2{projection_set},
+                          updated_at = clock_timestamp()
+    FROM locked q
+    WHERE r.run_id = q.run_id AND r.fencing_token = 1 AND r.last_sequence = $2 - 1
+      AND r.lease_owner = 'floor' AND r.lease_until > clock_timestamp()
+    RETURNING r.run_id, r.fencing_token, q.event_id, q.payload
+),
+ins AS (
+    INSERT INTO {p}_events (run_id, sequence, event_id, type, payload, node, fencing_token, worker)
+    SELECT run_id, $2, event_id, 'next', payload, 'step', fencing_token, 'floor' FROM upd
+    RETURNING 1
+)
+SELECT count(*) FROM ins";
 
 /// What [`Store::copy_runs`] writes.
 #[derive(Debug, Clone)]
@@ -369,6 +561,8 @@ pub enum StatementKind {
     Claim,
     Renew,
     Reference,
+    /// A statement of `rein bench --floor` ([`FloorShape`]).
+    Floor,
     Other,
 }
 
@@ -451,6 +645,9 @@ fn statement_kind(text: &str) -> StatementKind {
     }
     if text.trim().starts_with("INSERT INTO rein_bench_scratch_") {
         return StatementKind::Reference;
+    }
+    if text.trim().starts_with("-- rein bench floor") {
+        return StatementKind::Floor;
     }
     StatementKind::Other
 }

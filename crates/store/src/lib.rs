@@ -39,7 +39,9 @@ use sqlx::{ConnectOptions, Connection, PgPool};
 
 pub use approvals::{Approval, ApprovalAsk, COMMENT_BYTES_MAX};
 pub use audit::*;
-pub use bench::{DbCost, Percentiles, QueueStats, RunCopies, StatementCost, StatementKind};
+pub use bench::{
+    DbCost, FloorShape, Percentiles, QueueStats, RunCopies, StatementCost, StatementKind,
+};
 pub use blobs::BlobStats;
 pub use commit::{
     ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, Committed, FenceReason, LedgerOp,
