@@ -1353,7 +1353,8 @@ async fn measure_floor(
     for shape in FloorShape::ALL {
         // Fresh tables and runs for each shape, so none measures on another's history.
         let (ids, projection) = store.floor_create(&prefix, runs).await?;
-        projection_bytes = projection.to_string().len();
+        projection_bytes = rein_core::hash::canonical_len(&projection);
+        let statement = Arc::new(shape.statement(&prefix)?);
         let load = Load {
             store: &store,
             connections,
@@ -1363,18 +1364,16 @@ async fn measure_floor(
             label: format!("floor, {}", json!(shape).as_str().unwrap_or_default()),
             rows: FLOOR_RUNS_PER_STATEMENT as u64,
         };
-        let (for_tasks, prefix_name) = (store.clone(), prefix.clone());
+        let for_tasks = store.clone();
         let (ids, projection) = (Arc::new(ids), Arc::new(projection));
         let measured = load
             .run(move |task, i| {
-                let (store, prefix) = (for_tasks.clone(), prefix_name.clone());
+                let (store, statement) = (for_tasks.clone(), statement.clone());
                 let (ids, projection) = (ids.clone(), projection.clone());
                 async move {
                     let from = task as usize * FLOOR_RUNS_PER_STATEMENT;
                     let mine = &ids[from..from + FLOOR_RUNS_PER_STATEMENT];
-                    store
-                        .floor_step(&prefix, shape, mine, i + 1, &projection)
-                        .await
+                    store.floor_step(&statement, mine, i + 1, &projection).await
                 }
             })
             .await;

@@ -418,23 +418,21 @@ impl Store {
         Ok((ids, projection))
     }
 
-    /// One statement of a floor shape: event `sequence` of each of `runs` (every earlier one
-    /// is written). Err if any run's event was not written.
+    /// One statement of a floor shape on the tables `statement` names: event `sequence` of
+    /// each of `runs` (every earlier one is written). Err if any run's event was not written.
     pub async fn floor_step(
         &self,
-        prefix: &str,
-        shape: FloorShape,
+        statement: &FloorStatement,
         runs: &[uuid::Uuid],
         sequence: i64,
         projection: &serde_json::Value,
     ) -> Result<(), StoreError> {
-        let p = scratch_ident(prefix)?;
+        let shape = statement.shape;
         let event_ids: Vec<uuid::Uuid> = runs.iter().map(|_| uuid::Uuid::now_v7()).collect();
         let payloads: Vec<sqlx::types::Json<serde_json::Value>> = (0..runs.len())
             .map(|i| sqlx::types::Json(serde_json::json!({ "step": i, "ok": true })))
             .collect();
-        let sql = sqlx::AssertSqlSafe(shape.statement().replace("{p}", p));
-        let query = sqlx::query_scalar(sql)
+        let query = sqlx::query_scalar(sqlx::AssertSqlSafe(statement.sql.as_str()))
             .bind(runs)
             .bind(sequence)
             .bind(&event_ids)
@@ -481,10 +479,27 @@ pub enum FloorShape {
     Projection,
 }
 
+/// A floor shape's statement on the scratch tables of one prefix, made once per shape
+/// ([`FloorShape::statement`]) so a step only binds and sends it.
+#[derive(Debug, Clone)]
+pub struct FloorStatement {
+    shape: FloorShape,
+    sql: String,
+}
+
 impl FloorShape {
     pub const ALL: [FloorShape; 3] = [Self::EventsOnly, Self::RunRow, Self::Projection];
 
-    fn statement(self) -> String {
+    /// This shape's statement on the scratch tables `{prefix}_runs` and `{prefix}_events`.
+    pub fn statement(self, prefix: &str) -> Result<FloorStatement, StoreError> {
+        let p = scratch_ident(prefix)?;
+        Ok(FloorStatement {
+            shape: self,
+            sql: self.text().replace("{p}", p),
+        })
+    }
+
+    fn text(self) -> String {
         let with_projection = |on: bool| {
             let part = |text: &'static str| if on { text } else { "" };
             FLOOR_RUN_ROW

@@ -40,7 +40,8 @@ use sqlx::{ConnectOptions, Connection, PgPool};
 pub use approvals::{Approval, ApprovalAsk, COMMENT_BYTES_MAX};
 pub use audit::*;
 pub use bench::{
-    DbCost, FloorShape, Percentiles, QueueStats, RunCopies, StatementCost, StatementKind,
+    DbCost, FloorShape, FloorStatement, Percentiles, QueueStats, RunCopies, StatementCost,
+    StatementKind,
 };
 pub use blobs::BlobStats;
 pub use commit::{

@@ -11,13 +11,14 @@ async fn each_floor_shape_writes_every_run_s_next_event_and_refuses_a_step_out_o
     let prefix = "rein_bench_floor_test";
     for shape in FloorShape::ALL {
         let (runs, projection) = store.floor_create(prefix, 6).await.unwrap();
+        let statement = shape.statement(prefix).unwrap();
         assert_eq!(runs.len(), 6);
         let mut sorted = runs.clone();
         sorted.sort();
         assert_eq!(runs, sorted, "in id order");
         for sequence in 1..=3 {
             store
-                .floor_step(prefix, shape, &runs[..3], sequence, &projection)
+                .floor_step(&statement, &runs[..3], sequence, &projection)
                 .await
                 .unwrap_or_else(|e| panic!("{shape:?} at {sequence}: {e}"));
         }
@@ -31,7 +32,7 @@ async fn each_floor_shape_writes_every_run_s_next_event_and_refuses_a_step_out_o
         // A step that repeats a sequence: the log's key refuses it, or the run row's
         // sequence does and nothing is written, which the floor reports.
         let again = store
-            .floor_step(prefix, shape, &runs[..3], 3, &projection)
+            .floor_step(&statement, &runs[..3], 3, &projection)
             .await;
         match (shape, again) {
             (FloorShape::EventsOnly, Err(StoreError::Db(e))) => {
