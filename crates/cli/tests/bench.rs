@@ -221,6 +221,79 @@ async fn bench_measures_the_floor_under_a_step_on_scratch_tables() {
     pool.close().await;
 }
 
+/// `--repeat`: the point and the reference measured in turn. Each pair's ratio is its own
+/// point's over its own reference's, the headline figures are the pair with the median
+/// ratio, and every pair's point ran all its runs to the end.
+#[tokio::test]
+async fn bench_repeats_the_point_and_the_reference_in_turn_and_leads_with_the_median_pair() {
+    let url = migrated("bench_repeat");
+    let (code, report, err) = tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || bench(&url, &["--workers", "1", "--repeat", "3"])
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    assert_complete(&report, 200, 4);
+    let repeats = &report["repeats"];
+    let pairs = repeats["pairs"].as_array().expect("pairs");
+    assert_eq!(pairs.len(), 3, "{repeats}");
+    let ratios: Vec<f64> = pairs
+        .iter()
+        .map(|p| {
+            let said = p["events_per_s_to_batched_rows_per_s"].as_f64().unwrap();
+            let events = p["events_per_s"].as_f64().unwrap();
+            let rows = p["batched_rows_per_s"].as_f64().unwrap();
+            assert!(events > 0.0 && rows > 0.0, "{p}");
+            assert!((said - events / rows).abs() <= 1e-9 * said, "{p}");
+            assert!(p["machine_cpu_us_per_event"].as_f64() > Some(0.0), "{p}");
+            said
+        })
+        .collect();
+    let mut sorted = ratios.clone();
+    sorted.sort_by(f64::total_cmp);
+    assert_eq!(repeats["ratio_min"].as_f64(), Some(sorted[0]), "{repeats}");
+    assert_eq!(
+        repeats["ratio_median"].as_f64(),
+        Some(sorted[1]),
+        "{repeats}"
+    );
+    assert_eq!(repeats["ratio_max"].as_f64(), Some(sorted[2]), "{repeats}");
+    let headline = repeats["headline"].as_u64().expect("headline") as usize;
+    assert_eq!(ratios[headline], sorted[1], "{repeats}");
+    // The headline figures, the points table and the reference are that pair's.
+    let pair = &pairs[headline];
+    assert_eq!(report["events_per_s"], pair["events_per_s"], "{report}");
+    assert_eq!(report["points"][0]["events_per_s"], pair["events_per_s"]);
+    assert_eq!(
+        report["reference"]["batched_inserts_per_s"],
+        pair["batched_rows_per_s"]
+    );
+    assert_eq!(
+        report["ratios"]["events_per_s_to_batched_rows_per_s"].as_f64(),
+        Some(sorted[1])
+    );
+
+    // Three points' runs, every one of them finished.
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let (runs, finished): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE status = 'terminal') FROM rein_runs",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((runs, finished), (600, 600));
+    pool.close().await;
+
+    // Without --repeat the report has the one pair.
+    let (code, report, err) = tokio::task::spawn_blocking(move || bench(&url, &["--workers", "1"]))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(report["repeats"]["pairs"].as_array().map(Vec::len), Some(1));
+    assert_eq!(report["repeats"]["headline"], 0);
+}
+
 #[test]
 fn bench_drives_real_worker_processes_and_reads_their_figures() {
     let url = migrated("bench_procs");
@@ -335,6 +408,8 @@ fn bench_says_what_is_wrong_before_it_starts() {
             "connections",
         ),
         (vec!["--compare-redis", "--rate", "10"], "--redis-url"),
+        (vec!["--repeat", "2", "--scale"], "--repeat"),
+        (vec!["--repeat", "11"], "--repeat"),
         (
             vec!["--compare-redis", "--redis-url", "redis://127.0.0.1:1"],
             "--rate",

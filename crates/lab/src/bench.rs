@@ -83,6 +83,13 @@ pub struct BenchArgs {
     /// --reference-s each.
     #[arg(long)]
     floor: bool,
+    /// Measure the point and then the reference this many times in turn, and report each
+    /// pair's ratio with the median and the range. A shared machine's speed drifts between
+    /// one measurement and the next, so a single pair's ratio can be off by a fifth; the
+    /// headline figures are the median pair's. One point of --workers (or --processes),
+    /// closed loop, on an empty database.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10))]
+    repeat: u32,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
@@ -434,6 +441,19 @@ pub async fn bench(args: BenchArgs) -> u8 {
             return exit::INPUT;
         }
     }
+    if args.repeat > 1
+        && (args.scale
+            || args.rate.is_some()
+            || args.compare_redis
+            || args.model
+            || args.backlog_runs > 0
+            || args.parked_runs > 0)
+    {
+        eprintln!(
+            "error: --repeat measures one closed-loop point and the reference in turn; leave out --scale, --rate, --compare-redis, --model, --backlog-runs and --parked-runs"
+        );
+        return exit::INPUT;
+    }
     let widest = if args.scale {
         8
     } else {
@@ -639,7 +659,7 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
         }
         results.push(point);
     }
-    let peak = results
+    let mut peak = results
         .iter()
         .max_by(|a, b| a.events_per_s.total_cmp(&b.events_per_s))
         .cloned()
@@ -670,27 +690,33 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
 
     // As many connections as the workers of the headline point had open.
     let reference_connections = peak.connections;
-    let reference = match measure_reference(
-        &plan.url,
-        reference_connections,
-        Duration::from_secs(args.reference_s),
-        plan.statements_unavailable.is_none(),
-    )
-    .await
-    {
+    let mut reference = match reference_at(plan, reference_connections, args.reference_s).await {
         Ok(r) => r,
-        Err(e) => return report(&e),
+        Err(code) => return code,
     };
-    if !plan.json {
-        eprintln!(
-            "reference ({} connections, {:.0} s each): {:.0} single-row insert transactions/s, {:.0} rows/s at {} rows per transaction",
-            reference.connections,
-            reference.seconds,
-            reference.single_inserts_per_s,
-            reference.batched_inserts_per_s,
-            reference.batch_size
-        );
+
+    // `--repeat`: the point and the reference again, in turn; the median pair leads.
+    let mut pairs = vec![(peak.clone(), reference.clone())];
+    for i in 1..args.repeat as usize {
+        let point = match run_point(plan, &store, i, peak.workers, None, None).await {
+            Ok(p) => p,
+            Err(code) => return code,
+        };
+        if !plan.json {
+            eprintln!("{}", point_line(&point));
+        }
+        let again = match reference_at(plan, point.connections, args.reference_s).await {
+            Ok(r) => r,
+            Err(code) => return code,
+        };
+        pairs.push((point, again));
     }
+    let median = median_pair(&pairs);
+    if median != 0 {
+        (peak, reference) = pairs[median].clone();
+        results = vec![peak.clone()];
+    }
+    let repeats = Repeats::of(&pairs, median);
 
     let floor = if args.floor {
         match measure_floor(
@@ -765,6 +791,7 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
                 .map(|(event, row)| ratio(row, event)),
         },
         "reference": reference,
+        "repeats": repeats,
         "floor": floor,
         "peak_rss_mb": { "bench_process": own_rss, "workers": headline.peak_rss_mb },
         "points": results,
@@ -777,6 +804,9 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
     } else {
         print_tables(&results, half_peak.as_ref(), &reference, &own_rss);
         print_costs(headline, &reference);
+        if args.repeat > 1 {
+            print_repeats(&repeats);
+        }
         if let Some(f) = &floor {
             print_floor(f, headline, &reference);
         }
@@ -1118,6 +1148,136 @@ fn print_comparison(without: &Point, with: &Point, ratios: &Value) {
 /// A figure that may be unavailable, for a table cell.
 fn optional(x: Option<f64>) -> String {
     x.map_or_else(|| "n/a".to_owned(), |x| format!("{x:.1}"))
+}
+
+/// The reference from `connections` connections for `seconds` each, its line printed
+/// unless the report is JSON.
+async fn reference_at(plan: &Plan, connections: u32, seconds: u64) -> Result<Reference, u8> {
+    let r = measure_reference(
+        &plan.url,
+        connections,
+        Duration::from_secs(seconds),
+        plan.statements_unavailable.is_none(),
+    )
+    .await
+    .map_err(|e| report(&e))?;
+    if !plan.json {
+        eprintln!("{}", reference_line(&r));
+    }
+    Ok(r)
+}
+
+fn reference_line(r: &Reference) -> String {
+    format!(
+        "reference ({} connections, {:.0} s each): {:.0} single-row insert transactions/s, {:.0} rows/s at {} rows per transaction",
+        r.connections, r.seconds, r.single_inserts_per_s, r.batched_inserts_per_s, r.batch_size
+    )
+}
+
+/// Which of the (point, reference) pairs has the median ratio of events/s to reference rows/s
+/// (the lower of the middle two when there are an even number).
+fn median_pair(pairs: &[(Point, Reference)]) -> usize {
+    let mut order: Vec<usize> = (0..pairs.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (pa, ra) = &pairs[a];
+        let (pb, rb) = &pairs[b];
+        ratio(pa.events_per_s, ra.batched_inserts_per_s)
+            .total_cmp(&ratio(pb.events_per_s, rb.batched_inserts_per_s))
+    });
+    order[(order.len() - 1) / 2]
+}
+
+/// The point and the reference measured in turn (`--repeat`): each pair's own ratio, and
+/// their spread.
+#[derive(Debug, Clone, Serialize)]
+struct Repeats {
+    pairs: Vec<RepeatPair>,
+    /// Which pair the headline figures are (0-based): the one with the median ratio.
+    headline: usize,
+    ratio_median: f64,
+    ratio_min: f64,
+    ratio_max: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct RepeatPair {
+    events_per_s: f64,
+    batched_rows_per_s: f64,
+    /// Committed events/s ÷ the reference's rows/s at 10 rows per transaction, both of
+    /// this pair.
+    events_per_s_to_batched_rows_per_s: f64,
+    steps_per_s_to_single_inserts_per_s: f64,
+    machine_cpu_us_per_event: Option<f64>,
+    workers_cpu_us_per_event: Option<f64>,
+    reference_machine_cpu_us_per_row: Option<f64>,
+    db_us_per_event: Option<f64>,
+    claim_us_per_claimed_run: Option<f64>,
+}
+
+impl Repeats {
+    fn of(pairs: &[(Point, Reference)], headline: usize) -> Repeats {
+        let pairs: Vec<RepeatPair> = pairs
+            .iter()
+            .map(|(p, r)| RepeatPair {
+                events_per_s: p.events_per_s,
+                batched_rows_per_s: r.batched_inserts_per_s,
+                events_per_s_to_batched_rows_per_s: ratio(p.events_per_s, r.batched_inserts_per_s),
+                steps_per_s_to_single_inserts_per_s: ratio(p.steps_per_s, r.single_inserts_per_s),
+                machine_cpu_us_per_event: p.cost.machine_cpu_us_per_event,
+                workers_cpu_us_per_event: p.cost.workers_cpu_us_per_event,
+                reference_machine_cpu_us_per_row: r.batched_cost.machine_cpu_us_per_row,
+                db_us_per_event: p.cost.db_us_per_event,
+                claim_us_per_claimed_run: p.cost.claim_us_per_claimed_run,
+            })
+            .collect();
+        let ratios = pairs.iter().map(|p| p.events_per_s_to_batched_rows_per_s);
+        Repeats {
+            ratio_median: pairs[headline].events_per_s_to_batched_rows_per_s,
+            ratio_min: ratios.clone().fold(f64::INFINITY, f64::min),
+            ratio_max: ratios.fold(f64::NEG_INFINITY, f64::max),
+            headline,
+            pairs,
+        }
+    }
+}
+
+fn print_repeats(r: &Repeats) {
+    println!();
+    println!(
+        "the point and the reference in turn, {} pairs (the figures above are pair {}'s, the median):",
+        r.pairs.len(),
+        r.headline + 1
+    );
+    println!(
+        "{:>5} {:>9} {:>13} {:>9} {:>14} {:>14} {:>11} {:>9} {:>13}",
+        "pair",
+        "events/s",
+        "ref10 rows/s",
+        "ev/ref10",
+        "machine µs/ev",
+        "workers µs/ev",
+        "ref µs/row",
+        "DB µs/ev",
+        "claim µs/run"
+    );
+    for (i, p) in r.pairs.iter().enumerate() {
+        println!(
+            "{:>5} {:>9.0} {:>13.0} {:>9.2} {:>14} {:>14} {:>11} {:>9} {:>13}",
+            i + 1,
+            p.events_per_s,
+            p.batched_rows_per_s,
+            p.events_per_s_to_batched_rows_per_s,
+            optional(p.machine_cpu_us_per_event),
+            optional(p.workers_cpu_us_per_event),
+            optional(p.reference_machine_cpu_us_per_row),
+            optional(p.db_us_per_event),
+            optional(p.claim_us_per_claimed_run),
+        );
+    }
+    println!(
+        "events/s ÷ rows/s at 10 rows per transaction: median {:.2}, range {:.2}–{:.2}",
+        r.ratio_median, r.ratio_min, r.ratio_max
+    );
 }
 
 /// The headline point's database cost next to the reference's, and the statements that
