@@ -749,6 +749,21 @@ async fn bench_fills_a_backlog_by_sql_and_measures_the_same_point_on_it() {
             .unwrap();
     assert_eq!(logged, events, "every copy has its whole log");
     assert_eq!(events, 3000 * 4);
+    // The filled tables were vacuumed before the point measured on them, not left to
+    // autovacuum's first pass over a bulk load in the middle of it.
+    assert!(
+        backlog["filled"]["vacuum_seconds"].as_f64() > Some(0.0),
+        "{backlog}"
+    );
+    let unvacuumed: Vec<String> = sqlx::query_scalar(
+        "SELECT relname::text FROM pg_stat_user_tables
+         WHERE relname IN ('rein_runs', 'rein_lease_grants', 'rein_events_other')
+           AND last_vacuum IS NULL",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(unvacuumed.is_empty(), "not vacuumed: {unvacuumed:?}");
     // The sizes the report gives are of every table, a partitioned one counted once.
     let tables = backlog["filled"]["tables"].as_array().expect("tables");
     let rows_of = |name: &str| {

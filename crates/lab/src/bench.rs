@@ -862,8 +862,9 @@ async fn measure_backlog(
     .map_err(|e| report(&e))?;
     if !plan.json {
         eprintln!(
-            "filled in {:.0} s: {}",
+            "filled in {:.0} s, of which {:.0} s vacuuming: {}",
             filled.fill_seconds,
+            filled.vacuum_seconds,
             filled
                 .tables
                 .iter()
@@ -938,8 +939,8 @@ async fn measure_backlog(
 fn print_backlog(b: &Backlog) {
     println!();
     println!(
-        "with a backlog of {} finished and {} parked runs (filled in {:.0} s):",
-        b.filled.backlog_runs, b.filled.parked_runs, b.filled.fill_seconds
+        "with a backlog of {} finished and {} parked runs (filled in {:.0} s, of which {:.0} s vacuuming):",
+        b.filled.backlog_runs, b.filled.parked_runs, b.filled.fill_seconds, b.filled.vacuum_seconds
     );
     for t in &b.filled.tables {
         println!("  {:<20} {:>12} rows {:>9.0} MB", t.table, t.rows, t.mb);
