@@ -711,12 +711,11 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
         };
         pairs.push((point, again));
     }
-    let median = median_pair(&pairs);
-    if median != 0 {
-        (peak, reference) = pairs[median].clone();
+    let repeats = Repeats::of(&pairs);
+    if repeats.headline != 0 {
+        (peak, reference) = pairs[repeats.headline].clone();
         results = vec![peak.clone()];
     }
-    let repeats = Repeats::of(&pairs, median);
 
     let floor = if args.floor {
         match measure_floor(
@@ -1175,25 +1174,13 @@ fn reference_line(r: &Reference) -> String {
     )
 }
 
-/// Which of the (point, reference) pairs has the median ratio of events/s to reference rows/s
-/// (the lower of the middle two when there are an even number).
-fn median_pair(pairs: &[(Point, Reference)]) -> usize {
-    let mut order: Vec<usize> = (0..pairs.len()).collect();
-    order.sort_by(|&a, &b| {
-        let (pa, ra) = &pairs[a];
-        let (pb, rb) = &pairs[b];
-        ratio(pa.events_per_s, ra.batched_inserts_per_s)
-            .total_cmp(&ratio(pb.events_per_s, rb.batched_inserts_per_s))
-    });
-    order[(order.len() - 1) / 2]
-}
-
 /// The point and the reference measured in turn (`--repeat`): each pair's own ratio, and
 /// their spread.
 #[derive(Debug, Clone, Serialize)]
 struct Repeats {
     pairs: Vec<RepeatPair>,
-    /// Which pair the headline figures are (0-based): the one with the median ratio.
+    /// Which pair the headline figures are (0-based): the one with the median ratio (the
+    /// lower of the middle two when there are an even number).
     headline: usize,
     ratio_median: f64,
     ratio_min: f64,
@@ -1216,7 +1203,7 @@ struct RepeatPair {
 }
 
 impl Repeats {
-    fn of(pairs: &[(Point, Reference)], headline: usize) -> Repeats {
+    fn of(pairs: &[(Point, Reference)]) -> Repeats {
         let pairs: Vec<RepeatPair> = pairs
             .iter()
             .map(|(p, r)| RepeatPair {
@@ -1231,11 +1218,18 @@ impl Repeats {
                 claim_us_per_claimed_run: p.cost.claim_us_per_claimed_run,
             })
             .collect();
-        let ratios = pairs.iter().map(|p| p.events_per_s_to_batched_rows_per_s);
+        let mut order: Vec<usize> = (0..pairs.len()).collect();
+        order.sort_by(|&a, &b| {
+            pairs[a]
+                .events_per_s_to_batched_rows_per_s
+                .total_cmp(&pairs[b].events_per_s_to_batched_rows_per_s)
+        });
+        let ratio_at = |i: usize| pairs[i].events_per_s_to_batched_rows_per_s;
+        let headline = order[(order.len() - 1) / 2];
         Repeats {
-            ratio_median: pairs[headline].events_per_s_to_batched_rows_per_s,
-            ratio_min: ratios.clone().fold(f64::INFINITY, f64::min),
-            ratio_max: ratios.fold(f64::NEG_INFINITY, f64::max),
+            ratio_median: ratio_at(headline),
+            ratio_min: ratio_at(order[0]),
+            ratio_max: ratio_at(order[order.len() - 1]),
             headline,
             pairs,
         }
