@@ -97,6 +97,11 @@ fn select<'d>(
     event: &Event,
     candidates: &'d [Transition],
 ) -> Result<&'d Transition, RejectReason> {
+    // A first candidate without guards holds whatever the run is: nothing reads the guards'
+    // view of the run, so it is not built (it copies the run's results and data).
+    if let Some(first) = candidates.first().filter(|t| t.guards.is_empty()) {
+        return Ok(first);
+    }
     let input = guard_input(def, run, event);
     let mut scope = GuardScope::new(&input);
     let mut first_failure = None;
