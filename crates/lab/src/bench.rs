@@ -1911,6 +1911,9 @@ async fn run_point(
     observe: Option<&rein_accel::RedisConfig>,
 ) -> Result<Point, u8> {
     let queue = format!("bench-{}-{index}", std::process::id());
+    // Every run of the point has an id from here on: the progress polls and the figures
+    // read this range of run ids, whatever history the database holds.
+    let since = rein_store::first_run_id_at(std::time::SystemTime::now() - Duration::from_secs(1));
     let runs_total = match rate {
         Some(r) => ((r * plan.duration.as_secs_f64()).ceil() as u64).max(1),
         None => u64::from(plan.args_runs),
@@ -2029,8 +2032,10 @@ async fn run_point(
         Some(_) => plan.duration + Duration::from_secs(30),
         None => plan.duration,
     };
-    // In-process workers count the runs they finish, so the database is asked only now and
-    // then (its answer includes runs the scheduler finished); child processes are polled.
+    // In-process workers count the runs they finish, so the database is asked only when
+    // that count reaches the total, or stands still (the rest may be runs the scheduler
+    // finishes): a poll is a read of the point's runs, so none is made while the workers'
+    // count shows progress. Child processes are polled.
     let db_every = if plan.processes {
         Duration::from_secs(1)
     } else {
@@ -2038,15 +2043,20 @@ async fn run_point(
     };
     let mut last = (Instant::now(), 0u64);
     let mut asked = Instant::now();
+    let mut counted = (Instant::now(), None::<u64>);
     let (mut all, mut terminal) = (0i64, 0i64);
     loop {
         tokio::time::sleep(POLL).await;
         let local = fleet.finished();
+        if local != counted.1 {
+            counted = (Instant::now(), local);
+        }
         let feeding = feeder.as_ref().is_some_and(|f| !f.is_finished());
         let maybe_done = !feeding && local.is_some_and(|n| n >= runs_total);
-        if maybe_done || asked.elapsed() >= db_every {
+        let still = local.is_none() || counted.0.elapsed() >= db_every;
+        if maybe_done || (still && asked.elapsed() >= db_every) {
             (all, terminal) = observer
-                .queue_progress(&queue)
+                .queue_progress(&queue, since)
                 .await
                 .map_err(|e| report(&e))?;
             own_queries.fetch_add(1, Ordering::Relaxed);
@@ -2106,7 +2116,10 @@ async fn run_point(
     let db_transactions =
         (txn_after - txn_before - own_queries.load(Ordering::Relaxed) as i64 - 1).max(0);
 
-    let stats: QueueStats = store.queue_stats(&queue).await.map_err(|e| report(&e))?;
+    let stats: QueueStats = store
+        .queue_stats(&queue, since)
+        .await
+        .map_err(|e| report(&e))?;
     let cost = PointCost::new(
         &cost_before,
         &cost_after,

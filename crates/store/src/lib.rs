@@ -41,7 +41,7 @@ pub use approvals::{Approval, ApprovalAsk, COMMENT_BYTES_MAX};
 pub use audit::*;
 pub use bench::{
     DbCost, FloorShape, FloorStatement, Percentiles, QueueStats, RunCopies, StatementCost,
-    StatementKind,
+    StatementKind, first_run_id_at,
 };
 pub use blobs::BlobStats;
 pub use commit::{
