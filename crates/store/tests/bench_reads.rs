@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, SystemTime};
 
-use rein_store::{EnqueueRequest, Store, first_run_id_at};
+use rein_store::{EnqueueRequest, first_run_id_at};
 
 const QUEUE: &str = "bench-reads";
 const HISTORY: usize = 2_000;
@@ -25,30 +25,16 @@ fn requests(n: usize) -> Vec<EnqueueRequest> {
         .collect()
 }
 
-/// Rows of `rein_runs` read so far (by sequential scans and fetched through indexes) once
-/// the counters show at least `scans` scans of it and `inserted` rows inserted.
-async fn runs_rows_read(store: &Store, scans: i64, inserted: i64) -> (i64, i64) {
-    let end = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let (read, seen, ins): (i64, i64, i64) = sqlx::query_as(
-            "SELECT seq_tup_read + COALESCE(idx_tup_fetch, 0), seq_scan + COALESCE(idx_scan, 0),
-                    n_tup_ins
-             FROM pg_stat_user_tables WHERE relname = 'rein_runs'",
-        )
-        .fetch_one(store.pool())
-        .await
-        .expect("statistics");
-        if seen >= scans && ins >= inserted {
-            return (read, seen);
-        }
-        assert!(
-            tokio::time::Instant::now() < end,
-            "the statistics never showed {scans} scans and {inserted} inserts (they show {seen} \
-             and {ins})"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
+/// Rows of `rein_runs` read so far, by sequential scans and fetched through indexes; then
+/// what [`common::statistics_once`] waits for: rows inserted, or scans made.
+const READ_ONCE_INSERTED: &str = "SELECT seq_tup_read + COALESCE(idx_tup_fetch, 0), n_tup_ins
+     FROM pg_stat_user_tables WHERE relname = 'rein_runs'";
+const READ_ONCE_SCANNED: &str =
+    "SELECT seq_tup_read + COALESCE(idx_tup_fetch, 0), seq_scan + COALESCE(idx_scan, 0)
+     FROM pg_stat_user_tables WHERE relname = 'rein_runs'";
+/// Scans of `rein_runs` so far, once its inserted rows show.
+const SCANS_ONCE_INSERTED: &str = "SELECT seq_scan + COALESCE(idx_scan, 0), n_tup_ins
+     FROM pg_stat_user_tables WHERE relname = 'rein_runs'";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_point_s_progress_and_figures_read_its_own_runs_not_the_history() {
@@ -70,10 +56,12 @@ async fn a_point_s_progress_and_figures_read_its_own_runs_not_the_history() {
         "the point's runs are in its range"
     );
 
-    let (before, scans) = runs_rows_read(&store, 0, (HISTORY + 2) as i64).await;
+    let inserted = (HISTORY + 2) as i64;
+    let before = common::statistics_once(&store, READ_ONCE_INSERTED, inserted).await;
+    let scans = common::statistics_once(&store, SCANS_ONCE_INSERTED, inserted).await;
     let progress = store.queue_progress(QUEUE, since).await.expect("progress");
     assert_eq!(progress, (2, 0), "the point's 2 runs, none finished");
-    let (after, _) = runs_rows_read(&store, scans + 1, 0).await;
+    let after = common::statistics_once(&store, READ_ONCE_SCANNED, scans + 1).await;
     assert!(
         after - before < 100,
         "the progress poll read {} rows of rein_runs for a point of 2 runs over {HISTORY} \
