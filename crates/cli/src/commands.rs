@@ -28,9 +28,9 @@ pub struct WorkerArgs {
     lease_ttl_ms: u64,
     #[arg(long, default_value_t = 16)]
     claim_batch: u32,
-    /// When busy (its last claim got all it asked for), wait up to this long for half a
-    /// claim batch of free slots before claiming, so a claim takes many runs at once; 0
-    /// claims as soon as one slot is free.
+    /// When busy (its last claim got all it asked for), wait up to this long for a claim
+    /// batch of free slots (or half the slots, when that is fewer) before claiming, so a
+    /// claim takes many runs at once; 0 claims as soon as one slot is free.
     #[arg(long, default_value_t = rein_worker::CLAIM_GATHER_MS_DEFAULT,
           value_parser = clap::value_parser!(u64).range(0..=10_000))]
     claim_gather_ms: u64,

@@ -53,8 +53,9 @@ pub struct BenchArgs {
     /// Most runs taken per claim query.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1000))]
     claim_batch: u32,
-    /// How long a busy worker waits for half a claim batch of free slots before it claims
-    /// (`rein worker --claim-gather-ms`); 0 claims as soon as one slot is free.
+    /// How long a busy worker waits for a claim batch of free slots (or half its slots, when
+    /// that is fewer) before it claims (`rein worker --claim-gather-ms`); 0 claims as soon
+    /// as one slot is free.
     #[arg(long, default_value_t = rein_worker::CLAIM_GATHER_MS_DEFAULT,
           value_parser = clap::value_parser!(u64).range(0..=10_000))]
     claim_gather_ms: u64,

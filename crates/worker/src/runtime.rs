@@ -26,6 +26,15 @@ use crate::handler::{ActionContext, Outcome, Reconciled, Registry};
 /// ([`WorkerConfig::claim_gather_ms`]).
 pub const CLAIM_GATHER_MS_DEFAULT: u64 = 10;
 
+/// How many free slots a busy worker gathers before it claims: a whole claim batch, as a
+/// claim statement's cost is mostly per statement (the claim index's entries of runs just
+/// taken are stepped over by every claim until a vacuum removes them, whatever its size),
+/// but never more than half the worker's slots, so gathering never leaves most of them idle.
+fn claim_gather_target(claim_batch: u32, concurrency: usize) -> u32 {
+    let half = u32::try_from(concurrency / 2).unwrap_or(u32::MAX);
+    claim_batch.min(half).max(1)
+}
+
 /// What a model call books against a `tpm` limit when its table sets no `max_tokens`.
 pub const MODEL_TOKENS_BOOKED_DEFAULT: u64 = 1024;
 
@@ -40,9 +49,10 @@ pub struct WorkerConfig {
     /// Idle wait between claim queries when nothing was found.
     pub poll_interval_ms: u64,
     /// Group claiming: a busy worker (its last claim got all it asked for) with fewer free
-    /// slots than half a claim batch waits up to this long for more to free before it
-    /// claims, so one claim statement takes many runs instead of one or two. A worker with
-    /// room, or an idle queue, claims at once. 0: claim as soon as a slot is free.
+    /// slots than a claim batch (or than half its slots, when that is fewer) waits up to
+    /// this long for more to free before it claims, so one claim statement takes many runs
+    /// instead of one or two. A worker with room, or an idle queue, claims at once. 0: claim
+    /// as soon as a slot is free.
     pub claim_gather_ms: u64,
     pub queues: Vec<String>,
     /// How long in-flight actions may take to finish after SIGTERM.
@@ -346,12 +356,7 @@ impl Worker {
         let mut backlog = false;
         let mut gathering_since: Option<tokio::time::Instant> = None;
         let gather = Duration::from_millis(inner.config.claim_gather_ms);
-        let claim_min = (inner
-            .config
-            .claim_batch
-            .min(inner.config.concurrency as u32)
-            / 2)
-        .max(1);
+        let claim_min = claim_gather_target(inner.config.claim_batch, inner.config.concurrency);
         info!(worker = %inner.config.worker_id, concurrency = inner.config.concurrency, "worker started");
         loop {
             while tasks.try_join_next().is_some() {}

@@ -1088,13 +1088,14 @@ impl NodeHandler for Staggered {
     }
 }
 
-/// Claims that took runs while a worker of 8 slots drove 64 runs through chain4.
-async fn claims_for_a_backlog(name: &str, gather_ms: u64) -> u64 {
+/// Claims that took runs while a worker of `slots` slots, claiming at most `batch` runs a
+/// statement, drove 64 runs through chain4.
+async fn claims_for_a_backlog(name: &str, slots: usize, batch: u32, gather_ms: u64) -> u64 {
     let store = store(name).await;
     enqueue_chains(&store, 64).await;
     let mut c = config(name, 10_000);
-    c.concurrency = 8;
-    c.claim_batch = 8;
+    c.concurrency = slots;
+    c.claim_batch = batch;
     c.claim_gather_ms = gather_ms;
     let mut registry = Registry::new();
     registry.register("noop", Staggered);
@@ -1113,23 +1114,36 @@ async fn claims_for_a_backlog(name: &str, gather_ms: u64) -> u64 {
     taking
 }
 
-/// Group claiming: a busy worker whose slots free one at a time waits for half a claim
-/// batch (4 of 8) before it claims again, so a backlog of 64 runs is taken in at most
-/// 1 + 56 / 4 claims. Without the wait it claims as each slot frees, one or two runs a
-/// statement; that is what the bound is there to catch.
+/// Group claiming: a busy worker whose slots free one at a time waits for half its slots
+/// (4 of 8, when its claim batch is 8) before it claims again, so a backlog of 64 runs is
+/// taken in at most 1 + 56 / 4 claims. Without the wait it claims as each slot frees, one
+/// or two runs a statement; that is what the bound is there to catch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_worker_gathers_free_slots_into_few_claims() {
-    let gathered = claims_for_a_backlog("claims_gathered", 10_000).await;
+    let gathered = claims_for_a_backlog("claims_gathered", 8, 8, 10_000).await;
     assert!(
         gathered <= 15,
         "{gathered} claims took runs; waiting for 4 free slots allows at most 15"
     );
-    let at_once = claims_for_a_backlog("claims_at_once", 0).await;
+    let at_once = claims_for_a_backlog("claims_at_once", 8, 8, 0).await;
     println!("claims that took runs: {gathered} gathered, {at_once} at once");
     assert!(
         at_once > 15,
         "claiming as each slot frees took only {at_once} claims: the bound above would not \
          notice a worker that stopped gathering"
+    );
+}
+
+/// A worker with more slots than twice its claim batch gathers a whole batch, not half of
+/// one: a claim statement's cost is mostly per statement, so 16 slots claiming 4 at a time
+/// take a backlog of 64 runs in 4 claims to fill their slots and 48 / 4 more, 16 at most.
+/// Gathering half a batch (2 slots) takes up to 28.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_worker_gathers_a_whole_claim_batch_when_it_has_the_slots() {
+    let gathered = claims_for_a_backlog("claims_whole_batch", 16, 4, 10_000).await;
+    assert!(
+        gathered <= 16,
+        "{gathered} claims took runs; waiting for a batch of 4 free slots allows at most 16"
     );
 }
 
