@@ -484,6 +484,21 @@ impl Store {
         lease_ttl_ms: u64,
         queues: &[String],
     ) -> Result<Vec<ClaimedRun>, StoreError> {
+        let mut held = HeldConnection::default();
+        self.claim_holding(worker, n, lease_ttl_ms, queues, &mut held)
+            .await
+    }
+
+    /// [`Store::claim`] on the connection `held` keeps between calls (see
+    /// [`HeldConnection`]).
+    pub async fn claim_holding(
+        &self,
+        worker: &str,
+        n: u32,
+        lease_ttl_ms: u64,
+        queues: &[String],
+        held: &mut HeldConnection,
+    ) -> Result<Vec<ClaimedRun>, StoreError> {
         let mut distinct: Vec<&str> = Vec::with_capacity(queues.len());
         for q in queues {
             if !distinct.contains(&q.as_str()) {
@@ -502,9 +517,11 @@ impl Store {
             .bind(lease_ttl_ms as i64)
             .bind(turn as i64)
             .bind(crate::PROTOCOL_VERSION)
-            .fetch_all(self.pool())
-            .await?;
-        rows.into_iter()
+            .fetch_all(held.take_or_acquire(self).await?)
+            .await;
+        held.used(self, rows.is_ok());
+        rows?
+            .into_iter()
             .map(|row| {
                 // Read straight from the column's bytes, with no JSON tree in between.
                 let Json(state) = row
@@ -568,8 +585,18 @@ impl Store {
         requests: &[CommitRequest],
     ) -> Result<Vec<CommitOutcome>, StoreError> {
         let mut conn = self.pool().acquire().await?;
+        self.commit_batch_on(&mut conn, worker, requests).await
+    }
+
+    /// [`Store::commit_batch`] on a connection the caller holds.
+    async fn commit_batch_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        worker: &str,
+        requests: &[CommitRequest],
+    ) -> Result<Vec<CommitOutcome>, StoreError> {
         let outcomes = commit_on(
-            &mut conn,
+            conn,
             &self.definitions,
             worker,
             requests,
@@ -602,7 +629,19 @@ impl Store {
         worker: &str,
         requests: &[CommitRequest],
     ) -> Vec<Result<CommitOutcome, StoreError>> {
-        let whole = match self.commit_batch(worker, requests).await {
+        self.commit_runs_holding(worker, requests, &mut HeldConnection::default())
+            .await
+    }
+
+    /// [`Store::commit_runs`] on the connection `held` keeps between calls (see
+    /// [`HeldConnection`]).
+    pub async fn commit_runs_holding(
+        &self,
+        worker: &str,
+        requests: &[CommitRequest],
+        held: &mut HeldConnection,
+    ) -> Vec<Result<CommitOutcome, StoreError>> {
+        let whole = match self.commit_batch_held(worker, requests, held).await {
             Ok(outcomes) => return outcomes.into_iter().map(Ok).collect(),
             Err(e) => e,
         };
@@ -625,7 +664,7 @@ impl Store {
         let mut outcomes = Vec::with_capacity(requests.len());
         for request in requests {
             let outcome = self
-                .commit_batch(worker, std::slice::from_ref(request))
+                .commit_batch_held(worker, std::slice::from_ref(request), held)
                 .await
                 .and_then(|mut o| {
                     o.pop().ok_or_else(|| {
@@ -642,6 +681,66 @@ impl Store {
             outcomes.push(outcome);
         }
         outcomes
+    }
+
+    async fn commit_batch_held(
+        &self,
+        worker: &str,
+        requests: &[CommitRequest],
+        held: &mut HeldConnection,
+    ) -> Result<Vec<CommitOutcome>, StoreError> {
+        let conn = held.take_or_acquire(self).await?;
+        let outcomes = self.commit_batch_on(conn, worker, requests).await;
+        held.used(self, outcomes.is_ok());
+        outcomes
+    }
+}
+
+/// A connection a writer keeps between its statements, so that a statement costs one round
+/// trip to the database rather than three: the pool checks every connection it hands out,
+/// and every one it takes back, with a round trip of its own. It is kept only while nobody
+/// else needs one (the pool has an idle connection or room to open one) and while it is
+/// busy: one unused for [`HeldConnection::IDLE_MAX`], or that saw any error, goes back to
+/// the pool, which checks it.
+#[derive(Default)]
+pub struct HeldConnection {
+    conn: Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
+    used_at: Option<std::time::Instant>,
+}
+
+impl HeldConnection {
+    pub const IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
+    async fn take_or_acquire(
+        &mut self,
+        store: &Store,
+    ) -> Result<&mut sqlx::PgConnection, StoreError> {
+        if self
+            .used_at
+            .is_some_and(|at| at.elapsed() >= HeldConnection::IDLE_MAX)
+        {
+            self.conn = None;
+        }
+        let conn = match self.conn.take() {
+            Some(conn) => conn,
+            None => store.pool().acquire().await?,
+        };
+        Ok(&mut **self.conn.insert(conn))
+    }
+
+    fn used(&mut self, store: &Store, ok: bool) {
+        self.used_at = Some(std::time::Instant::now());
+        let pool = store.pool();
+        let others_can_connect =
+            pool.num_idle() > 0 || pool.size() < pool.options().get_max_connections();
+        if !ok || !others_can_connect {
+            self.conn = None;
+        }
+    }
+
+    /// Whether a connection is held now.
+    pub fn is_held(&self) -> bool {
+        self.conn.is_some()
     }
 }
 

@@ -45,8 +45,8 @@ pub use bench::{
 };
 pub use blobs::BlobStats;
 pub use commit::{
-    ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, Committed, FenceReason, LedgerOp,
-    NewEvent, Renewed, Writer, jitter_from, plan_commit,
+    ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, Committed, FenceReason, HeldConnection,
+    LedgerOp, NewEvent, Renewed, Writer, jitter_from, plan_commit,
 };
 pub use definitions::{
     BUILTIN_PUBLISHER, CurrentMoved, DEFINITION_CACHE_BYTES_MAX, DEFINITION_CACHE_ENTRIES_MAX,

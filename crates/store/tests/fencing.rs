@@ -7,7 +7,8 @@ use rein_core::{Definition, EngineEvent, Event, RejectReason, RunState, apply};
 use rein_scheduler::{Scheduler, SchedulerConfig};
 use rein_store::{
     ClaimedRun, CommitOutcome, CommitPlan, CommitRequest, EnqueueRequest, FenceReason,
-    INBOX_TTL_MS_DEFAULT, NewEvent, SendOutcome, Sender, Store, StoreError, Writer, plan_commit,
+    HeldConnection, INBOX_TTL_MS_DEFAULT, NewEvent, SendOutcome, Sender, Store, StoreError, Writer,
+    plan_commit,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -811,6 +812,20 @@ async fn a_commit_whose_approval_is_gone_says_so() {
     assert_eq!(reason, FenceReason::ApprovalUnavailable);
 }
 
+/// The holder's `start`, with `note` in its payload.
+fn start_noting(claimed: &ClaimedRun, note: &str) -> CommitRequest {
+    plan_commit(
+        &lifecycle(),
+        claimed.run_id,
+        claimed.token,
+        &claimed.state,
+        vec![NewEvent::new("start", json!({ "note": note }))],
+        Vec::new(),
+        leased(false),
+    )
+    .expect("plan")
+}
+
 /// PostgreSQL refuses a whole statement for one run's data (here a NUL character, which
 /// jsonb cannot hold). `commit_runs` then commits the batch's runs one by one before anyone
 /// is told: the other runs keep their results and only the bad one gets the refusal.
@@ -828,19 +843,7 @@ async fn a_batch_refused_for_one_runs_data_is_committed_run_by_run() {
     let requests: Vec<CommitRequest> = claimed
         .iter()
         .enumerate()
-        .map(|(i, c)| {
-            let note = if i == 1 { "a\u{0}b" } else { "fine" };
-            plan_commit(
-                &lifecycle(),
-                c.run_id,
-                c.token,
-                &c.state,
-                vec![NewEvent::new("start", json!({ "note": note }))],
-                Vec::new(),
-                leased(false),
-            )
-            .expect("plan")
-        })
+        .map(|(i, c)| start_noting(c, if i == 1 { "a\u{0}b" } else { "fine" }))
         .collect();
     // As one statement the batch is refused, and nothing of it is written.
     let whole = store.commit_batch("worker-a", &requests).await;
@@ -946,4 +949,77 @@ async fn a_commit_on_a_long_log_reads_only_its_own_events() {
         ),
         "a retried commit is answered from the stored event"
     );
+}
+
+/// A writer keeps a connection between its statements only while nobody else needs one,
+/// and gives back one that saw an error or sat unused: a connection the database dropped
+/// meanwhile then costs no commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_connection_is_kept_only_while_the_pool_can_spare_it() {
+    let store = store("held_connection").await;
+    for _ in 0..3 {
+        enqueue(&store).await;
+    }
+    let mut held = HeldConnection::default();
+    let claimed = store
+        .claim_holding("worker-a", 3, 60_000, &queues(), &mut held)
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 3);
+    assert!(held.is_held(), "a pool of 4 spares the claim's connection");
+
+    // PostgreSQL refuses the NUL: the connection goes back to the pool.
+    let refused = store
+        .commit_runs_holding(
+            "worker-a",
+            &[start_noting(&claimed[0], "a\u{0}b")],
+            &mut held,
+        )
+        .await;
+    assert!(matches!(refused.as_slice(), [Err(_)]), "{refused:?}");
+    assert!(
+        !held.is_held(),
+        "a connection that saw an error is given back"
+    );
+    let committed = store
+        .commit_runs_holding("worker-a", &[start_noting(&claimed[1], "fine")], &mut held)
+        .await;
+    assert!(
+        matches!(committed.as_slice(), [Ok(CommitOutcome::Committed(_))]),
+        "{committed:?}"
+    );
+    assert!(held.is_held());
+
+    // The database drops every other connection while this one sits unused: past
+    // IDLE_MAX it is given back unused, and the commit runs on a sound one.
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .execute(store.pool())
+    .await
+    .expect("terminate");
+    tokio::time::sleep(HeldConnection::IDLE_MAX + std::time::Duration::from_millis(200)).await;
+    let committed = store
+        .commit_runs_holding("worker-a", &[start_noting(&claimed[2], "fine")], &mut held)
+        .await;
+    assert!(
+        matches!(committed.as_slice(), [Ok(CommitOutcome::Committed(_))]),
+        "{committed:?}"
+    );
+
+    // A pool of one connection has none to spare: it goes back after every statement.
+    let url = rein_devdb::test_database("held_connection_one", env!("CARGO_TARGET_TMPDIR"))
+        .expect("a test database");
+    let single = Store::connect(&url, 1).await.expect("connect");
+    let mut held = HeldConnection::default();
+    single
+        .claim_holding("worker-a", 1, 60_000, &queues(), &mut held)
+        .await
+        .expect("claim");
+    assert!(!held.is_held(), "the pool's only connection is given back");
+    tokio::time::timeout(std::time::Duration::from_secs(2), single.pool().acquire())
+        .await
+        .expect("the pool hands out its connection at once")
+        .expect("acquire");
 }

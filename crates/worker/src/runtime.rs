@@ -357,6 +357,7 @@ impl Worker {
         let mut gathering_since: Option<tokio::time::Instant> = None;
         let gather = Duration::from_millis(inner.config.claim_gather_ms);
         let claim_min = claim_gather_target(inner.config.claim_batch, inner.config.concurrency);
+        let mut claim_connection = rein_store::HeldConnection::default();
         info!(worker = %inner.config.worker_id, concurrency = inner.config.concurrency, "worker started");
         loop {
             while tasks.try_join_next().is_some() {}
@@ -394,11 +395,12 @@ impl Worker {
                 let asked = tokio::time::Instant::now();
                 let claimed = inner
                     .store
-                    .claim(
+                    .claim_holding(
                         &inner.config.worker_id,
                         n,
                         inner.config.lease_ttl_ms,
                         &inner.config.queues,
+                        &mut claim_connection,
                     )
                     .await;
                 inner.stats.record_claim(asked.elapsed());
@@ -443,6 +445,8 @@ impl Worker {
             }
         }
         info!(worker = %inner.config.worker_id, held = tasks.len(), "draining");
+        // The runs still held need connections to finish: no more claims.
+        drop(claim_connection);
         inner.draining.cancel();
         let grace = Duration::from_millis(inner.config.shutdown_grace_ms);
         if tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} })
@@ -467,6 +471,7 @@ impl Worker {
 async fn committer(inner: Arc<Inner>, mut rx: mpsc::Receiver<CommitJob>) {
     let max = if inner.config.commit_batching { 256 } else { 1 };
     let mut jobs = Vec::with_capacity(max);
+    let mut held = rein_store::HeldConnection::default();
     while rx.recv_many(&mut jobs, max).await > 0 {
         let (requests, replies): (Vec<CommitRequest>, Vec<_>) =
             jobs.drain(..).map(|j| (j.request, j.reply)).unzip();
@@ -478,7 +483,7 @@ async fn committer(inner: Arc<Inner>, mut rx: mpsc::Receiver<CommitJob>) {
         // PostgreSQL cannot store never costs the others in the batch their results.
         let outcomes = inner
             .store
-            .commit_runs(&inner.config.worker_id, &requests)
+            .commit_runs_holding(&inner.config.worker_id, &requests, &mut held)
             .await;
         for ((request, reply), outcome) in requests.into_iter().zip(replies).zip(outcomes) {
             let _ = reply.send((request, outcome));

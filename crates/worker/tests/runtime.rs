@@ -1152,3 +1152,138 @@ async fn a_busy_worker_gathers_a_whole_claim_batch_when_it_has_the_slots() {
 fn engine() -> Sender {
     Sender::Engine("sched-test".into())
 }
+
+/// What a client sent PostgreSQL through a [`count_round_trips`] proxy: statements (an
+/// Execute or a simple Query) and lone Syncs, the round trips a connection pool makes to
+/// check a connection it hands out or takes back.
+#[derive(Default)]
+struct Sent {
+    statements: std::sync::atomic::AtomicU64,
+    lone_syncs: std::sync::atomic::AtomicU64,
+}
+
+/// A loopback proxy to the database of `url` that reads the frontend protocol its clients
+/// send (after the startup packets, each message is a type byte and a length) and counts
+/// it in the returned [`Sent`]; bytes go through unchanged. Returns the URL to use instead.
+async fn count_round_trips(url: &str) -> (String, Arc<Sent>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let options: sqlx::postgres::PgConnectOptions = url.parse().expect("database URL");
+    let upstream = format!("{}:{}", options.get_host(), options.get_port());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let sent = Arc::new(Sent::default());
+    let counts = sent.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                continue;
+            };
+            let counts = counts.clone();
+            tokio::spawn(async move {
+                let (mut from_client, mut to_server) = (client.into_split(), server.into_split());
+                let back = tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut to_server.0, &mut from_client.1).await;
+                });
+                let (mut reader, mut writer) = (from_client.0, to_server.1);
+                // Untyped packets until the StartupMessage (protocol 3.0); an SSLRequest
+                // comes before it and is answered with one byte.
+                let mut started = false;
+                let mut since_sync = 0u32;
+                loop {
+                    let mut kind = [0u8; 1];
+                    if started && reader.read_exact(&mut kind).await.is_err() {
+                        break;
+                    }
+                    let mut len = [0u8; 4];
+                    if reader.read_exact(&mut len).await.is_err() {
+                        break;
+                    }
+                    let mut body = vec![0u8; (u32::from_be_bytes(len) as usize).saturating_sub(4)];
+                    if reader.read_exact(&mut body).await.is_err() {
+                        break;
+                    }
+                    if started {
+                        match kind[0] {
+                            b'E' | b'Q' => {
+                                counts.statements.fetch_add(1, Ordering::Relaxed);
+                            }
+                            b'S' if since_sync == 0 => {
+                                counts.lone_syncs.fetch_add(1, Ordering::Relaxed);
+                            }
+                            _ => {}
+                        }
+                        since_sync = if kind[0] == b'S' { 0 } else { since_sync + 1 };
+                        writer.write_all(&kind).await.ok();
+                    } else {
+                        started = body.starts_with(&196_608u32.to_be_bytes());
+                    }
+                    if writer.write_all(&len).await.is_err()
+                        || writer.write_all(&body).await.is_err()
+                    {
+                        break;
+                    }
+                }
+                back.abort();
+            });
+        }
+    });
+    let url = format!(
+        "postgres://{}@127.0.0.1:{port}/{}",
+        options.get_username(),
+        options.get_database().expect("the URL names a database")
+    );
+    (url, sent)
+}
+
+/// A worker keeps the connection it commits on, and the one it claims on, while it is busy:
+/// each statement is one round trip to the database. A pool checks every connection it
+/// hands out and every one it takes back with a round trip of its own, so a worker that
+/// took a connection from the pool for each statement made three round trips a statement;
+/// on 2 cores that cost about a sixth of the steps a second (`rein bench`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_worker_makes_one_round_trip_a_statement() {
+    let url = rein_devdb::test_database("one_round_trip", env!("CARGO_TARGET_TMPDIR"))
+        .expect("a test database");
+    let store = Store::connect(&url, 4).await.expect("connect and migrate");
+    let (proxied, sent) = count_round_trips(&url).await;
+    let worker_store = Store::connect_without_migrating(&proxied, 4)
+        .await
+        .expect("connect through the proxy");
+    let mut c = config("one-round-trip", 30_000);
+    c.concurrency = 64;
+    c.claim_batch = 32;
+    let mut registry = Registry::new();
+    registry.register("noop", Staggered);
+    let worker = Running::start(&worker_store, c, registry);
+    // Counted once the worker has looked up its definition (each slot of the first claim
+    // looks it up at once; a start-up cost).
+    enqueue_chains(&store, 64).await;
+    wait_until("the first runs are terminal", LONG, || async {
+        runs_left(&store).await == 0
+    })
+    .await;
+    let before = (
+        sent.statements.load(Ordering::Relaxed),
+        sent.lone_syncs.load(Ordering::Relaxed),
+    );
+    enqueue_chains(&store, 200).await;
+    wait_until("every run is terminal", LONG, || async {
+        runs_left(&store).await == 0
+    })
+    .await;
+    let (statements, lone_syncs) = (
+        sent.statements.load(Ordering::Relaxed) - before.0,
+        sent.lone_syncs.load(Ordering::Relaxed) - before.1,
+    );
+    worker.stop().await;
+    println!("through the proxy: {statements} statements, {lone_syncs} connection checks");
+    assert!(
+        statements >= 30,
+        "the worker's statements were counted: {statements}"
+    );
+    assert!(
+        lone_syncs * 10 <= statements,
+        "{lone_syncs} connection checks for {statements} statements: the worker takes a \
+         connection from the pool for its statements again"
+    );
+}
