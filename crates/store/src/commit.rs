@@ -584,25 +584,27 @@ impl Store {
         worker: &str,
         requests: &[CommitRequest],
     ) -> Result<Vec<CommitOutcome>, StoreError> {
-        let mut conn = self.pool().acquire().await?;
-        self.commit_batch_on(&mut conn, worker, requests).await
+        self.commit_batch_held(worker, requests, &mut HeldConnection::default())
+            .await
     }
 
-    /// [`Store::commit_batch`] on a connection the caller holds.
-    async fn commit_batch_on(
+    /// [`Store::commit_batch`] on the connection `held` keeps between calls.
+    async fn commit_batch_held(
         &self,
-        conn: &mut sqlx::PgConnection,
         worker: &str,
         requests: &[CommitRequest],
+        held: &mut HeldConnection,
     ) -> Result<Vec<CommitOutcome>, StoreError> {
         let outcomes = commit_on(
-            conn,
+            held.take_or_acquire(self).await?,
             &self.definitions,
             worker,
             requests,
             self.tree_bounds(),
         )
-        .await?;
+        .await;
+        held.used(self, outcomes.is_ok());
+        let outcomes = outcomes?;
         // A run left runnable without a lease (released, or written by a scheduler that
         // fired its timer or recovered its lease) can be claimed by anyone now.
         let runnable = requests.iter().zip(&outcomes).any(|(r, o)| {
@@ -680,18 +682,6 @@ impl Store {
             }
             outcomes.push(outcome);
         }
-        outcomes
-    }
-
-    async fn commit_batch_held(
-        &self,
-        worker: &str,
-        requests: &[CommitRequest],
-        held: &mut HeldConnection,
-    ) -> Result<Vec<CommitOutcome>, StoreError> {
-        let conn = held.take_or_acquire(self).await?;
-        let outcomes = self.commit_batch_on(conn, worker, requests).await;
-        held.used(self, outcomes.is_ok());
         outcomes
     }
 }

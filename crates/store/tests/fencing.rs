@@ -826,6 +826,17 @@ fn start_noting(claimed: &ClaimedRun, note: &str) -> CommitRequest {
     .expect("plan")
 }
 
+/// Commits the holder's `start` on `held` and asserts it committed.
+async fn start_committed_on(store: &Store, claimed: &ClaimedRun, held: &mut HeldConnection) {
+    let committed = store
+        .commit_runs_holding("worker-a", &[start_noting(claimed, "fine")], held)
+        .await;
+    assert!(
+        matches!(committed.as_slice(), [Ok(CommitOutcome::Committed(_))]),
+        "{committed:?}"
+    );
+}
+
 /// PostgreSQL refuses a whole statement for one run's data (here a NUL character, which
 /// jsonb cannot hold). `commit_runs` then commits the batch's runs one by one before anyone
 /// is told: the other runs keep their results and only the bad one gets the refusal.
@@ -981,13 +992,7 @@ async fn a_held_connection_is_kept_only_while_the_pool_can_spare_it() {
         !held.is_held(),
         "a connection that saw an error is given back"
     );
-    let committed = store
-        .commit_runs_holding("worker-a", &[start_noting(&claimed[1], "fine")], &mut held)
-        .await;
-    assert!(
-        matches!(committed.as_slice(), [Ok(CommitOutcome::Committed(_))]),
-        "{committed:?}"
-    );
+    start_committed_on(&store, &claimed[1], &mut held).await;
     assert!(held.is_held());
 
     // The database drops every other connection while this one sits unused: past
@@ -1000,13 +1005,7 @@ async fn a_held_connection_is_kept_only_while_the_pool_can_spare_it() {
     .await
     .expect("terminate");
     tokio::time::sleep(HeldConnection::IDLE_MAX + std::time::Duration::from_millis(200)).await;
-    let committed = store
-        .commit_runs_holding("worker-a", &[start_noting(&claimed[2], "fine")], &mut held)
-        .await;
-    assert!(
-        matches!(committed.as_slice(), [Ok(CommitOutcome::Committed(_))]),
-        "{committed:?}"
-    );
+    start_committed_on(&store, &claimed[2], &mut held).await;
 
     // A pool of one connection has none to spare: it goes back after every statement.
     let url = rein_devdb::test_database("held_connection_one", env!("CARGO_TARGET_TMPDIR"))
