@@ -247,7 +247,9 @@ struct Inner {
     store: Store,
     config: WorkerConfig,
     registry: Registry,
-    definitions: Mutex<HashMap<(String, u32), Definition>>,
+    /// Compiled definitions by (name, version), each looked up once: the slots of a claim
+    /// that need one wait for the first lookup instead of making their own.
+    definitions: std::sync::Mutex<HashMap<(String, u32), OnceDefinition>>,
     held: std::sync::Mutex<HashMap<Uuid, Arc<Held>>>,
     commits: mpsc::Sender<CommitJob>,
     commit_rx: Mutex<Option<mpsc::Receiver<CommitJob>>>,
@@ -298,7 +300,7 @@ impl Worker {
                 store,
                 config,
                 registry,
-                definitions: Mutex::new(HashMap::new()),
+                definitions: std::sync::Mutex::new(HashMap::new()),
                 held: std::sync::Mutex::new(HashMap::new()),
                 commits: tx,
                 commit_rx: Mutex::new(Some(rx)),
@@ -572,6 +574,9 @@ struct Driver {
     blobs: Vec<rein_core::blob::Blob>,
 }
 
+/// A definition version's entry: filled by the first lookup, which the others wait for.
+type OnceDefinition = Arc<tokio::sync::OnceCell<Definition>>;
+
 async fn drive(inner: Arc<Inner>, claimed: ClaimedRun) {
     let run_id = claimed.run_id;
     let def = match definition(&inner, &claimed.definition, claimed.version).await {
@@ -615,14 +620,19 @@ async fn drive(inner: Arc<Inner>, claimed: ClaimedRun) {
     }
 }
 
+/// The run's definition, compiled once per worker. A lookup that fails leaves the entry
+/// empty, so the next run of that version asks the database again.
 async fn definition(inner: &Inner, name: &str, version: u32) -> Result<Definition, StoreError> {
-    let key = (name.to_owned(), version);
-    if let Some(def) = inner.definitions.lock().await.get(&key) {
-        return Ok(def.clone());
-    }
-    let def = inner.store.load_definition(name, Some(version)).await?;
-    inner.definitions.lock().await.insert(key, def.clone());
-    Ok(def)
+    let cell = inner
+        .definitions
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .entry((name.to_owned(), version))
+        .or_default()
+        .clone();
+    cell.get_or_try_init(|| inner.store.load_definition(name, Some(version)))
+        .await
+        .cloned()
 }
 
 impl Driver {
