@@ -82,6 +82,7 @@ summary() {
   done
   printf '   %-10s %-8s %5ss\n' total "$([[ $FAILED == 0 ]] && echo ok || echo FAILED)" \
     $((SECONDS - SCRIPT_START))
+  printf '   disk: %s MiB free where %s is\n' "$(free_mb "$TARGET_DIR" || echo '?')" "$TARGET_DIR"
 }
 
 # ---------------------------------------------------------------- cleanup
@@ -162,8 +163,37 @@ apt_install() {
   return "$rc"
 }
 
+# Disk a full run fills beside what target/ holds already: the debug build with its tests,
+# the previous release built for the upgrade phase, the Python and browser tools, and the
+# private databases the tests start: 16.6 GB at its peak in a fresh clone.
+# REIN_DISK_NEED_MB overrides it (0: no check).
+DISK_NEED_MB=${REIN_DISK_NEED_MB:-17000}
+
+free_mb() { df --output=avail -B1M "$1" 2>/dev/null | tail -n 1 | tr -d ' '; }
+
+# A run that would fill the disk fails here, at once, rather than 20 minutes later in
+# whichever phase happens to write the last byte.
+check_disk() {
+  local avail have need
+  mkdir -p "$TARGET_DIR" || return 1
+  avail=$(free_mb "$TARGET_DIR")
+  have=$(du -sm "$TARGET_DIR" 2>/dev/null | cut -f1)
+  need=$((DISK_NEED_MB - ${have:-0}))
+  ((need < 0)) && need=0
+  note "disk: ${avail:-?} MiB free where $TARGET_DIR is; a full run needs about $need MiB more (it holds ${have:-0} MiB)"
+  [[ -n $avail ]] || return 0
+  if ((avail < need)); then
+    note "not enough disk for a full run: free at least $((need - avail)) MiB more, e.g. with"
+    note "  cargo clean   (in checkouts no longer built), or by removing old clones and their target/"
+    note "then retry (REIN_DISK_NEED_MB=0 skips this check)"
+    return 1
+  fi
+  return 0
+}
+
 phase_tools() {
   local missing
+  check_disk || return 1
   if ! command -v cargo >/dev/null; then
     note "cargo is not on PATH; install Rust from https://rustup.rs"
     return 1
