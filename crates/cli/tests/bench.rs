@@ -112,6 +112,16 @@ fn assert_complete(report: &Value, runs: i64, events_per_run: i64) {
         report["db_cost"]["workers_cpu_us_per_event"].as_f64(),
         workers
     );
+    // How busy the machine's CPUs were while the runs ran (what bounds the point), with
+    // the CPUs counted; /proc/stat's ticks are coarse, hence the slack above 1.
+    let share = point["cost"]["machine_busy_share"].as_f64();
+    assert!(share.is_some_and(|s| s > 0.0 && s <= 1.05), "{point}");
+    assert!(point["cost"]["machine_cpus"].as_u64() >= Some(1), "{point}");
+    assert_eq!(report["db_cost"]["machine_busy_share"].as_f64(), share);
+    assert_eq!(
+        report["db_cost"]["machine_cpus"],
+        point["cost"]["machine_cpus"]
+    );
     let row = report["db_cost"]["reference_batched"]["machine_cpu_us_per_row"].as_f64();
     assert!(row > Some(0.0), "{report}");
     let expected = row.unwrap() / cpu.unwrap();

@@ -206,6 +206,31 @@ fn process_cpu_us() -> Option<f64> {
         .map(|s| s * 1e6)
 }
 
+/// The CPUs /proc/stat counts in its `cpu` line (one `cpuN` line each); None where it is not
+/// there.
+fn machine_cpus() -> Option<u32> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let n = stat
+        .lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .count();
+    u32::try_from(n).ok().filter(|&n| n > 0)
+}
+
+/// How busy the machine's CPUs were over `secs` in which [`machine_busy_us`] moved by
+/// `busy_us`: 1 is every CPU busy the whole time.
+fn busy_share(busy_us: Option<f64>, secs: f64, cpus: Option<u32>) -> Option<f64> {
+    let (busy_us, capacity) = (busy_us?, secs * 1e6 * f64::from(cpus?));
+    (capacity > 0.0).then(|| busy_us / capacity)
+}
+
+/// At this share of the machine busy or more (in whole percent, as printed), a point is bound
+/// by CPU: what the database and the workers compute, not what they wait for. Not 100: the
+/// share is taken from the fleet's start to the last run's end, and the last few runs of a
+/// closed-loop point cannot keep every CPU busy (about 7% of a 2-CPU machine stayed idle at
+/// the steady state of a 4-worker point that was 90% busy over the whole).
+const CPU_BOUND_PERCENT: f64 = 85.0;
+
 /// CPU time spent between two readings of [`machine_busy_us`] or of [`process_cpu_us`].
 fn cpu_between(from: Option<f64>, to: Option<f64>) -> Option<f64> {
     Some(to? - from?)
@@ -223,6 +248,11 @@ struct PointCost {
     /// Of that, what the in-process workers spent (this process's CPU, see
     /// [`process_cpu_us`]); None when the workers are `rein worker` processes.
     workers_cpu_us_per_event: Option<f64>,
+    /// How busy the machine's CPUs were while the runs ran (from the fleet's start until
+    /// the last run ended; 1 = all of them all the time), and how many CPUs that is. At
+    /// [`CPU_BOUND_PERCENT`] or more the point is bound by CPU; below it, by waits.
+    machine_busy_share: Option<f64>,
+    machine_cpus: Option<u32>,
     /// Why the statement figures below are missing, when they are.
     statements_unavailable: Option<String>,
     /// Execution time of every statement this database ran during the point, per event.
@@ -763,6 +793,8 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
             "runs_per_claim": headline.cost.runs_per_claim,
             "machine_cpu_us_per_event": headline.cost.machine_cpu_us_per_event,
             "workers_cpu_us_per_event": headline.cost.workers_cpu_us_per_event,
+            "machine_busy_share": headline.cost.machine_busy_share,
+            "machine_cpus": headline.cost.machine_cpus,
             "events_per_commit": headline.cost.events_per_commit,
             "statements_unavailable": headline.cost.statements_unavailable,
             "reference_batched": reference.batched_cost,
@@ -1302,6 +1334,9 @@ fn print_costs(p: &Point, r: &Reference) {
             c.workers_cpu_us_per_event
                 .map_or_else(String::new, |w| format!("; the workers' share {w:.1} µs")),
         );
+    }
+    if let Some(line) = limit_line(c) {
+        println!("{line}");
     }
     println!(
         "per claimed run: the claim statement {} µs and {} B of WAL ({} runs claimed, {} a statement)",
@@ -1982,6 +2017,7 @@ async fn run_point(
         Err(e) => return Err(report(&e)),
     };
     let started = Instant::now();
+    let busy_from = machine_busy_us();
     let feeder = rate.map(|r| {
         let (plan_def, input, q, url) = (
             plan.definition.clone(),
@@ -2078,6 +2114,10 @@ async fn run_point(
         }
     }
     progress.finish_and_clear();
+    let busy = (
+        cpu_between(busy_from, machine_busy_us()),
+        started.elapsed().as_secs_f64(),
+    );
     let wake_subscribers = match observe {
         Some(config) => Some(
             rein_accel::subscribers(config, &config.queue_channel(&queue))
@@ -2121,7 +2161,7 @@ async fn run_point(
         .queue_stats(&queue, since)
         .await
         .map_err(|e| report(&e))?;
-    let cost = PointCost::new(
+    let mut cost = PointCost::new(
         &cost_before,
         &cost_after,
         (
@@ -2134,6 +2174,8 @@ async fn run_point(
         stats.events,
         plan.statements_unavailable.as_deref(),
     );
+    cost.machine_cpus = machine_cpus();
+    cost.machine_busy_share = busy_share(busy.0, busy.1, cost.machine_cpus);
     let mut claims = figures.claim_samples_us;
     claims.sort_unstable();
     let secs = stats.span_s.max(1e-9);
@@ -2164,6 +2206,24 @@ async fn run_point(
         connections: figures.connections.max(1),
         peak_rss_mb: figures.peak_rss_mb,
         cost,
+    })
+}
+
+/// What bounds a point's throughput, from how busy the machine was while its runs ran.
+fn limit_line(c: &PointCost) -> Option<String> {
+    let (share, cpus) = (c.machine_busy_share?, c.machine_cpus?);
+    let percent = (share * 100.0).round();
+    let busy = format!("while the runs ran, the machine's {cpus} CPU(s) were {percent:.0}% busy");
+    Some(if percent >= CPU_BOUND_PERCENT {
+        format!(
+            "{busy}: this point is bound by CPU (the database's and the workers' own work), so \
+             fewer µs per event is what raises it, not more workers or connections"
+        )
+    } else {
+        format!(
+            "{busy}: this point is bound by waits (fsync, row locks, round trips, idle slots), \
+             not by CPU; more runs at once or more workers may raise it"
+        )
     })
 }
 
@@ -2267,5 +2327,41 @@ fn print_tables(points: &[Point], half: Option<&Point>, r: &Reference, own_rss: 
     );
     if !own_rss.is_empty() {
         println!("benchmark process peak RSS: {:.1} MB", own_rss[0]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_busy_share_is_busy_time_over_every_cpus_time() {
+        // 3 s of CPU over 2 s on 2 CPUs: three quarters busy.
+        assert_eq!(busy_share(Some(3e6), 2.0, Some(2)), Some(0.75));
+        assert_eq!(busy_share(None, 2.0, Some(2)), None);
+        assert_eq!(busy_share(Some(3e6), 2.0, None), None);
+        assert_eq!(busy_share(Some(3e6), 0.0, Some(2)), None);
+    }
+
+    #[test]
+    fn the_limit_line_names_cpu_from_85_percent_busy_as_printed() {
+        let cost = |share| PointCost {
+            machine_busy_share: Some(share),
+            machine_cpus: Some(2),
+            ..Default::default()
+        };
+        let bound = limit_line(&cost(0.93)).expect("a line");
+        assert!(bound.contains("2 CPU(s) were 93% busy"), "{bound}");
+        assert!(bound.contains("bound by CPU"), "{bound}");
+        // Judged on the percent as printed: what reads 85% is bound by CPU.
+        let edge = limit_line(&cost(0.847)).expect("a line");
+        assert!(
+            edge.contains("85% busy") && edge.contains("bound by CPU"),
+            "{edge}"
+        );
+        let waits = limit_line(&cost(0.6)).expect("a line");
+        assert!(waits.contains("60% busy"), "{waits}");
+        assert!(waits.contains("bound by waits"), "{waits}");
+        assert_eq!(limit_line(&PointCost::default()), None);
     }
 }
