@@ -150,6 +150,11 @@ fn bench_reports_every_figure_for_in_process_workers_and_groups_commits() {
         "800 commits in fewer statements with batching: {point}"
     );
     assert!(point["claim_queries"].as_u64() > Some(0), "{point}");
+    // Without `--floor` there is no floor to be a share of.
+    assert!(
+        report["ratios"]["events_per_s_to_floor"].is_null(),
+        "{report}"
+    );
     // A database given to the benchmark is left as it is: without pg_stat_statements in it,
     // statement times are unavailable and say why.
     let why = report["db_cost"]["statements_unavailable"]
@@ -195,6 +200,14 @@ async fn bench_measures_the_floor_under_a_step_on_scratch_tables() {
     let shapes = floor["shapes"].as_array().expect("shapes");
     let names: Vec<&str> = shapes.iter().filter_map(|s| s["shape"].as_str()).collect();
     assert_eq!(names, ["events_only", "run_row", "projection"], "{floor}");
+    // Rein's events/s as a share of the fullest shape's, the bare writes with the projection.
+    let with_projection = shapes[2]["events_per_s"].as_f64().unwrap();
+    let events_per_s = report["events_per_s"].as_f64().unwrap();
+    let said = report["ratios"]["events_per_s_to_floor"]
+        .as_f64()
+        .expect("the share of the floor");
+    let expected = events_per_s / with_projection;
+    assert!((said - expected).abs() <= 0.01 * expected, "{report}");
     let rows_per_s = reference["batched_inserts_per_s"].as_f64().unwrap();
     for s in shapes {
         let per_s = s["events_per_s"].as_f64().unwrap_or(0.0);

@@ -821,6 +821,9 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
                 .machine_cpu_us_per_event
                 .zip(reference.batched_cost.machine_cpu_us_per_row)
                 .map(|(event, row)| ratio(row, event)),
+            // With `--floor`: events/s over the bare writes of a step with its projection,
+            // measured in the same run (1.0 would be a step costing only its writes).
+            "events_per_s_to_floor": floor.as_ref().map(|f| f.share_of(headline.events_per_s)),
         },
         "reference": reference,
         "repeats": repeats,
@@ -1443,6 +1446,10 @@ fn print_floor(f: &Floor, p: &Point, r: &Reference) {
     println!(
         "client: this process's CPU (for Rein, its in-process workers); machine less client is the database server's"
     );
+    println!(
+        "rein runs at {:.2} of the floor with the projection: the rest of a step's cost is the claim, the commit's checks, the workers and the scheduler",
+        f.share_of(p.events_per_s)
+    );
 }
 
 fn mb(bytes: u64) -> f64 {
@@ -1515,6 +1522,16 @@ struct Floor {
     /// Bytes of the projection each step of the last shape writes per run.
     projection_bytes: usize,
     shapes: Vec<FloorPoint>,
+}
+
+impl Floor {
+    /// `events_per_s` over the events/s of the last (fullest) shape, the bare writes of a
+    /// step with its projection; 0 when no shape was measured.
+    fn share_of(&self, events_per_s: f64) -> f64 {
+        self.shapes
+            .last()
+            .map_or(0.0, |s| ratio(events_per_s, s.events_per_s))
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
