@@ -787,6 +787,29 @@ async fn bench_fills_a_backlog_by_sql_and_measures_the_same_point_on_it() {
     .await
     .unwrap();
     assert!(unvacuumed.is_empty(), "not vacuumed: {unvacuumed:?}");
+    // And checkpointed, so the checkpoints a bulk load's WAL sets off do not fall inside
+    // the point measured next; a role that may not checkpoint is told why.
+    let may_checkpoint: bool = sqlx::query_scalar(
+        "SELECT rolsuper OR pg_has_role(current_user, 'pg_checkpoint', 'MEMBER')
+         FROM pg_roles WHERE rolname = current_user",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let filled = &backlog["filled"];
+    if may_checkpoint {
+        assert!(
+            filled["checkpoint_seconds"].as_f64() > Some(0.0),
+            "{filled}"
+        );
+        assert!(filled["checkpoint_unavailable"].is_null(), "{filled}");
+    } else {
+        assert!(filled["checkpoint_seconds"].is_null(), "{filled}");
+        let why = filled["checkpoint_unavailable"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(why.contains("pg_checkpoint"), "{filled}");
+    }
     // The sizes the report gives are of every table, a partitioned one counted once.
     let tables = backlog["filled"]["tables"].as_array().expect("tables");
     let rows_of = |name: &str| {

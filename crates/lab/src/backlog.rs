@@ -47,6 +47,10 @@ pub struct Filled {
     pub fill_seconds: f64,
     /// Of that, the VACUUM (ANALYZE) after the copies (`Store::settle_filled_tables`).
     pub vacuum_seconds: f64,
+    /// Of that, the CHECKPOINT after the VACUUM (`Store::checkpoint`); none when the role
+    /// may not checkpoint, and then `checkpoint_unavailable` says why.
+    pub checkpoint_seconds: Option<f64>,
+    pub checkpoint_unavailable: Option<String>,
     /// Rows (planner estimate after VACUUM and ANALYZE) and bytes with indexes, per table.
     pub tables: Vec<TableSize>,
 }
@@ -180,6 +184,24 @@ pub async fn fill(
     let vacuum_started = Instant::now();
     store.settle_filled_tables().await?;
     let vacuum_seconds = vacuum_started.elapsed().as_secs_f64();
+    if !quiet {
+        eprintln!(
+            "checkpointing the filled tables, as the checkpointer would have over the month…"
+        );
+    }
+    let checkpoint_started = Instant::now();
+    let (checkpoint_seconds, checkpoint_unavailable) = match store.checkpoint().await {
+        Ok(()) => (Some(checkpoint_started.elapsed().as_secs_f64()), None),
+        Err(e) => {
+            let why = format!(
+                "the fill's WAL was not checkpointed ({e}); the points after it may run inside the checkpoints it sets off: measure as a superuser or a member of pg_checkpoint"
+            );
+            if !quiet {
+                eprintln!("{why}");
+            }
+            (None, Some(why))
+        }
+    };
     let tables = store
         .table_sizes()
         .await?
@@ -195,6 +217,8 @@ pub async fn fill(
         parked_runs: parked,
         fill_seconds: started.elapsed().as_secs_f64(),
         vacuum_seconds,
+        checkpoint_seconds,
+        checkpoint_unavailable,
         tables,
     })
 }

@@ -897,9 +897,12 @@ async fn measure_backlog(
     .map_err(|e| report(&e))?;
     if !plan.json {
         eprintln!(
-            "filled in {:.0} s, of which {:.0} s vacuuming: {}",
+            "filled in {:.0} s, of which {:.0} s vacuuming and {} checkpointing: {}",
             filled.fill_seconds,
             filled.vacuum_seconds,
+            filled
+                .checkpoint_seconds
+                .map_or_else(|| "none".to_string(), |c| format!("{c:.0} s")),
             filled
                 .tables
                 .iter()
@@ -974,9 +977,18 @@ async fn measure_backlog(
 fn print_backlog(b: &Backlog) {
     println!();
     println!(
-        "with a backlog of {} finished and {} parked runs (filled in {:.0} s, of which {:.0} s vacuuming):",
-        b.filled.backlog_runs, b.filled.parked_runs, b.filled.fill_seconds, b.filled.vacuum_seconds
+        "with a backlog of {} finished and {} parked runs (filled in {:.0} s, of which {:.0} s vacuuming and {} checkpointing):",
+        b.filled.backlog_runs,
+        b.filled.parked_runs,
+        b.filled.fill_seconds,
+        b.filled.vacuum_seconds,
+        b.filled
+            .checkpoint_seconds
+            .map_or_else(|| "none".to_string(), |c| format!("{c:.0} s"))
     );
+    if let Some(why) = &b.filled.checkpoint_unavailable {
+        println!("  {why}");
+    }
     for t in &b.filled.tables {
         println!("  {:<20} {:>12} rows {:>9.0} MB", t.table, t.rows, t.mb);
     }

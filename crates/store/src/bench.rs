@@ -307,6 +307,15 @@ impl Store {
         Ok(())
     }
 
+    /// Writes out every dirty page now (`CHECKPOINT`; superuser or `pg_checkpoint`): what
+    /// the checkpointer would have done to a month of history long before. A bulk load's
+    /// gigabytes of WAL otherwise set off checkpoints back to back, and the one under way
+    /// when the next point starts makes its first write to every page a full-page image.
+    pub async fn checkpoint(&self) -> Result<(), StoreError> {
+        sqlx::query("CHECKPOINT").execute(self.pool()).await?;
+        Ok(())
+    }
+
     /// How long reading each of `runs`' history took, in microseconds, and the events read.
     pub async fn time_history_reads(
         &self,
