@@ -639,12 +639,17 @@ async fn a_tpm_limit_holds_across_two_worker_processes() {
     let tpm = 6000u64;
     let limit = format!("model:gpt-4o-mini=tpm={tpm}");
     let mut fleet = Fleet::new(&url, "model-tpm");
+    // Each worker holds at most half of the 16 runs, so both call the model: with the
+    // default 32, whichever worker claimed first took all 16 runs enqueued while the two
+    // were starting, and the limit was never shared.
     for worker in ["w1", "w2"] {
         start(
             &mut fleet,
             &base_url,
             worker,
             &[
+                "--concurrency",
+                "8",
                 "--limit",
                 &limit,
                 "--limit-wait-max-ms",
