@@ -55,6 +55,20 @@ pub struct Filled {
     pub tables: Vec<TableSize>,
 }
 
+impl Filled {
+    /// How the fill settled its tables, for the report: "3 s vacuuming and 1 s
+    /// checkpointing" ("none" for a checkpoint the role may not make).
+    pub fn settling(&self) -> String {
+        let checkpoint = self
+            .checkpoint_seconds
+            .map_or_else(|| "none".to_string(), |c| format!("{c:.0} s"));
+        format!(
+            "{:.0} s vacuuming and {checkpoint} checkpointing",
+            self.vacuum_seconds
+        )
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct TableSize {
     pub table: String,

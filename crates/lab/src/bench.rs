@@ -897,12 +897,9 @@ async fn measure_backlog(
     .map_err(|e| report(&e))?;
     if !plan.json {
         eprintln!(
-            "filled in {:.0} s, of which {:.0} s vacuuming and {} checkpointing: {}",
+            "filled in {:.0} s, of which {}: {}",
             filled.fill_seconds,
-            filled.vacuum_seconds,
-            filled
-                .checkpoint_seconds
-                .map_or_else(|| "none".to_string(), |c| format!("{c:.0} s")),
+            filled.settling(),
             filled
                 .tables
                 .iter()
@@ -977,14 +974,11 @@ async fn measure_backlog(
 fn print_backlog(b: &Backlog) {
     println!();
     println!(
-        "with a backlog of {} finished and {} parked runs (filled in {:.0} s, of which {:.0} s vacuuming and {} checkpointing):",
+        "with a backlog of {} finished and {} parked runs (filled in {:.0} s, of which {}):",
         b.filled.backlog_runs,
         b.filled.parked_runs,
         b.filled.fill_seconds,
-        b.filled.vacuum_seconds,
-        b.filled
-            .checkpoint_seconds
-            .map_or_else(|| "none".to_string(), |c| format!("{c:.0} s"))
+        b.filled.settling()
     );
     if let Some(why) = &b.filled.checkpoint_unavailable {
         println!("  {why}");
