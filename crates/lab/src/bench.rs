@@ -80,8 +80,8 @@ pub struct BenchArgs {
     reference_s: u64,
     /// After the reference, measure the floor under a step's cost: the bare writes a commit
     /// cannot do without (each run's event; and its row locked and updated under its token;
-    /// and its projection written), one statement for 28 runs on scratch tables, for
-    /// --reference-s each.
+    /// and its projection written; and, apart, each run's event alone under its share-locked
+    /// token), one statement for 28 runs on scratch tables, for --reference-s each.
     #[arg(long)]
     floor: bool,
     /// Measure the point and then the reference this many times in turn, and report each
@@ -1456,6 +1456,12 @@ fn print_floor(f: &Floor, p: &Point, r: &Reference) {
         "rein runs at {:.2} of the floor with the projection: the rest of a step's cost is the claim, the commit's checks, the workers and the scheduler",
         f.share_of(p.events_per_s)
     );
+    if let Some(s) = f.shapes.iter().find(|s| s.shape == FloorShape::FencedEvent) {
+        println!(
+            "fenced_event is the floor if a step wrote only its event under its token (the projection folded from the log): {:.2}x the reference",
+            s.events_per_s_to_batched_rows_per_s
+        );
+    }
 }
 
 fn mb(bytes: u64) -> f64 {
@@ -1531,11 +1537,12 @@ struct Floor {
 }
 
 impl Floor {
-    /// `events_per_s` over the events/s of the last (fullest) shape, the bare writes of a
-    /// step with its projection; 0 when no shape was measured.
+    /// `events_per_s` over the events/s of the bare writes of a step with its projection
+    /// (what Rein's commit writes today); 0 when that shape was not measured.
     fn share_of(&self, events_per_s: f64) -> f64 {
         self.shapes
-            .last()
+            .iter()
+            .find(|s| s.shape == FloorShape::Projection)
             .map_or(0.0, |s| ratio(events_per_s, s.events_per_s))
     }
 }

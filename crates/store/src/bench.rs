@@ -516,6 +516,12 @@ pub enum FloorShape {
     RunRow,
     /// And the run's projection written with it, as Rein's commit writes it every step.
     Projection,
+    /// Each run's event only, under its token: the run's row is share-locked and its token,
+    /// lease and owner checked, but not updated, and a sequence already in the log writes
+    /// nothing. The least a step can write and stay fenced (SPEC X3) if its projection were
+    /// folded from the log instead of written to the row: a claim's row lock cannot pass the
+    /// share lock, so no stale holder's event lands after a new token is granted.
+    FencedEvent,
 }
 
 /// A floor shape's statement on the scratch tables of one prefix, made once per shape
@@ -527,7 +533,12 @@ pub struct FloorStatement {
 }
 
 impl FloorShape {
-    pub const ALL: [FloorShape; 3] = [Self::EventsOnly, Self::RunRow, Self::Projection];
+    pub const ALL: [FloorShape; 4] = [
+        Self::EventsOnly,
+        Self::RunRow,
+        Self::Projection,
+        Self::FencedEvent,
+    ];
 
     /// This shape's statement on the scratch tables `{prefix}_runs` and `{prefix}_events`.
     pub fn statement(self, prefix: &str) -> Result<FloorStatement, StoreError> {
@@ -551,6 +562,7 @@ impl FloorShape {
             Self::EventsOnly => FLOOR_EVENTS_ONLY.to_owned(),
             Self::RunRow => with_projection(false),
             Self::Projection => with_projection(true),
+            Self::FencedEvent => FLOOR_FENCED_EVENT.to_owned(),
         }
     }
 }
@@ -560,6 +572,23 @@ WITH ins AS (
     INSERT INTO {p}_events (run_id, sequence, event_id, type, payload, node, fencing_token, worker)
     SELECT u.run_id, $2, u.event_id, 'next', u.payload, 'step', 1, 'floor'
     FROM unnest($1::uuid[], $3::uuid[], $4::jsonb[]) AS u(run_id, event_id, payload)
+    RETURNING 1
+)
+SELECT count(*) FROM ins";
+
+const FLOOR_FENCED_EVENT: &str = "-- rein bench floor: events under a share-locked token
+WITH held AS (
+    SELECT u.run_id, u.event_id, u.payload, r.fencing_token
+    FROM unnest($1::uuid[], $3::uuid[], $4::jsonb[]) AS u(run_id, event_id, payload)
+    JOIN {p}_runs r ON r.run_id = u.run_id
+    WHERE r.fencing_token = 1 AND r.lease_owner = 'floor' AND r.lease_until > clock_timestamp()
+    ORDER BY r.run_id
+    FOR SHARE OF r
+),
+ins AS (
+    INSERT INTO {p}_events (run_id, sequence, event_id, type, payload, node, fencing_token, worker)
+    SELECT run_id, $2, event_id, 'next', payload, 'step', fencing_token, 'floor' FROM held
+    ON CONFLICT DO NOTHING
     RETURNING 1
 )
 SELECT count(*) FROM ins";

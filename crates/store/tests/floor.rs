@@ -30,7 +30,8 @@ async fn each_floor_shape_writes_every_run_s_next_event_and_refuses_a_step_out_o
         .unwrap();
         assert_eq!(events, [(9, 3)], "{shape:?}");
         // A step that repeats a sequence: the log's key refuses it, or the run row's
-        // sequence does and nothing is written, which the floor reports.
+        // sequence (the fenced event: the log's key, without an error) does and nothing is
+        // written, which the floor reports.
         let again = store
             .floor_step(&statement, &runs[..3], 3, &projection)
             .await;
@@ -38,7 +39,10 @@ async fn each_floor_shape_writes_every_run_s_next_event_and_refuses_a_step_out_o
             (FloorShape::EventsOnly, Err(StoreError::Db(e))) => {
                 assert!(e.to_string().contains("duplicate key"), "{e}")
             }
-            (FloorShape::RunRow | FloorShape::Projection, Err(StoreError::Corrupt(why))) => {
+            (
+                FloorShape::RunRow | FloorShape::Projection | FloorShape::FencedEvent,
+                Err(StoreError::Corrupt(why)),
+            ) => {
                 assert!(why.contains("wrote 0 of 3 events at sequence 3"), "{why}")
             }
             (shape, other) => panic!("{shape:?} repeated a sequence: {other:?}"),
@@ -52,6 +56,37 @@ async fn each_floor_shape_writes_every_run_s_next_event_and_refuses_a_step_out_o
             .unwrap();
             assert_eq!(written, vec![projection.clone(); 3]);
         }
+        // A run whose token moved on (a claim granted a new one): every shape that checks
+        // the token writes nothing for it, and the others' events still land.
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE {prefix}_runs SET fencing_token = 2 WHERE run_id = $1"
+        )))
+        .bind(runs[0])
+        .execute(store.pool())
+        .await
+        .unwrap();
+        let stale = store
+            .floor_step(&statement, &runs[..3], 4, &projection)
+            .await;
+        match (shape, stale) {
+            (FloorShape::EventsOnly, Ok(())) => {}
+            (
+                FloorShape::RunRow | FloorShape::Projection | FloorShape::FencedEvent,
+                Err(StoreError::Corrupt(why)),
+            ) => {
+                assert!(why.contains("wrote 2 of 3 events at sequence 4"), "{why}")
+            }
+            (shape, other) => panic!("{shape:?} stepped under a stale token: {other:?}"),
+        }
+        let stale_events: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {prefix}_events WHERE run_id = $1 AND sequence = 4"
+        )))
+        .bind(runs[0])
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        let checks_token = shape != FloorShape::EventsOnly;
+        assert_eq!(stale_events, i64::from(!checks_token), "{shape:?}");
     }
     store.floor_drop(prefix).await.unwrap();
     let left: i64 = sqlx::query_scalar(
