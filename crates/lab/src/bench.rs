@@ -1456,7 +1456,7 @@ fn print_floor(f: &Floor, p: &Point, r: &Reference) {
         "rein runs at {:.2} of the floor with the projection: the rest of a step's cost is the claim, the commit's checks, the workers and the scheduler",
         f.share_of(p.events_per_s)
     );
-    if let Some(s) = f.shapes.iter().find(|s| s.shape == FloorShape::FencedEvent) {
+    if let Some(s) = f.point(FloorShape::FencedEvent) {
         println!(
             "fenced_event is the floor if a step wrote only its event under its token (the projection folded from the log): {:.2}x the reference",
             s.events_per_s_to_batched_rows_per_s
@@ -1540,10 +1540,13 @@ impl Floor {
     /// `events_per_s` over the events/s of the bare writes of a step with its projection
     /// (what Rein's commit writes today); 0 when that shape was not measured.
     fn share_of(&self, events_per_s: f64) -> f64 {
-        self.shapes
-            .iter()
-            .find(|s| s.shape == FloorShape::Projection)
+        self.point(FloorShape::Projection)
             .map_or(0.0, |s| ratio(events_per_s, s.events_per_s))
+    }
+
+    /// What was measured of `shape`, if it was.
+    fn point(&self, shape: FloorShape) -> Option<&FloorPoint> {
+        self.shapes.iter().find(|s| s.shape == shape)
     }
 }
 
