@@ -129,6 +129,43 @@ fn assert_complete(report: &Value, runs: i64, events_per_run: i64) {
         .as_f64()
         .expect("the CPU ratio");
     assert!((said - expected).abs() <= 1e-9 * expected, "{report}");
+    // The same with each side's client left out: the machine's CPU less the in-process
+    // workers' per event, less the inserting process's per reference row. A worker
+    // process's CPU is not this process's to read, so that point has neither.
+    let server = point["cost"]["server_cpu_us_per_event"].as_f64();
+    assert_eq!(
+        report["db_cost"]["server_cpu_us_per_event"].as_f64(),
+        server
+    );
+    let per_event = cpu.zip(workers).map(|(c, w)| c - w).filter(|&s| s > 0.0);
+    match (server, per_event) {
+        (Some(s), Some(e)) => assert!((s - e).abs() <= 1e-6 * e, "{point}"),
+        (s, e) => assert_eq!(s, e, "{point}"),
+    }
+    let reference = &report["db_cost"]["reference_batched"];
+    let row_server = reference["server_cpu_us_per_row"].as_f64();
+    let row_expected = row
+        .zip(reference["client_cpu_us_per_row"].as_f64())
+        .map(|(m, c)| m - c)
+        .filter(|&s| s > 0.0);
+    match (row_server, row_expected) {
+        (Some(s), Some(e)) => assert!((s - e).abs() <= 1e-6 * e, "{report}"),
+        (s, e) => assert_eq!(s, e, "{report}"),
+    }
+    let said = report["ratios"]["batched_row_server_cpu_to_event_server_cpu"].as_f64();
+    match server.zip(row_server) {
+        Some((event, row)) => {
+            let expected = row / event;
+            assert!(
+                said.is_some_and(|r| (r - expected).abs() <= 1e-9 * expected),
+                "{report}"
+            );
+        }
+        None => assert_eq!(said, None, "{report}"),
+    }
+    if point["processes"] == false {
+        assert!(server.is_some(), "the workers are this process's: {point}");
+    }
     assert!(
         point["peak_rss_mb"]
             .as_array()
@@ -225,6 +262,23 @@ async fn bench_measures_the_floor_under_a_step_on_scratch_tables() {
         let client = cost["client_cpu_us_per_row"].as_f64().unwrap_or(0.0);
         // /proc/stat counts in ticks: 10% slack for the client's share of the machine.
         assert!(client > 0.0 && client <= machine * 1.1, "{s}");
+        // The server's CPU: the machine's less the client's, per event and per reference
+        // row, and their ratio.
+        let server = cost["server_cpu_us_per_row"].as_f64();
+        let expected = Some(machine - client).filter(|&x| x > 0.0);
+        match (server, expected) {
+            (Some(got), Some(e)) => assert!((got - e).abs() <= 1e-6 * e, "{s}"),
+            (got, e) => assert_eq!(got, e, "{s}"),
+        }
+        let said = s["batched_row_server_cpu_to_event_server_cpu"].as_f64();
+        let row = report["db_cost"]["reference_batched"]["server_cpu_us_per_row"].as_f64();
+        match server.zip(row) {
+            Some((event, row)) => assert!(
+                said.is_some_and(|r| (r - row / event).abs() <= 1e-9 * (row / event)),
+                "{s}"
+            ),
+            None => assert_eq!(said, None, "{s}"),
+        }
     }
     // The reference's rows carry the client's share too.
     assert!(
@@ -300,6 +354,11 @@ async fn bench_repeats_the_point_and_the_reference_in_turn_and_leads_with_the_me
     assert_eq!(
         report["ratios"]["events_per_s_to_batched_rows_per_s"].as_f64(),
         Some(sorted[1])
+    );
+    // The headline's server-side CPU ratio is its pair's too.
+    assert_eq!(
+        report["ratios"]["batched_row_server_cpu_to_event_server_cpu"], pair["server_cpu_ratio"],
+        "{report}"
     );
 
     // Three points' runs, every one of them finished.

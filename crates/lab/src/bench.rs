@@ -172,6 +172,16 @@ struct RowCost {
     /// Of that, what this process spent, the client that sent the rows (see
     /// [`process_cpu_us`]); the rest is the database server's.
     client_cpu_us_per_row: Option<f64>,
+    /// The machine's CPU less the client's: what the database server spent on a row.
+    server_cpu_us_per_row: Option<f64>,
+}
+
+/// The machine's CPU less a client's (this process's), when both were read: what the
+/// database server spent, its processes and the kernel's work for them. None when the
+/// difference is not positive (the two counters' ticks differ; a tiny load can invert them).
+fn server_cpu(machine: Option<f64>, client: Option<f64>) -> Option<f64> {
+    let server = machine? - client?;
+    (server > 0.0).then_some(server)
 }
 
 /// CPU time the whole machine has spent busy since boot, in µs: user, nice, system, irq and
@@ -248,6 +258,10 @@ struct PointCost {
     /// Of that, what the in-process workers spent (this process's CPU, see
     /// [`process_cpu_us`]); None when the workers are `rein worker` processes.
     workers_cpu_us_per_event: Option<f64>,
+    /// The machine's CPU less the workers': what the database server spent on an event,
+    /// the figure that would stay if the workers ran on machines of their own. None with
+    /// `rein worker` processes.
+    server_cpu_us_per_event: Option<f64>,
     /// How busy the machine's CPUs were while the runs ran (from the fleet's start until
     /// the last run ended; 1 = all of them all the time), and how many CPUs that is. At
     /// [`CPU_BOUND_PERCENT`] or more the point is bound by CPU; below it, by waits.
@@ -305,6 +319,7 @@ impl PointCost {
             wal_bytes_per_event: per_event(wal as f64),
             machine_cpu_us_per_event: cpu_us.map(per_event),
             workers_cpu_us_per_event: workers_cpu_us.map(per_event),
+            server_cpu_us_per_event: server_cpu(cpu_us, workers_cpu_us).map(per_event),
             statements_unavailable: unavailable.map(str::to_owned),
             ..Default::default()
         };
@@ -391,6 +406,19 @@ struct Point {
     peak_rss_mb: Vec<f64>,
     /// What the database spent on the point.
     cost: PointCost,
+}
+
+impl Point {
+    /// The database server's CPU per reference row at [`REFERENCE_BATCH`] rows per
+    /// transaction over its CPU per committed event, each with its own client left out: 0.5
+    /// means an event costs the server twice a row. None where a side's CPU was not read.
+    fn server_cpu_ratio(&self, r: &Reference) -> Option<f64> {
+        let (event, row) = (
+            self.cost.server_cpu_us_per_event?,
+            r.batched_cost.server_cpu_us_per_row?,
+        );
+        Some(ratio(row, event))
+    }
 }
 
 #[derive(Clone)]
@@ -793,6 +821,7 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
             "runs_per_claim": headline.cost.runs_per_claim,
             "machine_cpu_us_per_event": headline.cost.machine_cpu_us_per_event,
             "workers_cpu_us_per_event": headline.cost.workers_cpu_us_per_event,
+            "server_cpu_us_per_event": headline.cost.server_cpu_us_per_event,
             "machine_busy_share": headline.cost.machine_busy_share,
             "machine_cpus": headline.cost.machine_cpus,
             "events_per_commit": headline.cost.events_per_commit,
@@ -821,6 +850,10 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
                 .machine_cpu_us_per_event
                 .zip(reference.batched_cost.machine_cpu_us_per_row)
                 .map(|(event, row)| ratio(row, event)),
+            // The same with each side's client left out (Rein's in-process workers, the
+            // reference's inserting process): the database server's CPU per reference row
+            // over its CPU per event, what the ratio would be with the workers elsewhere.
+            "batched_row_server_cpu_to_event_server_cpu": headline.server_cpu_ratio(&reference),
             // With `--floor`: events/s over the bare writes of a step with its projection,
             // measured in the same run (1.0 would be a step costing only its writes).
             "events_per_s_to_floor": floor.as_ref().map(|f| f.share_of(headline.events_per_s)),
@@ -1240,6 +1273,9 @@ struct RepeatPair {
     machine_cpu_us_per_event: Option<f64>,
     workers_cpu_us_per_event: Option<f64>,
     reference_machine_cpu_us_per_row: Option<f64>,
+    /// The database server's CPU per reference row over its CPU per event
+    /// ([`Point::server_cpu_ratio`]).
+    server_cpu_ratio: Option<f64>,
     db_us_per_event: Option<f64>,
     claim_us_per_claimed_run: Option<f64>,
 }
@@ -1256,6 +1292,7 @@ impl Repeats {
                 machine_cpu_us_per_event: p.cost.machine_cpu_us_per_event,
                 workers_cpu_us_per_event: p.cost.workers_cpu_us_per_event,
                 reference_machine_cpu_us_per_row: r.batched_cost.machine_cpu_us_per_row,
+                server_cpu_ratio: p.server_cpu_ratio(r),
                 db_us_per_event: p.cost.db_us_per_event,
                 claim_us_per_claimed_run: p.cost.claim_us_per_claimed_run,
             })
@@ -1286,7 +1323,7 @@ fn print_repeats(r: &Repeats) {
         r.headline + 1
     );
     println!(
-        "{:>5} {:>9} {:>13} {:>9} {:>14} {:>14} {:>11} {:>9} {:>13}",
+        "{:>5} {:>9} {:>13} {:>9} {:>14} {:>14} {:>11} {:>11} {:>9} {:>13}",
         "pair",
         "events/s",
         "ref10 rows/s",
@@ -1294,12 +1331,13 @@ fn print_repeats(r: &Repeats) {
         "machine µs/ev",
         "workers µs/ev",
         "ref µs/row",
+        "server cpu",
         "DB µs/ev",
         "claim µs/run"
     );
     for (i, p) in r.pairs.iter().enumerate() {
         println!(
-            "{:>5} {:>9.0} {:>13.0} {:>9.2} {:>14} {:>14} {:>11} {:>9} {:>13}",
+            "{:>5} {:>9.0} {:>13.0} {:>9.2} {:>14} {:>14} {:>11} {:>11} {:>9} {:>13}",
             i + 1,
             p.events_per_s,
             p.batched_rows_per_s,
@@ -1307,6 +1345,8 @@ fn print_repeats(r: &Repeats) {
             optional(p.machine_cpu_us_per_event),
             optional(p.workers_cpu_us_per_event),
             optional(p.reference_machine_cpu_us_per_row),
+            p.server_cpu_ratio
+                .map_or_else(|| "n/a".to_owned(), |x| format!("{x:.2}")),
             optional(p.db_us_per_event),
             optional(p.claim_us_per_claimed_run),
         );
@@ -1342,6 +1382,16 @@ fn print_costs(p: &Point, r: &Reference) {
             r.batch_size,
             c.workers_cpu_us_per_event
                 .map_or_else(String::new, |w| format!("; the workers' share {w:.1} µs")),
+        );
+    }
+    if let (Some(event), Some(row)) = (
+        c.server_cpu_us_per_event,
+        r.batched_cost.server_cpu_us_per_row,
+    ) {
+        println!(
+            "the database server's CPU per committed event (the machine's less the workers'): {event:.1} µs against {row:.1} µs per reference row (the machine's less its client's): an event costs the server {:.2} rows, ratio {:.2} (what the ratio would be with the workers on machines of their own)",
+            ratio(event, row),
+            ratio(row, event),
         );
     }
     if let Some(line) = limit_line(c) {
@@ -1404,17 +1454,29 @@ fn print_floor(f: &Floor, p: &Point, r: &Reference) {
         f.connections, f.runs_per_statement, f.projection_bytes
     );
     println!(
-        "{:>22} {:>10} {:>9} {:>15} {:>14} {:>9} {:>9}",
-        "", "events/s", "ev/ref10", "machine µs/ev", "client µs/ev", "DB µs/ev", "WAL B/ev"
+        "{:>22} {:>10} {:>9} {:>15} {:>14} {:>11} {:>9} {:>9}",
+        "",
+        "events/s",
+        "ev/ref10",
+        "machine µs/ev",
+        "client µs/ev",
+        "server cpu",
+        "DB µs/ev",
+        "WAL B/ev"
     );
+    let row_server = r.batched_cost.server_cpu_us_per_row;
     let line = |name: &str,
                 per_s: f64,
                 machine: Option<f64>,
                 client: Option<f64>,
                 db: Option<f64>,
                 wal: f64| {
+        let server = server_cpu(machine, client).zip(row_server).map_or_else(
+            || "n/a".to_owned(),
+            |(s, row)| format!("{:.2}", ratio(row, s)),
+        );
         println!(
-            "{name:>22} {per_s:>10.0} {:>9.2} {:>15} {:>14} {:>9} {wal:>9.0}",
+            "{name:>22} {per_s:>10.0} {:>9.2} {:>15} {:>14} {server:>11} {:>9} {wal:>9.0}",
             ratio(per_s, r.batched_inserts_per_s),
             optional(machine),
             optional(client),
@@ -1450,7 +1512,7 @@ fn print_floor(f: &Floor, p: &Point, r: &Reference) {
         c.wal_bytes_per_row,
     );
     println!(
-        "client: this process's CPU (for Rein, its in-process workers); machine less client is the database server's"
+        "client: this process's CPU (for Rein, its in-process workers); machine less client is the database server's; server cpu: a reference row's server CPU ÷ the line's per event"
     );
     println!(
         "rein runs at {:.2} of the floor with the projection: the rest of a step's cost is the claim, the commit's checks, the workers and the scheduler",
@@ -1560,6 +1622,9 @@ struct FloorPoint {
     events_per_s_to_batched_rows_per_s: f64,
     /// The reference row's machine CPU ÷ this shape's per event.
     batched_row_cpu_to_event_cpu: Option<f64>,
+    /// The same with each side's client left out: the database server's CPU per reference
+    /// row ÷ its CPU per event of this shape.
+    batched_row_server_cpu_to_event_server_cpu: Option<f64>,
 }
 
 async fn measure_floor(
@@ -1620,6 +1685,11 @@ async fn measure_floor(
                 .cost
                 .machine_cpu_us_per_row
                 .zip(reference.batched_cost.machine_cpu_us_per_row)
+                .map(|(event, row)| ratio(row, event)),
+            batched_row_server_cpu_to_event_server_cpu: measured
+                .cost
+                .server_cpu_us_per_row
+                .zip(reference.batched_cost.server_cpu_us_per_row)
                 .map(|(event, row)| ratio(row, event)),
             cost: measured.cost,
         });
@@ -1772,6 +1842,7 @@ fn row_cost(
         }),
         machine_cpu_us_per_row: cpu_us.map(|us| ratio(us, rows)),
         client_cpu_us_per_row: client_cpu_us.map(|us| ratio(us, rows)),
+        server_cpu_us_per_row: server_cpu(cpu_us, client_cpu_us).map(|us| ratio(us, rows)),
     }
 }
 

@@ -97,3 +97,112 @@ async fn each_floor_shape_writes_every_run_s_next_event_and_refuses_a_step_out_o
     .unwrap();
     assert_eq!(left, 0);
 }
+
+/// Waits until a statement of the fenced-event shape waits on a lock in another backend.
+async fn until_the_step_waits(store: &rein_store::Store, what: &str) {
+    common::wait_until(what, std::time::Duration::from_secs(20), || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock'
+               AND query LIKE '-- rein bench floor: events under a share-locked token%'",
+        )
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        waiting == 1
+    })
+    .await;
+}
+
+/// The fenced-event shape against a claim at the same time, in both orders, as PostgreSQL
+/// interleaves them: a claim that took the run's row first leaves the old holder's step
+/// writing nothing once it commits its new token; a step that holds the share lock first is
+/// skipped by the claim's `FOR UPDATE SKIP LOCKED` until the step has landed.
+#[tokio::test]
+async fn a_fenced_event_and_a_claim_at_once_never_land_a_stale_holder_s_event() {
+    let store = common::store("floor_interleaved").await;
+    let prefix = "rein_bench_floor_race";
+    let (runs, projection) = store.floor_create(prefix, 2).await.unwrap();
+    let statement = FloorShape::FencedEvent.statement(prefix).unwrap();
+    // The run's first event, in a task of its own, so it may wait on a lock.
+    let step_at_once = |run: uuid::Uuid| {
+        let (store, statement, projection) = (store.clone(), statement.clone(), projection.clone());
+        tokio::spawn(async move { store.floor_step(&statement, &[run], 1, &projection).await })
+    };
+    let events_of = |run: uuid::Uuid| {
+        let pool = store.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
+                "SELECT count(*) FROM {prefix}_events WHERE run_id = $1"
+            )))
+            .bind(run)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+
+    // The claim first: it has locked the run's row and granted token 2, not yet committed.
+    let mut claim = store.pool().begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE {prefix}_runs SET fencing_token = 2 WHERE run_id = $1"
+    )))
+    .bind(runs[0])
+    .execute(&mut *claim)
+    .await
+    .unwrap();
+    let step = step_at_once(runs[0]);
+    until_the_step_waits(
+        &store,
+        "the old holder's step waits on the claim's row lock",
+    )
+    .await;
+    claim.commit().await.unwrap();
+    match step.await.unwrap() {
+        Err(StoreError::Corrupt(why)) => {
+            assert!(why.contains("wrote 0 of 1 events at sequence 1"), "{why}")
+        }
+        other => panic!("a step under token 1 after token 2 was granted: {other:?}"),
+    }
+    assert_eq!(events_of(runs[0]).await, 0, "a stale holder's event landed");
+
+    // The step first: it holds the run's share lock while its insert waits on another
+    // transaction's uncommitted entry at the same sequence, which then rolls back.
+    let mut blocker = store.pool().begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {prefix}_events (run_id, sequence, event_id, type, payload, node, fencing_token, worker)
+         VALUES ($1, 1, $2, 'next', '{{}}', 'step', 1, 'blocker')"
+    )))
+    .bind(runs[1])
+    .bind(uuid::Uuid::now_v7())
+    .execute(&mut *blocker)
+    .await
+    .unwrap();
+    let step = step_at_once(runs[1]);
+    until_the_step_waits(&store, "the step waits with the run's share lock held").await;
+    let mut claim = store.pool().begin().await.unwrap();
+    let claimed: Vec<uuid::Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT run_id FROM {prefix}_runs WHERE run_id = $1 FOR UPDATE SKIP LOCKED"
+    )))
+    .bind(runs[1])
+    .fetch_all(&mut *claim)
+    .await
+    .unwrap();
+    assert!(claimed.is_empty(), "a claim passed a step's share lock");
+    claim.rollback().await.unwrap();
+    blocker.rollback().await.unwrap();
+    step.await
+        .unwrap()
+        .expect("the step lands once the other entry is gone");
+    assert_eq!(events_of(runs[1]).await, 1);
+    // Now the claim takes the row.
+    let claimed: Vec<uuid::Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT run_id FROM {prefix}_runs WHERE run_id = $1 FOR UPDATE SKIP LOCKED"
+    )))
+    .bind(runs[1])
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(claimed, [runs[1]]);
+    store.floor_drop(prefix).await.unwrap();
+}
