@@ -35,6 +35,14 @@ fn migrated(prefix: &str) -> String {
     url
 }
 
+/// `got` is `expected` within `tolerance` of it, or both are None.
+fn assert_near(got: Option<f64>, expected: Option<f64>, tolerance: f64, context: &Value) {
+    match (got, expected) {
+        (Some(g), Some(e)) => assert!((g - e).abs() <= tolerance * e, "{g} vs {e}: {context}"),
+        (g, e) => assert_eq!(g, e, "{context}"),
+    }
+}
+
 fn assert_complete(report: &Value, runs: i64, events_per_run: i64) {
     for key in [
         "runs_per_s",
@@ -138,31 +146,17 @@ fn assert_complete(report: &Value, runs: i64, events_per_run: i64) {
         server
     );
     let per_event = cpu.zip(workers).map(|(c, w)| c - w).filter(|&s| s > 0.0);
-    match (server, per_event) {
-        (Some(s), Some(e)) => assert!((s - e).abs() <= 1e-6 * e, "{point}"),
-        (s, e) => assert_eq!(s, e, "{point}"),
-    }
+    assert_near(server, per_event, 1e-6, point);
     let reference = &report["db_cost"]["reference_batched"];
     let row_server = reference["server_cpu_us_per_row"].as_f64();
     let row_expected = row
         .zip(reference["client_cpu_us_per_row"].as_f64())
         .map(|(m, c)| m - c)
         .filter(|&s| s > 0.0);
-    match (row_server, row_expected) {
-        (Some(s), Some(e)) => assert!((s - e).abs() <= 1e-6 * e, "{report}"),
-        (s, e) => assert_eq!(s, e, "{report}"),
-    }
+    assert_near(row_server, row_expected, 1e-6, report);
     let said = report["ratios"]["batched_row_server_cpu_to_event_server_cpu"].as_f64();
-    match server.zip(row_server) {
-        Some((event, row)) => {
-            let expected = row / event;
-            assert!(
-                said.is_some_and(|r| (r - expected).abs() <= 1e-9 * expected),
-                "{report}"
-            );
-        }
-        None => assert_eq!(said, None, "{report}"),
-    }
+    let expected = server.zip(row_server).map(|(event, row)| row / event);
+    assert_near(said, expected, 1e-9, report);
     if point["processes"] == false {
         assert!(server.is_some(), "the workers are this process's: {point}");
     }
@@ -266,19 +260,11 @@ async fn bench_measures_the_floor_under_a_step_on_scratch_tables() {
         // row, and their ratio.
         let server = cost["server_cpu_us_per_row"].as_f64();
         let expected = Some(machine - client).filter(|&x| x > 0.0);
-        match (server, expected) {
-            (Some(got), Some(e)) => assert!((got - e).abs() <= 1e-6 * e, "{s}"),
-            (got, e) => assert_eq!(got, e, "{s}"),
-        }
+        assert_near(server, expected, 1e-6, s);
         let said = s["batched_row_server_cpu_to_event_server_cpu"].as_f64();
         let row = report["db_cost"]["reference_batched"]["server_cpu_us_per_row"].as_f64();
-        match server.zip(row) {
-            Some((event, row)) => assert!(
-                said.is_some_and(|r| (r - row / event).abs() <= 1e-9 * (row / event)),
-                "{s}"
-            ),
-            None => assert_eq!(said, None, "{s}"),
-        }
+        let expected = server.zip(row).map(|(event, row)| row / event);
+        assert_near(said, expected, 1e-9, s);
     }
     // The reference's rows carry the client's share too.
     assert!(

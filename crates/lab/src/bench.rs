@@ -184,6 +184,12 @@ fn server_cpu(machine: Option<f64>, client: Option<f64>) -> Option<f64> {
     (server > 0.0).then_some(server)
 }
 
+/// A reference row's CPU over an event's, when both were read: 0.5 means an event costs
+/// twice a row.
+fn cpu_ratio(row: Option<f64>, event: Option<f64>) -> Option<f64> {
+    Some(ratio(row?, event?))
+}
+
 /// CPU time the whole machine has spent busy since boot, in µs: user, nice, system, irq and
 /// softirq from /proc/stat (idle, I/O wait and time stolen by a hypervisor left out). A
 /// point's delta divided by its events is what one event cost the machine, the database's
@@ -413,11 +419,10 @@ impl Point {
     /// transaction over its CPU per committed event, each with its own client left out: 0.5
     /// means an event costs the server twice a row. None where a side's CPU was not read.
     fn server_cpu_ratio(&self, r: &Reference) -> Option<f64> {
-        let (event, row) = (
-            self.cost.server_cpu_us_per_event?,
-            r.batched_cost.server_cpu_us_per_row?,
-        );
-        Some(ratio(row, event))
+        cpu_ratio(
+            r.batched_cost.server_cpu_us_per_row,
+            self.cost.server_cpu_us_per_event,
+        )
     }
 }
 
@@ -845,11 +850,10 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
             "steps_per_s_to_single_inserts_per_s": ratio(headline.steps_per_s, reference.single_inserts_per_s),
             // The reference's machine CPU per row over the point's per event: 0.5 means an
             // event costs the machine twice a row at 10 rows per transaction.
-            "batched_row_cpu_to_event_cpu": headline
-                .cost
-                .machine_cpu_us_per_event
-                .zip(reference.batched_cost.machine_cpu_us_per_row)
-                .map(|(event, row)| ratio(row, event)),
+            "batched_row_cpu_to_event_cpu": cpu_ratio(
+                reference.batched_cost.machine_cpu_us_per_row,
+                headline.cost.machine_cpu_us_per_event,
+            ),
             // The same with each side's client left out (Rein's in-process workers, the
             // reference's inserting process): the database server's CPU per reference row
             // over its CPU per event, what the ratio would be with the workers elsewhere.
@@ -1225,6 +1229,11 @@ fn optional(x: Option<f64>) -> String {
     x.map_or_else(|| "n/a".to_owned(), |x| format!("{x:.1}"))
 }
 
+/// A ratio to two places, or n/a.
+fn optional_ratio(x: Option<f64>) -> String {
+    x.map_or_else(|| "n/a".to_owned(), |x| format!("{x:.2}"))
+}
+
 /// The reference from `connections` connections for `seconds` each, its line printed
 /// unless the report is JSON.
 async fn reference_at(plan: &Plan, connections: u32, seconds: u64) -> Result<Reference, u8> {
@@ -1345,8 +1354,7 @@ fn print_repeats(r: &Repeats) {
             optional(p.machine_cpu_us_per_event),
             optional(p.workers_cpu_us_per_event),
             optional(p.reference_machine_cpu_us_per_row),
-            p.server_cpu_ratio
-                .map_or_else(|| "n/a".to_owned(), |x| format!("{x:.2}")),
+            optional_ratio(p.server_cpu_ratio),
             optional(p.db_us_per_event),
             optional(p.claim_us_per_claimed_run),
         );
@@ -1464,22 +1472,17 @@ fn print_floor(f: &Floor, p: &Point, r: &Reference) {
         "DB µs/ev",
         "WAL B/ev"
     );
-    let row_server = r.batched_cost.server_cpu_us_per_row;
     let line = |name: &str,
                 per_s: f64,
-                machine: Option<f64>,
-                client: Option<f64>,
+                (machine, client, server): (Option<f64>, Option<f64>, Option<f64>),
                 db: Option<f64>,
                 wal: f64| {
-        let server = server_cpu(machine, client).zip(row_server).map_or_else(
-            || "n/a".to_owned(),
-            |(s, row)| format!("{:.2}", ratio(row, s)),
-        );
         println!(
-            "{name:>22} {per_s:>10.0} {:>9.2} {:>15} {:>14} {server:>11} {:>9} {wal:>9.0}",
+            "{name:>22} {per_s:>10.0} {:>9.2} {:>15} {:>14} {:>11} {:>9} {wal:>9.0}",
             ratio(per_s, r.batched_inserts_per_s),
             optional(machine),
             optional(client),
+            optional_ratio(server),
             optional(db),
         );
     };
@@ -1488,8 +1491,11 @@ fn print_floor(f: &Floor, p: &Point, r: &Reference) {
         line(
             json!(s.shape).as_str().unwrap_or_default(),
             s.events_per_s,
-            c.machine_cpu_us_per_row,
-            c.client_cpu_us_per_row,
+            (
+                c.machine_cpu_us_per_row,
+                c.client_cpu_us_per_row,
+                s.batched_row_server_cpu_to_event_server_cpu,
+            ),
             c.db_us_per_row,
             c.wal_bytes_per_row,
         );
@@ -1497,8 +1503,11 @@ fn print_floor(f: &Floor, p: &Point, r: &Reference) {
     line(
         &format!("rein, {} workers", p.workers),
         p.events_per_s,
-        p.cost.machine_cpu_us_per_event,
-        p.cost.workers_cpu_us_per_event,
+        (
+            p.cost.machine_cpu_us_per_event,
+            p.cost.workers_cpu_us_per_event,
+            p.server_cpu_ratio(r),
+        ),
         p.cost.db_us_per_event,
         p.cost.wal_bytes_per_event,
     );
@@ -1506,8 +1515,11 @@ fn print_floor(f: &Floor, p: &Point, r: &Reference) {
     line(
         &format!("reference, {} rows/tx", r.batch_size),
         r.batched_inserts_per_s,
-        c.machine_cpu_us_per_row,
-        c.client_cpu_us_per_row,
+        (
+            c.machine_cpu_us_per_row,
+            c.client_cpu_us_per_row,
+            cpu_ratio(c.server_cpu_us_per_row, c.server_cpu_us_per_row),
+        ),
         c.db_us_per_row,
         c.wal_bytes_per_row,
     );
@@ -1681,16 +1693,14 @@ async fn measure_floor(
                 measured.rows_per_s,
                 reference.batched_inserts_per_s,
             ),
-            batched_row_cpu_to_event_cpu: measured
-                .cost
-                .machine_cpu_us_per_row
-                .zip(reference.batched_cost.machine_cpu_us_per_row)
-                .map(|(event, row)| ratio(row, event)),
-            batched_row_server_cpu_to_event_server_cpu: measured
-                .cost
-                .server_cpu_us_per_row
-                .zip(reference.batched_cost.server_cpu_us_per_row)
-                .map(|(event, row)| ratio(row, event)),
+            batched_row_cpu_to_event_cpu: cpu_ratio(
+                reference.batched_cost.machine_cpu_us_per_row,
+                measured.cost.machine_cpu_us_per_row,
+            ),
+            batched_row_server_cpu_to_event_server_cpu: cpu_ratio(
+                reference.batched_cost.server_cpu_us_per_row,
+                measured.cost.server_cpu_us_per_row,
+            ),
             cost: measured.cost,
         });
     }
