@@ -216,7 +216,12 @@ async fn bench_measures_the_floor_under_a_step_on_scratch_tables() {
     let url = migrated("bench_floor");
     let (code, report, err) = tokio::task::spawn_blocking({
         let url = url.clone();
-        move || bench(&url, &["--workers", "1", "--floor"])
+        move || {
+            bench(
+                &url,
+                &["--workers", "1", "--floor", "--reference-connections", "5"],
+            )
+        }
     })
     .await
     .unwrap();
@@ -225,6 +230,8 @@ async fn bench_measures_the_floor_under_a_step_on_scratch_tables() {
     let floor = &report["floor"];
     let reference = &report["reference"];
     assert_eq!(floor["connections"], reference["connections"], "{report}");
+    // Pinned: the reference and the floor write from 5 connections, whatever the point's.
+    assert_eq!(reference["connections"], 5, "{report}");
     assert_eq!(floor["runs_per_statement"], 28, "{floor}");
     // The projection of a finished chain4 run, not an empty object.
     assert!(floor["projection_bytes"].as_u64() > Some(100), "{floor}");
@@ -297,7 +304,19 @@ async fn bench_repeats_the_point_and_the_reference_in_turn_and_leads_with_the_me
     let url = migrated("bench_repeat");
     let (code, report, err) = tokio::task::spawn_blocking({
         let url = url.clone();
-        move || bench(&url, &["--workers", "1", "--repeat", "3"])
+        move || {
+            bench(
+                &url,
+                &[
+                    "--workers",
+                    "1",
+                    "--repeat",
+                    "3",
+                    "--reference-connections",
+                    "5",
+                ],
+            )
+        }
     })
     .await
     .unwrap();
@@ -315,6 +334,9 @@ async fn bench_repeats_the_point_and_the_reference_in_turn_and_leads_with_the_me
             assert!(events > 0.0 && rows > 0.0, "{p}");
             assert!((said - events / rows).abs() <= 1e-9 * said, "{p}");
             assert!(p["machine_cpu_us_per_event"].as_f64() > Some(0.0), "{p}");
+            // Every pair's reference wrote from the pinned connections, not the point's.
+            assert_eq!(p["reference_connections"], 5, "{p}");
+            assert!(p["connections"].as_u64() < Some(5), "{p}");
             said
         })
         .collect();
@@ -365,6 +387,10 @@ async fn bench_repeats_the_point_and_the_reference_in_turn_and_leads_with_the_me
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(report["repeats"]["pairs"].as_array().map(Vec::len), Some(1));
     assert_eq!(report["repeats"]["headline"], 0);
+    // Unpinned, the reference writes from as many connections as the point's workers opened.
+    let pair = &report["repeats"]["pairs"][0];
+    assert_eq!(pair["reference_connections"], pair["connections"], "{pair}");
+    assert_eq!(report["reference"]["connections"], pair["connections"]);
 }
 
 #[test]
@@ -483,6 +509,18 @@ fn bench_says_what_is_wrong_before_it_starts() {
         (vec!["--compare-redis", "--rate", "10"], "--redis-url"),
         (vec!["--repeat", "2", "--scale"], "--repeat"),
         (vec!["--repeat", "11"], "--repeat"),
+        (
+            vec!["--reference-connections", "0"],
+            "--reference-connections",
+        ),
+        (
+            vec!["--reference-connections", "65"],
+            "--reference-connections",
+        ),
+        (
+            vec!["--model", "--reference-connections", "4"],
+            "--reference-connections",
+        ),
         (
             vec!["--compare-redis", "--redis-url", "redis://127.0.0.1:1"],
             "--rate",

@@ -78,6 +78,12 @@ pub struct BenchArgs {
     /// Seconds each reference measurement lasts (after a 2 s warm-up).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
     reference_s: u64,
+    /// Connections the reference (and --floor) write from [default: as many as the headline
+    /// point's workers opened]. With fewer connections the reference is slower too (each
+    /// waits out its own commit's flush), so a fleet of fewer, fuller workers meets a
+    /// weaker reference; pin it to compare fleet shapes against the same one.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    reference_connections: Option<u32>,
     /// After the reference, measure the floor under a step's cost: the bare writes a commit
     /// cannot do without (each run's event; and its row locked and updated under its token;
     /// and its projection written; and, apart, each run's event alone under its share-locked
@@ -505,6 +511,12 @@ pub async fn bench(args: BenchArgs) -> u8 {
             return exit::INPUT;
         }
     }
+    if args.reference_connections.is_some() && (args.compare_redis || args.model) {
+        eprintln!(
+            "error: --reference-connections sets the insert reference's connections; --compare-redis and --model measure no such reference, leave it out"
+        );
+        return exit::INPUT;
+    }
     if args.repeat > 1
         && (args.scale
             || args.rate.is_some()
@@ -752,8 +764,8 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
         None
     };
 
-    // As many connections as the workers of the headline point had open.
-    let reference_connections = peak.connections;
+    // As many connections as the workers of the headline point had open, unless pinned.
+    let reference_connections = args.reference_connections.unwrap_or(peak.connections);
     let mut reference = match reference_at(plan, reference_connections, args.reference_s).await {
         Ok(r) => r,
         Err(code) => return code,
@@ -769,7 +781,8 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
         if !plan.json {
             eprintln!("{}", point_line(&point));
         }
-        let again = match reference_at(plan, point.connections, args.reference_s).await {
+        let connections = args.reference_connections.unwrap_or(point.connections);
+        let again = match reference_at(plan, connections, args.reference_s).await {
             Ok(r) => r,
             Err(code) => return code,
         };
@@ -1275,6 +1288,10 @@ struct Repeats {
 struct RepeatPair {
     events_per_s: f64,
     batched_rows_per_s: f64,
+    /// The point's workers' connections, and the reference's: the same unless
+    /// `--reference-connections` pinned the reference's.
+    connections: u32,
+    reference_connections: u32,
     /// Committed events/s ÷ the reference's rows/s at 10 rows per transaction, both of
     /// this pair.
     events_per_s_to_batched_rows_per_s: f64,
@@ -1296,6 +1313,8 @@ impl Repeats {
             .map(|(p, r)| RepeatPair {
                 events_per_s: p.events_per_s,
                 batched_rows_per_s: r.batched_inserts_per_s,
+                connections: p.connections,
+                reference_connections: r.connections,
                 events_per_s_to_batched_rows_per_s: ratio(p.events_per_s, r.batched_inserts_per_s),
                 steps_per_s_to_single_inserts_per_s: ratio(p.steps_per_s, r.single_inserts_per_s),
                 machine_cpu_us_per_event: p.cost.machine_cpu_us_per_event,
