@@ -159,6 +159,8 @@ apt_install() {
   [[ $ours == 1 ]] && rm -f "$POLICY_RC"
   if [[ $rc != 0 ]]; then
     tail -n 30 "$log" | sed 's/^/     /'
+  else
+    rm -f "$log" # kept only when it has a failure to show
   fi
   return "$rc"
 }

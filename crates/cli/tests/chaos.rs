@@ -332,7 +332,7 @@ async fn check_only_passes_a_live_database_and_reports_its_unfinished_runs_apart
 
 #[test]
 fn chaos_refuses_bad_input_and_says_why() {
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 10] = [
         (&["chaos", "--runs", "0"], "--runs must be 1..=100000"),
         (&["chaos", "--workers", "17"], "--workers must be 1..=16"),
         (
@@ -356,11 +356,25 @@ fn chaos_refuses_bad_input_and_says_why() {
             &["chaos", "--old-bin", "/bin/sh", "--old-workers", "4"],
             "--old-workers must be 1..=3",
         ),
+        (
+            &["chaos", "--faults", "worker_kill,db_restart", "--runs", "1"],
+            "--faults db_restart needs --allow-db-restart",
+        ),
+        (
+            &["chaos", "--faults", "worker_stop", "--workers", "1"],
+            "--faults worker_stop needs --workers 2 or more",
+        ),
     ];
     for (args, message) in cases {
         let out = rein(args, None);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
         assert!(stderr(&out).contains(message), "{args:?}: {}", stderr(&out));
+        // Refused before anything starts: no private server is left behind for a look.
+        assert!(
+            !stderr(&out).contains("private PostgreSQL"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
     }
 }
 

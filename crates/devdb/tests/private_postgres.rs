@@ -69,8 +69,14 @@ fn private_server_lifecycle() {
         "immediate stop should force crash recovery; log:\n{log}"
     );
 
+    // Drop stops the server and leaves its files for a look; a run as root from a checkout
+    // the `postgres` user cannot reach puts them in the temp dir under a name of their own,
+    // which no later start wipes, so the test removes them itself.
+    let dir = pg.instance_dir().to_path_buf();
     drop(pg);
     assert!(!pg_isready(port), "server still up after drop");
+    assert!(dir.join("data/PG_VERSION").exists(), "{}", dir.display());
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -86,11 +92,16 @@ fn fixed_port_that_is_taken_fails_with_log_tail() {
     })
     .expect_err("port is held by this test");
     let text = err.to_string();
-    assert!(matches!(err, DevDbError::StartFailed { .. }), "{text}");
     assert!(text.contains("could not bind"), "{text}");
     assert!(text.contains(&format!("port {port} is taken")), "{text}");
-    // Nothing to inspect in a cluster that never ran; keep target/ small.
-    let _ = std::fs::remove_dir_all(Path::new(env!("CARGO_TARGET_TMPDIR")).join("rein-pg/taken"));
+    // Nothing to inspect in a cluster that never ran: remove it wherever it was made (in
+    // the temp dir when the `postgres` user could not reach target/).
+    let DevDbError::StartFailed { log_file, .. } = &err else {
+        panic!("not a failed start: {text}");
+    };
+    let dir = log_file.parent().unwrap();
+    assert!(dir.join("data/PG_VERSION").exists(), "{}", dir.display());
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]

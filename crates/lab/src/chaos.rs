@@ -154,6 +154,17 @@ fn validate(args: &ChaosArgs) -> Result<(), String> {
         SCHEDULER_TICK_MS_MAX,
     )?;
     within("timeout-s", args.timeout_s, 1, TIMEOUT_S_MAX)?;
+    // Faults the arguments alone rule out are refused before a server or fleet starts.
+    let wants = |name: &str| args.faults.iter().any(|f| f == name);
+    if wants("db_restart") && !args.allow_db_restart {
+        return Err("--faults db_restart needs --allow-db-restart (which restarts a private server started for the purpose)".into());
+    }
+    if wants("worker_stop") && args.workers < 2 {
+        return Err(format!(
+            "--faults worker_stop needs --workers 2 or more (with {} the fleet would have none running)",
+            args.workers
+        ));
+    }
     if let Some(bin) = &args.old_bin {
         if args.check_only {
             return Err(
