@@ -155,15 +155,10 @@ fn validate(args: &ChaosArgs) -> Result<(), String> {
     )?;
     within("timeout-s", args.timeout_s, 1, TIMEOUT_S_MAX)?;
     // Faults the arguments alone rule out are refused before a server or fleet starts.
-    let wants = |name: &str| args.faults.iter().any(|f| f == name);
-    if wants("db_restart") && !args.allow_db_restart {
-        return Err("--faults db_restart needs --allow-db-restart (which restarts a private server started for the purpose)".into());
-    }
-    if wants("worker_stop") && args.workers < 2 {
-        return Err(format!(
-            "--faults worker_stop needs --workers 2 or more (with {} the fleet would have none running)",
-            args.workers
-        ));
+    for fault in args.faults.iter().filter_map(|name| Fault::parse(name)) {
+        if let Some(why) = fault.ruled_out_by(args) {
+            return Err(format!("--faults {} {why}", fault.name()));
+        }
     }
     if let Some(bin) = &args.old_bin {
         if args.check_only {
@@ -419,6 +414,22 @@ impl Fault {
 
     fn parse(name: &str) -> Option<Fault> {
         Fault::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// What this fault needs that the arguments alone deny it, if anything. What depends
+    /// on the machine (libfaketime, Redis, a database over TCP) is judged once it is up.
+    fn ruled_out_by(self, args: &ChaosArgs) -> Option<String> {
+        match self {
+            Fault::DbRestart if !args.allow_db_restart => Some(
+                "needs --allow-db-restart (which restarts a private server started for the purpose)"
+                    .to_owned(),
+            ),
+            Fault::WorkerStop if args.workers < 2 => Some(format!(
+                "needs --workers 2 or more (with {} the fleet would have none running)",
+                args.workers
+            )),
+            _ => None,
+        }
     }
 
     /// Relative frequency after every kind has had its turn.
@@ -773,7 +784,7 @@ impl<'a> Harness<'a> {
             None => store,
         };
         let mut enabled = vec![Fault::WorkerKill];
-        if args.workers >= 2 {
+        if Fault::WorkerStop.ruled_out_by(args).is_none() {
             enabled.push(Fault::WorkerStop);
         } else {
             eprintln!(
@@ -781,7 +792,7 @@ impl<'a> Harness<'a> {
             );
         }
         enabled.push(Fault::SchedulerKill);
-        if db.private.is_some() && args.allow_db_restart {
+        if db.private.is_some() && Fault::DbRestart.ruled_out_by(args).is_none() {
             enabled.push(Fault::DbRestart);
         }
         if redis.is_some() {
@@ -815,7 +826,7 @@ impl<'a> Harness<'a> {
             for f in &wanted {
                 if !enabled.contains(f) {
                     eprintln!(
-                        "error: --faults {}: this run cannot inject it (db_restart needs --allow-db-restart, worker_stop two workers, clock_skew libfaketime)",
+                        "error: --faults {}: this run cannot inject it here (clock_skew needs libfaketime, redis_stop redis-server, backend_stop a private server, the net_ faults a database reached over TCP; the notes above say which is missing)",
                         f.name()
                     );
                     return Err(exit::INPUT);
