@@ -239,7 +239,13 @@ async fn bench_measures_the_floor_under_a_step_on_scratch_tables() {
     let names: Vec<&str> = shapes.iter().filter_map(|s| s["shape"].as_str()).collect();
     assert_eq!(
         names,
-        ["events_only", "run_row", "projection", "fenced_event"],
+        [
+            "events_only",
+            "run_row",
+            "projection",
+            "fenced_event",
+            "fenced_run"
+        ],
         "{floor}"
     );
     // Rein's events/s as a share of the bare writes with the projection, what its commit
@@ -277,6 +283,23 @@ async fn bench_measures_the_floor_under_a_step_on_scratch_tables() {
     assert!(
         report["db_cost"]["reference_batched"]["client_cpu_us_per_row"].as_f64() > Some(0.0),
         "{report}"
+    );
+    // The layout in which a step writes only its event: a reference row's machine CPU over
+    // the run's-life shape's server CPU plus Rein's workers' CPU an event.
+    let life = &shapes[4]["cost"];
+    let life_server = life["server_cpu_us_per_row"].as_f64();
+    let workers = report["db_cost"]["workers_cpu_us_per_event"].as_f64();
+    let row = report["db_cost"]["reference_batched"]["machine_cpu_us_per_row"].as_f64();
+    let expected = life_server
+        .zip(workers)
+        .zip(row)
+        .map(|((life, workers), row)| row / (life + workers));
+    assert!(expected.is_some(), "{report}");
+    assert_near(
+        report["ratios"]["event_only_layout_cpu_ratio"].as_f64(),
+        expected,
+        1e-9,
+        &report,
     );
 
     let pool = sqlx::PgPool::connect(&url).await.unwrap();

@@ -15,8 +15,8 @@ use rein_core::Definition;
 use crate::ratio;
 use rein_scheduler::{Scheduler, SchedulerConfig};
 use rein_store::{
-    DbCost, EnqueueRequest, FloorShape, Percentiles, QueueStats, StatementCost, StatementKind,
-    Store, StoreError,
+    DbCost, EnqueueRequest, FLOOR_EVENTS_PER_LIFE, FloorShape, Percentiles, QueueStats,
+    StatementCost, StatementKind, Store, StoreError,
 };
 use rein_worker::{Worker, WorkerConfig};
 use serde::Serialize;
@@ -874,6 +874,13 @@ async fn run(args: &BenchArgs, plan: &Plan, private: bool) -> u8 {
             // With `--floor`: events/s over the bare writes of a step with its projection,
             // measured in the same run (1.0 would be a step costing only its writes).
             "events_per_s_to_floor": floor.as_ref().map(|f| f.share_of(headline.events_per_s)),
+            // With `--floor`: a reference row's machine CPU over an event's if a step wrote
+            // only its event (the `fenced_run` shape's server CPU and Rein's workers' own):
+            // the most that layout would allow on this machine, before renewals, the
+            // scheduler and the commit's checks.
+            "event_only_layout_cpu_ratio": floor
+                .as_ref()
+                .and_then(|f| f.event_only_cpu_ratio(headline, &reference)),
         },
         "reference": reference,
         "repeats": repeats,
@@ -1555,6 +1562,15 @@ fn print_floor(f: &Floor, p: &Point, r: &Reference) {
             s.events_per_s_to_batched_rows_per_s
         );
     }
+    if let Some(s) = f.point(FloorShape::FencedRun) {
+        println!(
+            "fenced_run is a run's whole life in that layout (its claim, {FLOOR_EVENTS_PER_LIFE} such events, one row update at its end): {:.2}x the reference{}",
+            s.events_per_s_to_batched_rows_per_s,
+            f.event_only_cpu_ratio(p, r).map_or(String::new(), |x| format!(
+                "; with Rein's workers' CPU an event in place of this process's, this machine's CPU allows that layout {x:.2}x at most (before renewals, the scheduler and the commit's checks)"
+            ))
+        );
+    }
 }
 
 fn mb(bytes: u64) -> f64 {
@@ -1637,6 +1653,18 @@ impl Floor {
             .map_or(0.0, |s| ratio(events_per_s, s.events_per_s))
     }
 
+    /// A reference row's machine CPU over an event's in the layout where a step writes only
+    /// its event: the `fenced_run` shape's CPU less its client's, plus the CPU Rein's
+    /// workers spent an event at `p`.
+    fn event_only_cpu_ratio(&self, p: &Point, r: &Reference) -> Option<f64> {
+        let life = &self.point(FloorShape::FencedRun)?.cost;
+        let server = life.machine_cpu_us_per_row? - life.client_cpu_us_per_row?;
+        cpu_ratio(
+            r.batched_cost.machine_cpu_us_per_row,
+            Some(server + p.cost.workers_cpu_us_per_event?),
+        )
+    }
+
     /// What was measured of `shape`, if it was.
     fn point(&self, shape: FloorShape) -> Option<&FloorPoint> {
         self.shapes.iter().find(|s| s.shape == shape)
@@ -1670,9 +1698,16 @@ async fn measure_floor(
     let runs = FLOOR_RUNS_PER_STATEMENT * connections as usize;
     let mut shapes = Vec::new();
     let mut projection_bytes = 0;
-    for shape in FloorShape::ALL {
+    for shape in FloorShape::ALL.into_iter().chain([FloorShape::FencedRun]) {
         // Fresh tables and runs for each shape, so none measures on another's history.
         let (ids, projection) = store.floor_create(&prefix, runs).await?;
+        // A step's shape writes an event a run a call; a run's life, each of its events.
+        let life = shape == FloorShape::FencedRun;
+        let events_per_call = if life {
+            FLOOR_EVENTS_PER_LIFE as u64
+        } else {
+            1
+        };
         projection_bytes = rein_core::hash::canonical_len(&projection);
         let statement = Arc::new(shape.statement(&prefix)?);
         let load = Load {
@@ -1682,7 +1717,7 @@ async fn measure_floor(
             with_statements,
             kind: StatementKind::Floor,
             label: format!("floor, {}", json!(shape).as_str().unwrap_or_default()),
-            rows: FLOOR_RUNS_PER_STATEMENT as u64,
+            rows: FLOOR_RUNS_PER_STATEMENT as u64 * events_per_call,
         };
         let for_tasks = store.clone();
         let (ids, projection) = (Arc::new(ids), Arc::new(projection));
@@ -1693,7 +1728,11 @@ async fn measure_floor(
                 async move {
                     let from = task as usize * FLOOR_RUNS_PER_STATEMENT;
                     let mine = &ids[from..from + FLOOR_RUNS_PER_STATEMENT];
-                    store.floor_step(&statement, mine, i + 1, &projection).await
+                    if life {
+                        store.floor_life(&statement, mine, i + 1, &projection).await
+                    } else {
+                        store.floor_step(&statement, mine, i + 1, &projection).await
+                    }
                 }
             })
             .await;

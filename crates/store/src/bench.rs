@@ -467,26 +467,124 @@ impl Store {
         projection: &serde_json::Value,
     ) -> Result<(), StoreError> {
         let shape = statement.shape;
+        if statement.life.is_some() {
+            return Err(StoreError::Invalid(format!(
+                "{shape:?} is a run's life, measured by floor_life"
+            )));
+        }
+        let projections = (shape == FloorShape::Projection)
+            .then(|| vec![sqlx::types::Json(projection); runs.len()]);
+        self.floor_write(
+            &statement.sql,
+            runs,
+            sequence,
+            (None, projections.as_deref()),
+            &format!("{shape:?} statement"),
+        )
+        .await
+    }
+
+    /// Writes event `sequence` of each of `runs` with a floor statement (`$1` the runs, `$2`
+    /// the sequence, `$3` the event ids, `$4` the payloads, then the token and the
+    /// projections when given); Err, naming `what`, when any run's event was not written.
+    async fn floor_write(
+        &self,
+        sql: &str,
+        runs: &[uuid::Uuid],
+        sequence: i64,
+        (token, projections): (
+            Option<i64>,
+            Option<&[sqlx::types::Json<&serde_json::Value>]>,
+        ),
+        what: &str,
+    ) -> Result<(), StoreError> {
         let event_ids: Vec<uuid::Uuid> = runs.iter().map(|_| uuid::Uuid::now_v7()).collect();
         let payloads: Vec<sqlx::types::Json<serde_json::Value>> = (0..runs.len())
             .map(|i| sqlx::types::Json(serde_json::json!({ "step": i, "ok": true })))
             .collect();
-        let query = sqlx::query_scalar(sqlx::AssertSqlSafe(statement.sql.as_str()))
+        let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .bind(runs)
             .bind(sequence)
             .bind(&event_ids)
             .bind(&payloads);
-        let written: i64 = if shape == FloorShape::Projection {
-            let projections = vec![sqlx::types::Json(projection); runs.len()];
-            query.bind(projections).fetch_one(self.pool()).await?
-        } else {
-            query.fetch_one(self.pool()).await?
-        };
+        if let Some(token) = token {
+            query = query.bind(token);
+        }
+        if let Some(projections) = projections {
+            query = query.bind(projections);
+        }
+        let written: i64 = query.fetch_one(self.pool()).await?;
         if written != runs.len() as i64 {
             return Err(StoreError::Corrupt(format!(
-                "the floor's {shape:?} statement wrote {written} of {} events at sequence {sequence}",
+                "the floor's {what} wrote {written} of {} events at sequence {sequence}",
                 runs.len()
             )));
+        }
+        Ok(())
+    }
+
+    /// Life `life` (from 1) of `runs` in [`FloorShape::FencedRun`]'s statement: their claim
+    /// (at the first life, after putting them in a queue of their own), then
+    /// [`FLOOR_EVENTS_PER_LIFE`] events each under the claim's token, the last with the end.
+    /// Err if the claim did not take every run, or a step did not write every run's event.
+    pub async fn floor_life(
+        &self,
+        statement: &FloorStatement,
+        runs: &[uuid::Uuid],
+        life: i64,
+        projection: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        let Some([claim, setup, end]) = &statement.life else {
+            return Err(StoreError::Invalid(format!(
+                "{:?} is a step's shape, not a run's life",
+                statement.shape
+            )));
+        };
+        let (Some(first), Ok(limit)) = (runs.first(), i64::try_from(runs.len())) else {
+            return Ok(());
+        };
+        let queue = format!("floor-{first}");
+        if life == 1 {
+            sqlx::query(sqlx::AssertSqlSafe(setup.as_str()))
+                .bind(runs)
+                .bind(&queue)
+                .execute(self.pool())
+                .await?;
+        }
+        // Created with token 1, each life's claim grants the next.
+        let token = life + 1;
+        type Claimed = (
+            uuid::Uuid,
+            i64,
+            String,
+            i64,
+            sqlx::types::Json<serde_json::Value>,
+        );
+        let claimed: Vec<Claimed> = sqlx::query_as(sqlx::AssertSqlSafe(claim.as_str()))
+            .bind(&queue)
+            .bind(limit)
+            .fetch_all(self.pool())
+            .await?;
+        if claimed.len() != runs.len() || claimed.iter().any(|c| c.1 != token) {
+            return Err(StoreError::Corrupt(format!(
+                "the floor's life {life} claimed {} of {} runs (tokens {:?}, {token} expected)",
+                claimed.len(),
+                runs.len(),
+                claimed.iter().map(|c| c.1).collect::<Vec<_>>()
+            )));
+        }
+        let projections = vec![sqlx::types::Json(projection); runs.len()];
+        for step in 1..=FLOOR_EVENTS_PER_LIFE {
+            let sequence = (life - 1) * FLOOR_EVENTS_PER_LIFE + step;
+            // The last step ends the run: its event with the row's update.
+            let (sql, projections) = if step == FLOOR_EVENTS_PER_LIFE {
+                (end.as_str(), Some(projections.as_slice()))
+            } else {
+                (statement.sql.as_str(), None)
+            };
+            let what = format!("life {life}");
+            self.floor_write(sql, runs, sequence, (Some(token), projections), &what)
+                .await?;
         }
         Ok(())
     }
@@ -522,7 +620,16 @@ pub enum FloorShape {
     /// folded from the log instead of written to the row: a claim's row lock cannot pass the
     /// share lock, so no stale holder's event lands after a new token is granted.
     FencedEvent,
+    /// A run's whole life in that layout, [`FLOOR_EVENTS_PER_LIFE`] events as a chain4 run
+    /// has: its claim (taken from the claim index, token bumped, lease set, projection read
+    /// back), its events but the last as in `FencedEvent` under the new token, and the last
+    /// with the run's one row update (sequence, projection, lease released). Measured by
+    /// [`Store::floor_life`], a life per call; not one of [`FloorShape::ALL`]'s steps.
+    FencedRun,
 }
+
+/// The events of one life of [`FloorShape::FencedRun`]: a chain4 run's steps.
+pub const FLOOR_EVENTS_PER_LIFE: i64 = 4;
 
 /// A floor shape's statement on the scratch tables of one prefix, made once per shape
 /// ([`FloorShape::statement`]) so a step only binds and sends it.
@@ -530,6 +637,9 @@ pub enum FloorShape {
 pub struct FloorStatement {
     shape: FloorShape,
     sql: String,
+    /// [`FloorShape::FencedRun`]'s claim, its setup and its last step (`sql` is its other
+    /// steps').
+    life: Option<[String; 3]>,
 }
 
 impl FloorShape {
@@ -543,26 +653,51 @@ impl FloorShape {
     /// This shape's statement on the scratch tables `{prefix}_runs` and `{prefix}_events`.
     pub fn statement(self, prefix: &str) -> Result<FloorStatement, StoreError> {
         let p = scratch_ident(prefix)?;
+        // A life's last step: its event with the run's one row update, which writes the
+        // projection and releases the lease (the run is claimable again).
+        let life = (self == Self::FencedRun).then(|| {
+            let end = run_row_text(
+                "a run's life, its last event and its end",
+                Some("$6"),
+                "last_sequence = $2, projection = q.projection, lease_owner = NULL, \
+                 lease_until = NULL, ready_at = clock_timestamp()",
+                "r.fencing_token = $5",
+            );
+            [
+                FLOOR_LIFE_CLAIM.to_owned(),
+                FLOOR_LIFE_SETUP.to_owned(),
+                end,
+            ]
+            .map(|t| t.replace("{p}", p))
+        });
         Ok(FloorStatement {
             shape: self,
             sql: self.text().replace("{p}", p),
+            life,
         })
     }
 
     fn text(self) -> String {
-        let with_projection = |on: bool| {
-            let part = |text: &'static str| if on { text } else { "" };
-            FLOOR_RUN_ROW
-                .replace("{projection_title}", part(" and its projection"))
-                .replace("{projection_array}", part(", $5::jsonb[]"))
-                .replace("{projection_column}", part(", projection"))
-                .replace("{projection_set}", part(", projection = q.projection"))
-        };
         match self {
             Self::EventsOnly => FLOOR_EVENTS_ONLY.to_owned(),
-            Self::RunRow => with_projection(false),
-            Self::Projection => with_projection(true),
-            Self::FencedEvent => FLOOR_FENCED_EVENT.to_owned(),
+            Self::RunRow => run_row_text(
+                "events and the run row",
+                None,
+                "state = 'step', last_sequence = $2",
+                STEP_CHECK,
+            ),
+            Self::Projection => run_row_text(
+                "events and the run row and its projection",
+                Some("$5"),
+                "state = 'step', last_sequence = $2, projection = q.projection",
+                STEP_CHECK,
+            ),
+            Self::FencedEvent => FLOOR_FENCED_EVENT
+                .replace("{title}", "events under a share-locked token")
+                .replace("{token}", "1"),
+            Self::FencedRun => FLOOR_FENCED_EVENT
+                .replace("{title}", "a run's life, an event under its token")
+                .replace("{token}", "$5"),
         }
     }
 }
@@ -576,12 +711,15 @@ WITH ins AS (
 )
 SELECT count(*) FROM ins";
 
-const FLOOR_FENCED_EVENT: &str = "-- rein bench floor: events under a share-locked token
+/// The fenced event, `{token}` its holder's: 1 for [`FloorShape::FencedEvent`] (the runs'
+/// token at their creation), `$5` for [`FloorShape::FencedRun`]'s steps (what the life's
+/// claim granted; its last step also binds `$6`, the projections).
+const FLOOR_FENCED_EVENT: &str = "-- rein bench floor: {title}
 WITH held AS (
     SELECT u.run_id, u.event_id, u.payload, r.fencing_token
     FROM unnest($1::uuid[], $3::uuid[], $4::jsonb[]) AS u(run_id, event_id, payload)
     JOIN {p}_runs r ON r.run_id = u.run_id
-    WHERE r.fencing_token = 1 AND r.lease_owner = 'floor' AND r.lease_until > clock_timestamp()
+    WHERE r.fencing_token = {token} AND r.lease_owner = 'floor' AND r.lease_until > clock_timestamp()
     ORDER BY r.run_id
     FOR SHARE OF r
 ),
@@ -593,31 +731,62 @@ ins AS (
 )
 SELECT count(*) FROM ins";
 
-/// The run-row shapes, with or without the projection: `{projection_array}`,
-/// `{projection_column}` and `{projection_set}` are filled for [`FloorShape::Projection`] and
-/// left empty for [`FloorShape::RunRow`].
-const FLOOR_RUN_ROW: &str = "-- rein bench floor: events and the run row{projection_title}
+/// The claim of a life: the queue's runnable, unleased runs by the claim index, as Rein's
+/// claim takes them. `$1` the queue, `$2` how many.
+const FLOOR_LIFE_CLAIM: &str = "-- rein bench floor: a run's life, its claim
+WITH picked AS (
+    SELECT run_id FROM {p}_runs
+    WHERE queue = $1 AND status = 'runnable' AND lease_owner IS NULL
+    ORDER BY priority DESC, ready_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {p}_runs r SET fencing_token = r.fencing_token + 1, lease_owner = 'floor',
+                      lease_until = clock_timestamp() + interval '1 day',
+                      updated_at = clock_timestamp()
+FROM picked WHERE r.run_id = picked.run_id
+RETURNING r.run_id, r.fencing_token, r.state, r.last_sequence, r.projection";
+
+/// Before a connection's first life: its runs in a queue of their own, unleased. `$1` the
+/// runs, `$2` the queue.
+const FLOOR_LIFE_SETUP: &str = "-- rein bench floor: a run's life, its queue
+UPDATE {p}_runs SET queue = $2, lease_owner = NULL, lease_until = NULL WHERE run_id = ANY($1)";
+
+/// The shapes that update the run's row with its event, under `check`, with `set` (and, when
+/// `projections` names a parameter, the projections it binds): [`FloorShape::RunRow`],
+/// [`FloorShape::Projection`], and the last step of a [`FloorShape::FencedRun`] life.
+fn run_row_text(title: &str, projections: Option<&str>, set: &str, check: &str) -> String {
+    let (array, column) = match projections {
+        Some(param) => (format!(", {param}::jsonb[]"), ", projection"),
+        None => (String::new(), ""),
+    };
+    format!(
+        "-- rein bench floor: {title}
 WITH req AS (
-    SELECT * FROM unnest($1::uuid[], $3::uuid[], $4::jsonb[]{projection_array})
-        AS u(run_id, event_id, payload{projection_column})
+    SELECT * FROM unnest($1::uuid[], $3::uuid[], $4::jsonb[]{array})
+        AS u(run_id, event_id, payload{column})
 ),
 locked AS (
-    SELECT q.* FROM req q JOIN {p}_runs r ON r.run_id = q.run_id ORDER BY r.run_id FOR UPDATE OF r
+    SELECT q.* FROM req q JOIN {{p}}_runs r ON r.run_id = q.run_id ORDER BY r.run_id FOR UPDATE OF r
 ),
 upd AS (
-    UPDATE {p}_runs r SET state = 'step', last_sequence = $2{projection_set},
-                          updated_at = clock_timestamp()
+    UPDATE {{p}}_runs r SET {set}, updated_at = clock_timestamp()
     FROM locked q
-    WHERE r.run_id = q.run_id AND r.fencing_token = 1 AND r.last_sequence = $2 - 1
+    WHERE r.run_id = q.run_id AND {check}
       AND r.lease_owner = 'floor' AND r.lease_until > clock_timestamp()
     RETURNING r.run_id, r.fencing_token, q.event_id, q.payload
 ),
 ins AS (
-    INSERT INTO {p}_events (run_id, sequence, event_id, type, payload, node, fencing_token, worker)
+    INSERT INTO {{p}}_events (run_id, sequence, event_id, type, payload, node, fencing_token, worker)
     SELECT run_id, $2, event_id, 'next', payload, 'step', fencing_token, 'floor' FROM upd
     RETURNING 1
 )
-SELECT count(*) FROM ins";
+SELECT count(*) FROM ins"
+    )
+}
+
+/// The check of a step's shape: the runs' token at their creation and the step's sequence.
+const STEP_CHECK: &str = "r.fencing_token = 1 AND r.last_sequence = $2 - 1";
 
 /// What [`Store::copy_runs`] writes.
 #[derive(Debug, Clone)]

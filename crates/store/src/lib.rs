@@ -40,8 +40,8 @@ use sqlx::{ConnectOptions, Connection, PgPool};
 pub use approvals::{Approval, ApprovalAsk, COMMENT_BYTES_MAX};
 pub use audit::*;
 pub use bench::{
-    DbCost, FloorShape, FloorStatement, Percentiles, QueueStats, RunCopies, StatementCost,
-    StatementKind, first_run_id_at,
+    DbCost, FLOOR_EVENTS_PER_LIFE, FloorShape, FloorStatement, Percentiles, QueueStats, RunCopies,
+    StatementCost, StatementKind, first_run_id_at,
 };
 pub use blobs::BlobStats;
 pub use commit::{

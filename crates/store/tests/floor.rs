@@ -98,6 +98,88 @@ async fn each_floor_shape_writes_every_run_s_next_event_and_refuses_a_step_out_o
     assert_eq!(left, 0);
 }
 
+/// The run's-life shape: each life claims the connection's runs from the claim index under a
+/// new token, writes their events under it and releases them at the end, so the next life
+/// can claim them again; a run another holder took, or a step's shape, is refused.
+#[tokio::test]
+async fn a_floor_run_s_life_claims_steps_and_ends_under_a_new_token_each_time() {
+    let store = common::store("floor_life").await;
+    let prefix = "rein_bench_floor_life";
+    let (runs, projection) = store.floor_create(prefix, 6).await.unwrap();
+    let statement = FloorShape::FencedRun.statement(prefix).unwrap();
+    let mine = &runs[..3];
+    type Row = (i64, Option<String>, i64, serde_json::Value);
+    let rows = |ids: &[uuid::Uuid]| {
+        let (pool, ids) = (store.pool().clone(), ids.to_vec());
+        async move {
+            sqlx::query_as::<_, Row>(sqlx::AssertSqlSafe(format!(
+                "SELECT fencing_token, lease_owner, last_sequence, projection FROM {prefix}_runs
+                 WHERE run_id = ANY($1) ORDER BY run_id"
+            )))
+            .bind(ids)
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let events = || {
+        let pool = store.pool().clone();
+        async move {
+            sqlx::query_as::<_, (i64, i64, i64)>(sqlx::AssertSqlSafe(format!(
+                "SELECT count(*), max(sequence), count(DISTINCT fencing_token) FROM {prefix}_events"
+            )))
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let untouched = rows(&runs[3..]).await;
+    for life in 1..=2 {
+        store
+            .floor_life(&statement, mine, life, &projection)
+            .await
+            .unwrap_or_else(|e| panic!("life {life}: {e}"));
+        let per_life = rein_store::FLOOR_EVENTS_PER_LIFE;
+        let ended = vec![(life + 1, None, life * per_life, projection.clone()); 3];
+        assert_eq!(rows(mine).await, ended, "life {life}");
+        assert_eq!(
+            events().await,
+            (3 * life * per_life, life * per_life, life),
+            "life {life}"
+        );
+    }
+    // The other connection's runs were neither claimed nor written.
+    assert_eq!(rows(&runs[3..]).await, untouched);
+
+    // A run another holder leased meanwhile is not claimed, and the life says so.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE {prefix}_runs SET lease_owner = 'other', lease_until = clock_timestamp() + interval '1 hour'
+         WHERE run_id = $1"
+    )))
+    .bind(mine[0])
+    .execute(store.pool())
+    .await
+    .unwrap();
+    match store.floor_life(&statement, mine, 3, &projection).await {
+        Err(StoreError::Corrupt(why)) => {
+            assert!(why.contains("life 3 claimed 2 of 3 runs"), "{why}")
+        }
+        other => panic!("a life with a run held elsewhere: {other:?}"),
+    }
+
+    // Each measure takes only its own shape's statements.
+    match store.floor_step(&statement, mine, 99, &projection).await {
+        Err(StoreError::Invalid(why)) => assert!(why.contains("floor_life"), "{why}"),
+        other => panic!("a step of the life's shape: {other:?}"),
+    }
+    let step = FloorShape::FencedEvent.statement(prefix).unwrap();
+    match store.floor_life(&step, mine, 4, &projection).await {
+        Err(StoreError::Invalid(why)) => assert!(why.contains("not a run's life"), "{why}"),
+        other => panic!("a life of a step's shape: {other:?}"),
+    }
+    store.floor_drop(prefix).await.unwrap();
+}
+
 /// Waits until a statement of the fenced-event shape waits on a lock in another backend.
 async fn until_the_step_waits(store: &rein_store::Store, what: &str) {
     common::wait_until(what, std::time::Duration::from_secs(20), || async {
