@@ -556,10 +556,19 @@ def test_an_in_doubt_call_is_resolved_from_the_run_page(pages: Pages, fleet: Con
     run_id = fleet.enqueue("refund-agent", {"agent": {"script": script, "timeout_after_apply": True,
                                                       "no_reconcile": True}})
     wait_until("the run to need an operator", lambda: fleet.run(run_id)["status"] == "needs_operator", 60)
-    page = pages.signed_in(hash=f"#/runs/{run_id}")
+    page = pages.signed_in()
+    # The run's definition is held back until the dialog was asked for: an operator who
+    # clicks before it arrived still gets its result events to choose from.
+    held: list[Any] = []
+    page.route("**/v1/definitions/**", lambda route: held.append(route))
+    go(page, f"#/runs/{run_id}")
     expect(page.locator("#sec-why ~ *")).to_contain_text("yes")
     expect(page.locator("#sec-pending-action ~ *")).to_contain_text("refund")
+    wait_until("the page to ask for the run's definition", lambda: page.evaluate("1") == 1 and bool(held), 20)
     page.click("#resolve-run")
+    for route in held:
+        route.continue_()
+    page.unroute("**/v1/definitions/**")
     dialog = page.locator("dialog")
     dialog.get_by_label("Yes: it took effect; record its result").check()
     dialog.get_by_label("Result event (when it took effect)").select_option("TOOL_SUCCEEDED")

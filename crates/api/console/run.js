@@ -23,6 +23,9 @@ export function runPage(main, id) {
   let run = null;
   let why = null;
   let spec = null;
+  // The definition's fetch, once started: what needs the spec (the resolve dialog) waits for
+  // it rather than showing what it lacks.
+  let specLoaded = Promise.resolve();
   const events = [];
   const seen = new Set();
   let refreshTimer = null;
@@ -442,6 +445,7 @@ export function runPage(main, id) {
   }
 
   async function resolve() {
+    await specLoaded;
     const results = (spec && spec.call_results) || [];
     const pending = run.pending_action ? json(run.pending_action) : "(none)";
     const v = await confirmDialog({
@@ -455,7 +459,9 @@ export function runPage(main, id) {
           h("label", { class: "radio" }, h("input", { type: "radio", name: "resolution", value: "not_applied", checked: true }), " No: dispatch the step again under the same idempotency key"),
           h("label", { class: "radio" }, h("input", { type: "radio", name: "resolution", value: "applied" }), " Yes: it took effect; record its result")),
         h("label", { for: "resolve-event", text: "Result event (when it took effect)" }),
-        h("select", { id: "resolve-event", name: "event" }, results.map((r) => h("option", { value: r, text: r }))),
+        h("select", { id: "resolve-event", name: "event" }, results.length
+          ? results.map((r) => h("option", { value: r, text: r }))
+          : h("option", { value: "", disabled: true, selected: true, text: "(the run's definition cannot be read: reload to list its result events)" })),
         h("label", { for: "resolve-payload", text: "Result payload (a JSON object)" }),
         h("textarea", { id: "resolve-payload", name: "payload", rows: "4", spellcheck: "false" }, "{}"),
       ],
@@ -486,7 +492,7 @@ export function runPage(main, id) {
     }
     renderModelCalls();
     renderFacts();
-    loadSpec();
+    specLoaded = loadSpec();
     loadBranches();
     loadBrief();
     startStream();
