@@ -1654,11 +1654,13 @@ impl Floor {
     }
 
     /// A reference row's machine CPU over an event's in the layout where a step writes only
-    /// its event: the `fenced_run` shape's CPU less its client's, plus the CPU Rein's
-    /// workers spent an event at `p`.
+    /// its event: the `fenced_run` shape's server CPU, plus the CPU Rein's workers spent an
+    /// event at `p`.
     fn event_only_cpu_ratio(&self, p: &Point, r: &Reference) -> Option<f64> {
-        let life = &self.point(FloorShape::FencedRun)?.cost;
-        let server = life.machine_cpu_us_per_row? - life.client_cpu_us_per_row?;
+        let server = self
+            .point(FloorShape::FencedRun)?
+            .cost
+            .server_cpu_us_per_row?;
         cpu_ratio(
             r.batched_cost.machine_cpu_us_per_row,
             Some(server + p.cost.workers_cpu_us_per_event?),

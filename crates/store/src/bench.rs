@@ -574,6 +574,7 @@ impl Store {
             )));
         }
         let projections = vec![sqlx::types::Json(projection); runs.len()];
+        let what = format!("life {life}");
         for step in 1..=FLOOR_EVENTS_PER_LIFE {
             let sequence = (life - 1) * FLOOR_EVENTS_PER_LIFE + step;
             // The last step ends the run: its event with the row's update.
@@ -582,7 +583,6 @@ impl Store {
             } else {
                 (statement.sql.as_str(), None)
             };
-            let what = format!("life {life}");
             self.floor_write(sql, runs, sequence, (Some(token), projections), &what)
                 .await?;
         }
