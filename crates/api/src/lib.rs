@@ -117,6 +117,10 @@ pub struct ApiArgs {
     // live deltas a run stream carries (without it, streams carry committed events only).
     #[command(flatten)]
     redis: RedisArgs,
+    // Where each model key may be sent: a definition whose model state would send a key
+    // elsewhere is refused at registration.
+    #[command(flatten)]
+    model_keys: rein_process::ModelKeyArgs,
 }
 
 /// What one request may take.
@@ -159,6 +163,8 @@ pub struct App {
     pub redis: Option<rein_accel::RedisConfig>,
     /// One permit per open run stream.
     pub streams: Arc<tokio::sync::Semaphore>,
+    /// Where each model key may be sent (`--model-key`), checked at registration.
+    pub model_keys: rein_core::model_keys::KeyBindings,
 }
 
 /// The authenticated caller of a request.
@@ -189,6 +195,7 @@ pub fn router(
         limits,
         redis,
         console::Console::Embedded,
+        Default::default(),
     )
 }
 
@@ -199,6 +206,7 @@ pub fn router_with_console(
     limits: Limits,
     redis: Option<rein_accel::RedisConfig>,
     console: console::Console,
+    model_keys: rein_core::model_keys::KeyBindings,
 ) -> axum::Router {
     let app = Arc::new(App {
         store,
@@ -207,6 +215,7 @@ pub fn router_with_console(
         openapi: OnceLock::new(),
         redis,
         streams: Arc::new(tokio::sync::Semaphore::new(limits.streams_max)),
+        model_keys,
     });
     let (router, doc) = routes::router().split_for_parts();
     http_metrics::register(&doc);
@@ -277,6 +286,13 @@ pub async fn serve(args: ApiArgs) -> u8 {
             console::Console::Dir(dir)
         }
         (None, false) => console::Console::Embedded,
+    };
+    let model_keys = match args.model_keys.bindings() {
+        Ok(keys) => keys,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::INPUT;
+        }
     };
     init_logging(true);
     let store = match rein_process::connect(&args.db, false).await {
@@ -351,6 +367,7 @@ pub async fn serve(args: ApiArgs) -> u8 {
         limits,
         args.redis.config(),
         console,
+        model_keys,
     );
     server::serve(listener, app, conn_limits, stop).await;
     exit::OK

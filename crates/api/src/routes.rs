@@ -1101,6 +1101,7 @@ async fn register_definition(
 /// theirs. Recorded as moved by the token's subject. A built-in name takes no other version
 /// than the shipped one without `allow_builtin` (admin).
 #[utoipa::path(post, path = "/v1/definitions/{name}/current", tag = "definitions",
+        model_keys: &app.model_keys,
     request_body = CurrentBody,
     params(DefinitionPath),
     responses((status = 200, description = "The current version now, and the one before", body = CurrentResponse),

@@ -75,8 +75,9 @@ pub struct WorkerArgs {
     #[arg(long, env = "REIN_HTTP_QUOTE_ERROR_BODIES")]
     http_quote_error_bodies: bool,
     /// An environment variable a `model` state may name as its `api_key_env` (repeat or
-    /// comma-separate). DATABASE_URL, REIN_* (but REIN_MODEL_KEY), AWS_*, GOOGLE_*, AZURE_*
-    /// are refused whatever is listed.
+    /// comma-separate); a --model-key binding allows its variable too. DATABASE_URL, REIN_*
+    /// (but REIN_MODEL_KEY), AWS_*, GOOGLE_*, AZURE_* are refused whatever is listed. A key
+    /// is sent only to the endpoints --model-key binds it to.
     #[arg(
         long = "model-key-env",
         value_name = "VAR",
@@ -84,10 +85,8 @@ pub struct WorkerArgs {
         default_value = "OPENAI_API_KEY,REIN_MODEL_KEY"
     )]
     model_key_env: Vec<String>,
-    /// The Chat Completions base URL of `model` states that give no `base_url`, e.g.
-    /// `https://api.openai.com/v1`.
-    #[arg(long, env = "REIN_MODEL_URL", value_name = "URL")]
-    model_url: Option<String>,
+    #[command(flatten)]
+    model_keys: rein_process::ModelKeyArgs,
 }
 
 /// `KEY=SPEC` of `--limit`.
@@ -526,6 +525,19 @@ pub async fn worker(args: WorkerArgs) -> u8 {
         }
     }
     let mut egress = match rein_worker::egress::Policy::allowing(args.http_allow) {
+    // A binding allows its variable.
+    for binding in &args.model_keys.model_key {
+        if !config.model_key_envs.contains(&binding.name) {
+            config.model_key_envs.push(binding.name.clone());
+        }
+    }
+    config.model_keys = match args.model_keys.bindings() {
+        Ok(keys) => keys,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::INPUT;
+        }
+    };
         Ok(policy) => policy,
         Err(e) => {
             eprintln!("error: --http-allow: {e}");
@@ -545,7 +557,8 @@ pub async fn worker(args: WorkerArgs) -> u8 {
     };
     let model = rein_worker::model::ModelOptions {
         key_envs: config.model_key_envs.clone(),
-        default_base_url: args.model_url.filter(|u| !u.is_empty()),
+        default_base_url: args.model_keys.model_url(),
+        keys: config.model_keys.clone(),
     };
     let registry = rein_worker::builtin_registry_full(store.clone(), http, model);
     let worker = Worker::new(store, config, registry);
@@ -868,6 +881,39 @@ pub async fn resolve(args: ResolveArgs) -> u8 {
         resolution: match args.resolution {
             Resolution::Applied => rein_ops::recovery::Resolution::Applied,
             Resolution::NotApplied => rein_ops::recovery::Resolution::NotApplied,
+        if let Some(keys) = m["info"]["model_keys"].as_object() {
+            let said: Vec<String> = keys
+                .iter()
+                .map(|(name, urls)| {
+                    let urls: Vec<&str> = urls
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_str)
+                        .collect();
+                    let urls = if urls.is_empty() {
+                        "nowhere".to_owned()
+                    } else {
+                        urls.join(", ")
+                    };
+                    format!("{name} -> {urls}")
+                })
+                .collect();
+            println!("    model keys: {}", said.join("; "));
+        }
+    }
+    // A key goes only where each worker binds it: workers that disagree call differently.
+    let mut reported = members
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["info"].get("model_keys"));
+    if let Some(first) = reported.next()
+        && reported.any(|keys| keys != first)
+    {
+        println!(
+            "note: the workers bind model keys differently; give every worker and the API the same --model-key"
+        );
         },
         event: args.event,
         payload: Some(payload),

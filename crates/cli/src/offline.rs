@@ -18,13 +18,25 @@ const REPLAY_BYTES_MAX: usize = 64 * 1024 * 1024;
 
 #[derive(clap::Subcommand)]
 pub enum DefinitionsCommand {
-    /// Validate a definition file: exit 0 with a summary, or 1 with every problem.
+    /// Validate a definition file: exit 0 with a summary, or 1 with every problem. With
+    /// --registered instead: list the registered versions whose model key the given
+    /// --model-key bindings would not send to their base_url (exit 1 when there are any), so
+    /// they can be fixed before workers with those bindings refuse their calls.
     Check {
-        file: String,
+        #[arg(required_unless_present = "registered")]
+        file: Option<String>,
         /// The verdict as JSON on stdout: `ok`, the summary and `warnings`, or `problems`
         /// (each `{item, reason}`); the exit code is the same.
         #[arg(long)]
         json: bool,
+        /// Check the versions registered in the database (DATABASE_URL, or the API with
+        /// REIN_URL) against the model key bindings, instead of a file.
+        #[arg(long, conflicts_with = "file")]
+        registered: bool,
+        #[command(flatten)]
+        model_keys: rein_process::ModelKeyArgs,
+        #[command(flatten)]
+        conn: Conn,
     },
     /// Print a definition (built-in name or file, or a registered one with --registered or
     /// REIN_URL) as a mermaid diagram or normalised JSON.
@@ -69,6 +81,10 @@ pub enum DefinitionsCommand {
         /// Print `{"name", "version", "created", "current_version"}`.
         #[arg(long)]
         json: bool,
+        // On the database, the model key bindings to check against (as the API checks its
+        // own).
+        #[command(flatten)]
+        model_keys: rein_process::ModelKeyArgs,
         #[command(flatten)]
         conn: Conn,
     },
@@ -114,7 +130,7 @@ impl DefinitionsCommand {
     /// Whether the command needs the database or the API (and so the async runtime).
     pub fn needs_service(&self) -> bool {
         match self {
-            DefinitionsCommand::Check { .. } => false,
+            DefinitionsCommand::Check { registered, .. } => *registered,
             DefinitionsCommand::Register { .. }
             | DefinitionsCommand::Current { .. }
             | DefinitionsCommand::Migrate(_) => true,
@@ -131,6 +147,79 @@ impl DefinitionsCommand {
                     && !std::path::Path::new(definition).is_file()
             }
         }
+    }
+}
+
+/// `definitions check --registered`: every registered version whose model key `keys` would
+/// not send to its base_url, and where that key may go.
+async fn check_registered(
+    backend: &Backend,
+    keys: &rein_core::model_keys::KeyBindings,
+    json: bool,
+) -> u8 {
+    let list = match backend.definitions().await {
+        Ok(list) => list,
+        Err(e) => return crate::print::fail(&e),
+    };
+    let mut refused = Vec::new();
+    let mut checked = 0usize;
+    for row in list.as_array().into_iter().flatten() {
+        let name = crate::print::text(row, "name");
+        let Some(version) = row
+            .get("version")
+            .and_then(Value::as_u64)
+            .and_then(|v| u32::try_from(v).ok())
+        else {
+            continue;
+        };
+        let view = match backend.definition(name, Some(version)).await {
+            Ok(view) => view,
+            Err(e) => return crate::print::fail(&e),
+        };
+        let spec: rein_core::definition::DefinitionSpec =
+            match serde_json::from_value(view.get("spec").cloned().unwrap_or(Value::Null)) {
+                Ok(spec) => spec,
+                Err(e) => {
+                    eprintln!(
+                        "warning: {name} v{version}: its stored body does not read here: {e}"
+                    );
+                    continue;
+                }
+            };
+        checked += 1;
+        for (item, why) in keys.problems(&spec) {
+            refused.push(json!({
+                "name": name, "version": version, "item": item, "key": why.name,
+                "base_url": why.base_url, "bound_to": why.endpoints, "reason": why.to_string(),
+            }));
+        }
+    }
+    if json {
+        print_json(&json!({ "checked": checked, "refused": refused }));
+    } else if refused.is_empty() {
+        println!(
+            "ok: the model keys of all {checked} registered versions go only to endpoints they are bound to"
+        );
+    } else {
+        for r in &refused {
+            println!(
+                "{} v{}\t{}\t{}",
+                crate::print::text(r, "name"),
+                crate::print::cell(r, "version"),
+                crate::print::text(r, "item"),
+                crate::print::text(r, "reason")
+            );
+        }
+        eprintln!(
+            "{} model state{} of {checked} registered versions would be refused (key_not_bound): register a version with a bound base_url, or bind the key on the workers and the API",
+            refused.len(),
+            if refused.len() == 1 { "" } else { "s" }
+        );
+    }
+    if refused.is_empty() {
+        exit::OK
+    } else {
+        exit::INPUT
     }
 }
 
@@ -182,7 +271,8 @@ pub struct ReplayArgs {
 
 pub fn definitions(cmd: DefinitionsCommand) -> u8 {
     match cmd {
-        DefinitionsCommand::Check { file, json } => {
+        DefinitionsCommand::Check { file, json, .. } => {
+            let file = file.unwrap_or_default();
             let text = match read_file_limited(&file, rein_core::limits::DEFINITION_BYTES_MAX) {
                 Ok(t) => t,
                 Err(e) => {
@@ -301,6 +391,11 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
         | DefinitionsCommand::Show { conn, .. }
         | DefinitionsCommand::Register { conn, .. }
         | DefinitionsCommand::Current { conn, .. } => conn.clone(),
+        DefinitionsCommand::Check {
+            registered: true,
+            conn,
+            ..
+        } => conn.clone(),
         DefinitionsCommand::Check { .. } | DefinitionsCommand::Migrate(_) => {
             return definitions(cmd);
         }
@@ -375,13 +470,30 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
                 }
             }
         }
+        DefinitionsCommand::Check {
+            json, model_keys, ..
+        } => match model_keys.bindings() {
+            Ok(keys) => check_registered(&backend, &keys, json).await,
+            Err(e) => {
+                eprintln!("error: {e}");
+                exit::INPUT
+            }
+        },
         DefinitionsCommand::Register {
             file,
             make_current,
             publisher,
             json,
+            model_keys,
             ..
         } => {
+            let model_keys = match model_keys.bindings() {
+                Ok(keys) => keys,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return exit::INPUT;
+                }
+            };
             let text = match read_file_limited(&file, rein_core::limits::DEFINITION_BYTES_MAX) {
                 Ok(t) => t,
                 Err(e) => {
@@ -393,6 +505,7 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
                 by: &publisher.by,
                 make_current,
                 allow_builtin: publisher.allow_builtin,
+                model_keys: &model_keys,
             };
             let registered = backend
                 .register(text, Format::from_path(&file), publisher)
@@ -468,7 +581,7 @@ pub async fn registered(cmd: DefinitionsCommand) -> u8 {
                 );
             },
         ),
-        DefinitionsCommand::Check { .. } | DefinitionsCommand::Migrate(_) => exit::INPUT,
+        DefinitionsCommand::Migrate(_) => exit::INPUT,
     }
 }
 

@@ -35,11 +35,34 @@ fn start(fleet: &mut Fleet, base_url: &str, worker: &str, extra: &[&str]) {
         "20",
     ];
     args.extend_from_slice(extra);
+    let binding = format!("OPENAI_API_KEY={base_url}");
     fleet.spawn_env(
         worker,
         &args,
-        &[("REIN_MODEL_URL", base_url), ("OPENAI_API_KEY", KEY)],
+        &[
+            ("REIN_MODEL_URL", base_url),
+            ("REIN_MODEL_KEYS", &binding),
+            ("OPENAI_API_KEY", KEY),
+        ],
     );
+}
+
+/// The support agent's document with `base_url` named in its model table.
+fn with_base_url(text: String, base_url: &str) -> String {
+    text.replacen(
+        "model = \"gpt-4o-mini\"",
+        &format!("model = \"gpt-4o-mini\"\nbase_url = \"{base_url}\""),
+        1,
+    )
+}
+
+/// Whether any request the stand-in received carried the key.
+fn key_reached(standin: &StandIn) -> bool {
+    standin
+        .authorizations()
+        .iter()
+        .flatten()
+        .any(|a| a.contains(KEY))
 }
 
 async fn enqueue(store: &Store, definition: &str, input: Value) -> Uuid {
@@ -85,6 +108,14 @@ async fn register_variant(store: &Store, name: &str, edit: impl Fn(String) -> St
 
 fn kinds(history: &[rein_store::StoredEvent]) -> Vec<&str> {
     history.iter().map(|e| e.kind.as_str()).collect()
+}
+
+/// The first event of `kind` in the log; the test fails naming the log's kinds without one.
+fn first<'a>(history: &'a [rein_store::StoredEvent], kind: &str) -> &'a rein_store::StoredEvent {
+    history
+        .iter()
+        .find(|e| e.kind == kind)
+        .unwrap_or_else(|| panic!("no {kind} in {:?}", kinds(history)))
 }
 
 async fn applied_effects(store: &Store, run: Uuid) -> i64 {
@@ -447,6 +478,209 @@ async fn a_key_variable_off_the_allow_list_is_fatal_with_a_reason() {
     );
 }
 
+/// A definition that would send the fleet's key to a server its publisher names is refused
+/// at registration: through the API with 422 naming where the key may go, and on the
+/// database unless the key is bound there. The server never hears from Rein.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registering_a_key_for_an_unbound_base_url_is_refused_naming_the_bound_endpoints() {
+    let (standin, base_url) = standin(json!([])).await;
+    let api = common::Api::start("model_bind_api", &[]).await;
+    let publisher = api.token("tenant", &["publish", "read"]);
+    let text = with_base_url(
+        rein_core::builtin::SUPPORT_AGENT.replacen(
+            "name = \"support-agent\"",
+            "name = \"steal-agent\"",
+            1,
+        ),
+        &base_url,
+    );
+    let (status, body) = api.post_toml("/v1/definitions", &publisher, &text).await;
+    assert_eq!(status, 422, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("OPENAI_API_KEY may be sent only to https://api.openai.com/v1")
+            && message.contains(&base_url),
+        "{message}"
+    );
+    let (status, _) = api
+        .get_json("/v1/definitions/steal-agent", &publisher)
+        .await;
+    assert_eq!(status, 404, "nothing was stored");
+
+    let file = common::tmp_dir("model_bind_api").join("steal.toml");
+    std::fs::write(&file, &text).expect("write");
+    let file = file.to_str().expect("path");
+    let out = rein(&["definitions", "register", file, "--database-url", &api.url]);
+    assert_ne!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("https://api.openai.com/v1"),
+        "{}",
+        stderr(&out)
+    );
+    let bound = format!("OPENAI_API_KEY={base_url}");
+    let out = rein(&[
+        "definitions",
+        "register",
+        file,
+        "--model-key",
+        &bound,
+        "--database-url",
+        &api.url,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(standin.requests().is_empty());
+    assert!(!key_reached(&standin));
+}
+
+/// A version stored before keys were bound (as an older release stored it) meets a worker
+/// whose key is not bound to its base_url: the call is fatal, `key_not_bound`, and the
+/// stand-in never receives the key. `rein definitions check --registered` lists that version
+/// beforehand, and the worker reports where its keys may go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_version_whose_key_is_not_bound_fails_fatal_without_sending_the_key() {
+    let (url, store) = common::fresh_store("model_unbound").await;
+    let (standin, base_url) = standin(json!([])).await;
+    register_variant(&store, "steal-agent", |t| with_base_url(t, &base_url)).await;
+    let out = rein(&[
+        "definitions",
+        "check",
+        "--registered",
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let listed = stdout(&out);
+    assert!(
+        listed.contains("steal-agent v1") && listed.contains("https://api.openai.com/v1"),
+        "{listed}"
+    );
+    assert!(!listed.contains("support-agent"), "{listed}");
+    let bound = format!("OPENAI_API_KEY={base_url}");
+    let out = rein(&[
+        "definitions",
+        "check",
+        "--registered",
+        "--model-key",
+        &bound,
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+
+    let run = enqueue(
+        &store,
+        "steal-agent",
+        json!({"order_id": "A11", "amount": 5}),
+    )
+    .await;
+    let mut fleet = Fleet::new(&url, "model_unbound");
+    fleet.spawn_env(
+        "unbound-w1",
+        &["worker", "--poll-interval-ms", "20"],
+        &[("OPENAI_API_KEY", KEY)],
+    );
+    let (row, history) = finished(&store, run).await;
+    assert_eq!(row.state, "FAILED", "{:?}", kinds(&history));
+    let failed = first(&history, "MODEL_FATAL_FAILED");
+    assert_eq!(failed.payload["error"]["kind"], "key_not_bound");
+    let message = failed.payload["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("https://api.openai.com/v1"), "{message}");
+    assert!(
+        !key_reached(&standin),
+        "the key reached an unbound endpoint"
+    );
+    assert!(standin.requests().is_empty(), "nothing was sent");
+
+    let out = rein(&["workers", "--json", "--database-url", &url]);
+    let members: Value = serde_json::from_str(&stdout(&out)).expect("workers as JSON");
+    let worker = members
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["worker_id"] == "unbound-w1")
+        .unwrap_or_else(|| panic!("{members}"));
+    assert_eq!(
+        worker["info"]["model_keys"]["OPENAI_API_KEY"],
+        json!(["https://api.openai.com/v1"])
+    );
+    assert!(!stdout(&out).contains(KEY));
+    let out = rein(&["workers", "--database-url", &url]);
+    assert!(
+        stdout(&out).contains("model keys: OPENAI_API_KEY -> https://api.openai.com/v1"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+/// A NUL in a reply cannot be stored: the reply is rejected at step `parse` and the run takes
+/// its rejected-decision path instead of waiting for an operator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_in_a_model_reply_is_rejected_at_parse() {
+    let (url, store) = common::fresh_store("model_nul").await;
+    let (_standin, base_url) = standin(json!([
+        {"tool_call": {"name": "FINISH", "arguments": {"payload": {"summary": "done\u{0}"}}}},
+    ]))
+    .await;
+    let run = enqueue(
+        &store,
+        "support-agent",
+        json!({"order_id": "A12", "amount": 5}),
+    )
+    .await;
+    let mut fleet = Fleet::new(&url, "model_nul");
+    start(&mut fleet, &base_url, "nul-w1", &[]);
+    let (row, history) = finished(&store, run).await;
+    assert_eq!(row.state, "FAILED", "{:?}", kinds(&history));
+    let rejected = first(&history, "DECISION_REJECTED");
+    assert_eq!(rejected.payload["step"], "parse");
+    assert!(
+        rejected.payload["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("NUL"),
+        "{}",
+        rejected.payload
+    );
+}
+
+/// A model endpoint whose host name resolves to an address the egress policy refuses (here
+/// the worker's own database) is refused for good: fatal, kind `egress_refused`, not retried
+/// as a DNS failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_endpoint_refused_by_its_host_name_is_fatal_not_retried() {
+    let (url, store) = common::fresh_store("model_egress").await;
+    let (db_host, db_port) = store
+        .database_address()
+        .expect("the test database is on TCP");
+    assert_eq!(
+        db_host, "127.0.0.1",
+        "refused only once `localhost` is resolved"
+    );
+    let base_url = format!("http://localhost:{db_port}/v1");
+    register_variant(&store, "egress-agent", |t| {
+        with_base_url(t, &base_url).replace("api_key_env = \"OPENAI_API_KEY\"\n", "")
+    })
+    .await;
+    let run = enqueue(
+        &store,
+        "egress-agent",
+        json!({"order_id": "A13", "amount": 5}),
+    )
+    .await;
+    let mut fleet = Fleet::new(&url, "model_egress");
+    fleet.spawn("egress-w1", &["worker", "--poll-interval-ms", "20"]);
+    fleet.spawn("egress-s1", &["scheduler", "--tick-ms", "50"]);
+    let (row, history) = finished(&store, run).await;
+    assert_eq!(row.state, "FAILED", "{:?}", kinds(&history));
+    assert!(
+        !history.iter().any(|e| e.kind == "MODEL_RETRYABLE_FAILED"),
+        "{:?}",
+        kinds(&history)
+    );
+    let failed = first(&history, "MODEL_FATAL_FAILED");
+    assert_eq!(failed.payload["error"]["kind"], "egress_refused");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_grows_by_about_the_same_bytes_each_model_step() {
     let (url, store) = common::fresh_store("model_linear").await;
@@ -596,6 +830,9 @@ async fn fatal_replies_end_the_run_with_what_to_fix() {
         assert_eq!(failed.payload["error"]["kind"], kind);
         let message = failed.payload["error"]["message"].as_str().unwrap_or("");
         assert!(message.starts_with(says), "{message}");
+        // The endpoint's error is described (its type or code, its size), never quoted.
+        assert!(!message.contains("scripted failure"), "{message}");
+        assert!(message.contains("a body of"), "{message}");
         assert!(
             !history.iter().any(|e| e.kind == "RETRY_DUE"),
             "a fatal failure is not retried"

@@ -695,8 +695,10 @@ async fn a_fork_with_a_changed_prompt_asks_the_model_again_and_ends_differently(
     let looked_up = history
         .iter()
         .find(|e| e.kind == "TOOL_SUCCEEDED")
+    let binding = format!("OPENAI_API_KEY={base_url}");
         .expect("the lookup's result")
         .sequence;
+        ("REIN_MODEL_KEYS", binding.as_str()),
     store.register_definition(&parse(&v2)).await.unwrap();
     let asked_before = standin.requests().len();
 

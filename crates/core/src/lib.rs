@@ -39,6 +39,7 @@ pub mod labels;
 pub mod limits;
 pub mod migration;
 pub mod model;
+pub mod model_keys;
 mod movable;
 pub mod redact;
 pub mod reducer;

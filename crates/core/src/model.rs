@@ -568,6 +568,19 @@ pub fn parse_reply(def: &Definition, state: &StateSpec, spec: &ModelSpec, body: 
             (i, o) => Some(usage(spec, i.unwrap_or(0), o.unwrap_or(0))),
         }
     });
+    // A NUL cannot be stored: the reply is refused at step `parse` (as an http node's is)
+    // and kept out of the record, instead of parking the run on a commit that fails.
+    if let Some(at) = crate::text::nul_at(body) {
+        return Reply {
+            decision: Err(format!(
+                "the reply holds a NUL character (\\u0000) at {at}, which cannot be stored"
+            )),
+            message: Value::Null,
+            model,
+            finish_reason: None,
+            usage,
+        };
+    }
     let choice = body.get("choices").and_then(|c| c.get(0));
     let finish_reason = choice
         .and_then(|c| c.get("finish_reason"))
@@ -578,7 +591,14 @@ pub fn parse_reply(def: &Definition, state: &StateSpec, spec: &ModelSpec, body: 
     let decision = match raw {
         None => Err("the reply has no `choices[0].message`".to_owned()),
         Some(m) => decision_of(def, state, m),
-    };
+    }
+    .and_then(|d| match crate::text::nul_at(&d) {
+        // Escaped in the arguments' JSON text, a NUL arrives only once they are read.
+        Some(at) => Err(format!(
+            "the arguments hold a NUL character (\\u0000) at {at}, which cannot be stored"
+        )),
+        None => Ok(d),
+    });
     Reply {
         decision,
         message,
@@ -981,6 +1001,26 @@ to = "DONE"
 
     fn call(name: &str, arguments: &str) -> Value {
         json!({ "id": "call_1", "type": "function", "function": { "name": name, "arguments": arguments } })
+    }
+
+    #[test]
+    fn a_nul_in_a_reply_is_refused_at_parse_and_kept_out_of_the_record() {
+        let def = def();
+        let (state, spec) = acting(&def);
+        let mut raw = reply_with(json!([call("FINISH", "{}")]));
+        raw["choices"][0]["message"]["content"] = json!("done\u{0}");
+        let escaped = reply_with(json!([call(
+            "FINISH",
+            r#"{"payload": {"summary": "a\u0000b"}}"#
+        )]));
+        for body in [raw, escaped] {
+            let reply = parse_reply(&def, &state, &spec, &body);
+            let reason = reply.decision.clone().expect_err("refused");
+            assert!(reason.contains("NUL"), "{reason}");
+            let record = replied_payload(&spec, json!({}), &reply);
+            assert_eq!(crate::text::nul_at(&record), None, "{record}");
+            assert!(record["usage"]["tokens"].as_u64().is_some(), "{record}");
+        }
     }
 
     #[test]

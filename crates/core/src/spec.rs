@@ -544,7 +544,8 @@ pub struct ModelSpec {
     /// The model name sent in the request.
     pub model: String,
     /// The environment variable of the worker holding the API key (never the key itself);
-    /// it must be on the worker's `--model-key-env` allow-list. Absent: no key is sent.
+    /// it must be on the worker's `--model-key-env` allow-list, and is sent only to an
+    /// endpoint it is bound to (`--model-key`, [`crate::model_keys`]). Absent: no key is sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_env: Option<String>,
     /// The system prompt: a template where `{{input.x}}` / `{{data.x}}` name run data.

@@ -1,6 +1,7 @@
 //! The demo's real agent: the built-in `support-agent` definition, whose `model` node asks an
 //! OpenAI-compatible Chat Completions endpoint what to do next. With `REIN_MODEL_URL` set the
-//! workers call that endpoint with the key in `OPENAI_API_KEY`; without it the demo starts
+//! workers call that endpoint with the key in `OPENAI_API_KEY` (bound to it in
+//! `REIN_MODEL_KEYS` unless it is `https://api.openai.com/v1`); without it the demo starts
 //! the stand-in model server in this process and says so, and runs a copy of the definition
 //! that sends no key (the stand-in needs none).
 
@@ -36,7 +37,7 @@ pub async fn setup(store: &Store) -> Result<ModelSetup, String> {
         .load_definition(DEFINITION, None)
         .await
         .map_err(|e| format!("the built-in {DEFINITION}: {e}"))?;
-    let options = ModelOptions::default();
+    let options = ModelOptions::from_env()?;
     if let Some(url) = options.default_base_url.clone() {
         return Ok(ModelSetup {
             options,

@@ -152,6 +152,9 @@ pub struct Publisher<'a> {
     /// Allow a version of a built-in name other than the one this binary ships (an admin's
     /// decision through the API).
     pub allow_builtin: bool,
+    /// Where each model key may be sent: a model state that would send its key elsewhere is
+    /// refused.
+    pub model_keys: &'a rein_core::model_keys::KeyBindings,
 }
 
 /// How a decision reached its run.
@@ -696,6 +699,27 @@ fn builtin_unshadowed(
 /// Validates a definition document and stores it as a version published by `publisher`;
 /// every problem is listed in `details.problems` with its location.
 pub async fn register(
+/// Refuses a definition whose model state would send its key to an endpoint the key is not
+/// bound to (a registration rule: versions stored before it still load, and their workers
+/// refuse such a call).
+fn unbound_keys_refused(
+    keys: &rein_core::model_keys::KeyBindings,
+    def: &Definition,
+) -> Result<(), Error> {
+    let unbound = keys.problems(def.spec());
+    let Some((_, first)) = unbound.first() else {
+        return Ok(());
+    };
+    let problems: Vec<Value> = unbound
+        .iter()
+        .map(|(item, why)| json!({ "item": item, "reason": why.to_string() }))
+        .collect();
+    Err(Error::validation(format!(
+        "the definition's model key is not bound to its endpoint: {first}"
+    ))
+    .with_details(json!({ "problems": problems })))
+}
+
     store: &Store,
     text: &str,
     format: Format,
@@ -717,6 +741,7 @@ pub async fn register(
     // What cannot be stored is refused as such before who may store it is asked.
     let body = serde_json::to_value(def.spec())
         .map_err(|e| Error::from(StoreError::Corrupt(e.to_string())))?;
+    unbound_keys_refused(publisher.model_keys, &def)?;
     rein_store::input::check_json("definition", &body)?;
     builtin_unshadowed(
         def.name(),

@@ -1,7 +1,10 @@
 //! How a Rein process starts and ends, whatever its role: the database and Redis flags every
 //! role shares, connecting, logs, metrics and traces, signals and exit codes.
 
+mod model_keys;
 pub mod telemetry;
+
+pub use model_keys::ModelKeyArgs;
 
 use rein_store::{Store, StoreError};
 use tokio_util::sync::CancellationToken;

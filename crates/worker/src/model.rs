@@ -3,8 +3,10 @@
 //! reply is read is pure and lives in [`rein_core::model`]; this module does the call.
 //!
 //! - The API key comes from the worker's environment variable the definition names in
-//!   `api_key_env`, which must be on the worker's allow-list (`--model-key-env`); it is sent
-//!   as `Authorization: Bearer` and never written to an event or a log line.
+//!   `api_key_env`, which must be on the worker's allow-list (`--model-key-env`, or bound
+//!   with `--model-key`); it is sent as `Authorization: Bearer`, only to an endpoint the key
+//!   is bound to ([`rein_core::model_keys`]; otherwise the call is fatal, `key_not_bound`,
+//!   and nothing is sent), and never written to an event or a log line.
 //! - `base_url` (or the worker's `REIN_MODEL_URL`) passes the worker's egress policy like an
 //!   http node's URL.
 //! - Failures (SPEC R2): connect errors, timeouts, 408, 429, 5xx and a stream cut short are
@@ -24,6 +26,7 @@ use chrono::Utc;
 use rein_core::Event;
 use rein_core::definition::{ModelSpec, StateSpec};
 use rein_core::model::{self as pure, StreamReply, StreamStep};
+use rein_core::model_keys::{self, KeyBindings};
 use rein_core::retry::{Failure, kind};
 use rein_store::Store;
 use serde_json::{Value, json};
@@ -35,8 +38,10 @@ use crate::http::{Admission, Http, admit, error_chain, retry_after_s};
 
 /// Largest reply body read from a model endpoint.
 pub const REPLY_BYTES_MAX: usize = 4 * 1024 * 1024;
-/// Most bytes of a provider's error message quoted in the failure.
-const ERROR_MESSAGE_BYTES_MAX: usize = 300;
+/// Longest error `type` or `code` of an endpoint's error reply named in the failure; a
+/// longer one, or one that is not an identifier, is left out (the provider's prose is never
+/// copied into the log, which every `read` token can see).
+const ERROR_IDENTIFIER_LEN_MAX: usize = 64;
 
 /// How a worker's model actions call out.
 #[derive(Debug, Clone)]
@@ -45,23 +50,48 @@ pub struct ModelOptions {
     pub key_envs: Vec<String>,
     /// Used when a definition gives no `base_url` (the worker's `REIN_MODEL_URL`).
     pub default_base_url: Option<String>,
+    /// Where each key may be sent (`--model-key`).
+    pub keys: KeyBindings,
 }
 
 impl Default for ModelOptions {
+    /// The defaults, with this process's `REIN_MODEL_URL`.
     fn default() -> Self {
+        let default_base_url = std::env::var("REIN_MODEL_URL")
+            .ok()
+            .filter(|u| !u.is_empty());
         ModelOptions {
             key_envs: pure::KEY_ENV_DEFAULTS
                 .iter()
                 .map(|s| (*s).to_owned())
                 .collect(),
-            default_base_url: std::env::var("REIN_MODEL_URL")
-                .ok()
-                .filter(|u| !u.is_empty()),
+            keys: KeyBindings::new(Vec::new(), default_base_url.as_deref()).unwrap_or_default(),
+            default_base_url,
         }
     }
 }
 
 impl ModelOptions {
+    /// [`ModelOptions::default`] with the bindings of this process's `REIN_MODEL_KEYS`
+    /// (`NAME=URL[,URL…]`, `;` between bindings), whose names join the allow-list.
+    pub fn from_env() -> Result<ModelOptions, String> {
+        let mut options = ModelOptions::default();
+        let given = std::env::var("REIN_MODEL_KEYS")
+            .unwrap_or_default()
+            .split(';')
+            .filter(|b| !b.trim().is_empty())
+            .map(model_keys::Binding::parse)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("REIN_MODEL_KEYS: {e}"))?;
+        for binding in &given {
+            if !options.key_envs.contains(&binding.name) {
+                options.key_envs.push(binding.name.clone());
+            }
+        }
+        options.keys = KeyBindings::new(given, options.default_base_url.as_deref())?;
+        Ok(options)
+    }
+
     /// Refuses an allow-list naming a variable no definition may read.
     pub fn validate(&self) -> Result<(), String> {
         if self.key_envs.len() > 64 {
@@ -175,7 +205,8 @@ impl NodeHandler for Model {
 }
 
 impl Model {
-    fn key(&self, spec: &ModelSpec) -> Result<Option<String>, Failed> {
+    /// The key to send to `base`, read only once the key may go there.
+    fn key(&self, spec: &ModelSpec, base: &str) -> Result<Option<String>, Failed> {
         let Some(name) = &spec.api_key_env else {
             return Ok(None);
         };
@@ -189,6 +220,12 @@ impl Model {
                     "`{name}` is not on this worker's key allow-list ({}); start the worker with --model-key-env {name} or name an allowed variable",
                     self.options.key_envs.join(", ")
                 ),
+            ));
+        }
+        if let Err(not_bound) = self.options.keys.check(name, base) {
+            return Err(fatal(
+                model_keys::KEY_NOT_BOUND,
+                format!("{not_bound}; nothing was sent"),
             ));
         }
         match std::env::var(name) {
@@ -233,7 +270,6 @@ impl Model {
         state: &StateSpec,
         spec: &ModelSpec,
     ) -> Result<ModelReply, Failed> {
-        let key = self.key(spec)?;
         let Some(base) = spec
             .base_url
             .clone()
@@ -246,17 +282,10 @@ impl Model {
         };
         let text = format!("{}/chat/completions", base.trim_end_matches('/'));
         let (egress, clients) = self.http.parts();
+        let key = self.key(spec, &base)?;
         let (url, client) = match admit(&egress, &clients, &text).await {
             Ok(admitted) => admitted,
-            Err(Admission::Refused(refused)) => {
-                return Err(fatal(
-                    kind::EGRESS_REFUSED,
-                    format!(
-                        "the worker's egress policy refuses the model endpoint: {} (rule {})",
-                        refused.reason, refused.rule
-                    ),
-                ));
-            }
+            Err(Admission::Refused(refused)) => return Err(egress_refused(&refused)),
             Err(Admission::NoClient(e)) => {
                 return Err(Failed::Transient(Failure::transient(kind::NETWORK, &e)));
             }
@@ -271,6 +300,11 @@ impl Model {
             let response = request.send().await.map_err(|e| {
                 let what = if e.is_connect() {
                     kind::NETWORK
+                // The policy refused the address the host name resolved to: asking again
+                // resolves to the same refusal.
+                if let Some(refused) = crate::egress::refusal_in(&e) {
+                    return egress_refused(refused);
+                }
                 } else {
                     kind::IN_DOUBT
                 };
@@ -319,6 +353,16 @@ impl Model {
 
 /// Blob references among the top-level payload fields of the log (SPEC E5: a large tool
 /// result, a reply, a call's arguments) are read back, so the conversation quotes what the
+fn egress_refused(refused: &crate::egress::Refused) -> Failed {
+    fatal(
+        kind::EGRESS_REFUSED,
+        format!(
+            "the worker's egress policy refuses the model endpoint: {} (rule {}); nothing was sent",
+            refused.reason, refused.rule
+        ),
+    )
+}
+
 /// tools returned and the model said, not where it is stored. Each blob is read once.
 async fn resolve_blobs(
     store: &Store,
@@ -424,25 +468,45 @@ async fn error_reply(spec: &ModelSpec, response: reqwest::Response) -> Failed {
         .headers()
         .get(reqwest::header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
+/// Whether an endpoint's error `type` or `code` is a short identifier that may be named.
+fn is_identifier(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= ERROR_IDENTIFIER_LEN_MAX
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// What an endpoint's error reply was, without its prose: its `type` and `code` when they
+/// are identifiers, and its size.
+fn error_description(error_type: Option<&str>, code: Option<&str>, size: &str) -> String {
+    let mut parts = Vec::new();
+    if let Some(t) = error_type {
+        parts.push(format!("type {t}"));
+    }
+    if let Some(c) = code.filter(|c| Some(*c) != error_type) {
+        parts.push(format!("code {c}"));
+    }
+    parts.push(format!("a body of {size}"));
+    format!(" (the endpoint's error: {})", parts.join(", "))
+}
+
         .and_then(|v| retry_after_s(v, Utc::now()));
-    let body = read_body(response).await.unwrap_or_default();
-    let error = serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null);
+    let body = read_body(response).await;
+    let size = match &body {
+        Ok(bytes) => format!("{} bytes", bytes.len()),
+        Err(_) => format!("over {REPLY_BYTES_MAX} bytes or cut short"),
+    };
+    let error = body
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .unwrap_or(Value::Null);
     let error = &error["error"];
-    let code = error["code"]
-        .as_str()
-        .or_else(|| error["type"].as_str())
-        .unwrap_or("")
-        .to_owned();
-    let said: String = error["message"]
-        .as_str()
-        .unwrap_or("")
-        .chars()
-        .take(ERROR_MESSAGE_BYTES_MAX)
-        .collect();
-    let said = if said.is_empty() {
-        String::new()
-    } else {
-        format!(" (the endpoint said: {said})")
+    let identifier = |field: &str| {
+        error[field]
+            .as_str()
+            .filter(|v| is_identifier(v))
+            .map(str::to_owned)
     };
     let key = spec.api_key_env.as_deref().unwrap_or("the API key");
     let mut failure = match status {
@@ -451,6 +515,12 @@ async fn error_reply(spec: &ModelSpec, response: reqwest::Response) -> Failed {
                 Failure::from_http_status(
                     status,
                     retry_after,
+    let (error_type, error_code) = (identifier("type"), identifier("code"));
+    let code = error_code
+        .clone()
+        .or_else(|| error_type.clone())
+        .unwrap_or_default();
+    let said = error_description(error_type.as_deref(), error_code.as_deref(), &size);
                     &format!("model endpoint answered {status}{said}"),
                 )
                 .unwrap_or_else(|| Failure::transient(kind::HTTP_5XX, "model endpoint failed")),

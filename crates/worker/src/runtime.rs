@@ -73,6 +73,8 @@ pub struct WorkerConfig {
     pub redis: Option<rein_accel::RedisConfig>,
     /// Environment variables a `model` state may name as its `api_key_env`.
     pub model_key_envs: Vec<String>,
+    /// Where each model key may be sent; reported with the heartbeat (names and URLs).
+    pub model_keys: rein_core::model_keys::KeyBindings,
 }
 
 impl WorkerConfig {
@@ -96,6 +98,7 @@ impl WorkerConfig {
                 .iter()
                 .map(|s| (*s).to_owned())
                 .collect(),
+            model_keys: Default::default(),
         }
     }
 
@@ -132,6 +135,7 @@ impl WorkerConfig {
         crate::model::ModelOptions {
             key_envs: self.model_key_envs.clone(),
             default_base_url: None,
+            keys: self.model_keys.clone(),
         }
         .validate()?;
         if self.limits.len() > 256 {
@@ -347,7 +351,11 @@ impl Worker {
             .heartbeat(
                 &inner.config.worker_id,
                 "worker",
-                json!({ "concurrency": inner.config.concurrency, "ttl_ms": inner.config.lease_ttl_ms }),
+                json!({
+                    "concurrency": inner.config.concurrency,
+                    "ttl_ms": inner.config.lease_ttl_ms,
+                    "model_keys": inner.config.model_keys.to_json(),
+                }),
             )
             .await;
         let mut tasks = tokio::task::JoinSet::new();
@@ -373,7 +381,11 @@ impl Worker {
                     .heartbeat(
                         &inner.config.worker_id,
                         "worker",
-                        json!({ "held": self.held(), "ttl_ms": inner.config.lease_ttl_ms }),
+                        json!({
+                            "held": self.held(),
+                            "ttl_ms": inner.config.lease_ttl_ms,
+                            "model_keys": inner.config.model_keys.to_json(),
+                        }),
                     )
                     .await;
             }
