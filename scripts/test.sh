@@ -497,6 +497,14 @@ phase_deploy() {
   scripts/validate-deploy.sh || return 1
 }
 
+# Schemathesis (pinned, pip into target/schemathesis-venv) against a real `rein api` on
+# 127.0.0.1 from the debug binary: every check, stateful phase on, 25 examples per operation
+# (about 2.5 minutes). scripts/schemathesis.sh says what it starts.
+phase_schemathesis() {
+  DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} \
+    scripts/schemathesis.sh --seed 1 || return 1
+}
+
 # ---------------------------------------------------------------- main
 main() {
   run_phase_here tools phase_tools
@@ -511,6 +519,7 @@ main() {
     run_phase python phase_python
     run_phase upgrade phase_upgrade
     run_phase console phase_console
+    run_phase schemathesis phase_schemathesis
     run_phase deploy phase_deploy
   fi
   summary

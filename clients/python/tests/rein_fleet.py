@@ -78,6 +78,8 @@ class Fleet:
         env = {k: v for k, v in os.environ.items()
                if k not in ("DATABASE_URL", "REIN_URL", "REIN_TOKEN", "REDIS_URL")}
         env["REIN_LOG"] = "info,sqlx=warn"
+        # Redaction markers are keyed: a test fleet's key, a deployment's own secret.
+        env["REIN_REDACTION_KEY"] = "test-fleet-redaction-key-" + "0" * 32
         return env
 
     def rein(self, *args: str) -> str:

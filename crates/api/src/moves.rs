@@ -33,6 +33,7 @@ use crate::{ApiError, App, Caller};
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the admin scope: a migration moves runs of every queue", body = ErrorBody),
               (status = 404, description = "No such name or version", body = ErrorBody),
+              (status = 409, description = "`from` and `to` are the same version or `to` is the older one, or live workers of an older release could claim moved runs (not for `dry_run`)", body = ErrorBody),
               (status = 422, description = "Invalid request", body = ErrorBody)))]
 pub async fn migrate_definition(
     State(app): State<Arc<App>>,
@@ -59,7 +60,7 @@ pub async fn migrate_definition(
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the operate scope, or the run's queue is beyond the token's bounds", body = ErrorBody),
               (status = 404, description = "No such run or version", body = ErrorBody),
-              (status = 409, description = "The run is not between steps at that sequence", body = ErrorBody),
+              (status = 409, description = "The run's log has no event at that sequence, or the run is not between steps there", body = ErrorBody),
               (status = 422, description = "Invalid request", body = ErrorBody)))]
 pub async fn fork_run(
     State(app): State<Arc<App>>,
@@ -77,10 +78,12 @@ pub async fn fork_run(
 
 /// Forget personal data of a run (what `rein runs redact` does): the named keys of its data
 /// are replaced, in its input, every event that carries them, its projection and its
-/// checkpoints, by markers holding each value's sha256; the redaction is recorded with the
-/// token's subject and the reason, and the run still verifies. Of a finished run, the blobs
-/// that only finished, redacted runs refer to are deleted. Refused while a worker holds the
-/// run, and for a key the definition reads (its replay would decide differently).
+/// checkpoints, by markers holding a keyed hash of each value (HMAC-SHA256 under the API's
+/// `REIN_REDACTION_KEY`, in the marker's `sha256` field); the redaction is recorded with the
+/// token's subject and the reason, and the run still verifies. Markers an older release left
+/// unkeyed in these keys are replaced by keyed ones. Of a finished run, the blobs that only
+/// finished, redacted runs refer to are deleted. Refused while a worker holds the run, and
+/// for a key the definition reads (its replay would decide differently).
 #[utoipa::path(post, path = "/v1/runs/{id}/redact", tag = "runs",
     params(("id" = Uuid, Path, description = "The run to redact")),
     request_body = RedactBody,
@@ -89,7 +92,8 @@ pub async fn fork_run(
               (status = 403, description = "Needs the operate scope, or the run's queue is beyond the token's bounds", body = ErrorBody),
               (status = 404, description = "No such run", body = ErrorBody),
               (status = 409, description = "A worker holds the run, the definition reads a key, or the run moved meanwhile", body = ErrorBody),
-              (status = 422, description = "Invalid request", body = ErrorBody)))]
+              (status = 422, description = "Invalid request", body = ErrorBody),
+              (status = 503, description = "This API was started without `REIN_REDACTION_KEY`, so it does not redact (unavailable)", body = ErrorBody)))]
 pub async fn redact_run(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,

@@ -8,6 +8,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Extension, Path, Query, State};
+use axum::response::{IntoResponse, Response};
 use rein_accel::limits::KeyState;
 use rein_ops::recovery::{self, BriefView, ResolveBody, ResolveResponse, VerifyView};
 use rein_ops::{Code, Error, ErrorBody};
@@ -167,21 +168,25 @@ pub async fn resolve_run(
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct LimitsQuery {
-    /// Limit keys to inspect, comma-separated; every key in use when absent.
+    /// Limit keys to inspect, comma-separated; every key in use when absent. Each is 1..=128
+    /// of letters, digits, `:`, `_`, `-`, `.` and `/` (`rein_core::limit_key_problem`); at
+    /// most 1,000 (`LIMIT_KEYS_MAX`).
     #[serde(default)]
     pub keys: Option<String>,
 }
 
 /// The fleet-wide limits' state in Redis (what `rein limits` prints): how far ahead each
 /// rate is booked, how far ahead deferred runs were sent, and who holds concurrency slots.
-/// Needs `rein api --redis-url`.
+/// An API without Redis (`--redis-url`) has no fleet-wide limits: it answers an empty list
+/// with `Rein-Fleet-Limits: none`.
 #[utoipa::path(get, path = "/v1/limits", tag = "fleet",
     params(LimitsQuery),
-    responses((status = 200, description = "One entry per key with entries in Redis", body = Vec<rein_ops::schema::JsonObject>),
+    responses((status = 200, description = "One entry per key with entries in Redis; none when this API has no Redis", body = Vec<rein_ops::schema::JsonObject>,
+               headers(("Rein-Fleet-Limits" = String, description = "`none` when this API has no Redis (`--redis-url`): no fleet-wide limits are configured, and the list is empty; absent otherwise"))),
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the read scope", body = ErrorBody),
               (status = 422, description = "A key is not a limit key", body = ErrorBody),
-              (status = 503, description = "This API has no Redis, or Redis is unreachable", body = ErrorBody)))]
+              (status = 503, description = "Redis is unreachable", body = ErrorBody)))]
 pub async fn list_limits(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
@@ -189,14 +194,6 @@ pub async fn list_limits(
 ) -> Result<Json<Vec<KeyState>>, ApiError> {
     caller.require(Scope::Read)?;
     let q = query(q)?;
-    let Some(config) = app.redis.as_ref() else {
-        return Err(Error::new(
-            Code::Unavailable,
-            "this API has no Redis: fleet-wide limits live there (start `rein api` with --redis-url)"
-                .to_owned(),
-        )
-        .into());
-    };
     let keys: Vec<String> = q
         .keys
         .iter()
@@ -204,5 +201,14 @@ pub async fn list_limits(
         .filter(|k| !k.is_empty())
         .map(str::to_owned)
         .collect();
-    Ok(Json(recovery::limits(config, &keys).await?))
+    let Some(config) = app.redis.as_ref() else {
+        recovery::check_limit_keys(&keys)?;
+        let none: Vec<KeyState> = Vec::new();
+        return Ok(([(FLEET_LIMITS_HEADER, "none")], Json(none)).into_response());
+    };
+    Ok(Json(recovery::limits(config, &keys).await?).into_response())
 }
+    #[param(pattern = r"^[A-Za-z0-9:_./-]{0,128}(,[A-Za-z0-9:_./-]{0,128}){0,999}$")]
+/// Answers `GET /v1/limits` on an API without Redis: no fleet-wide limits are configured.
+const FLEET_LIMITS_HEADER: &str = "rein-fleet-limits";
+

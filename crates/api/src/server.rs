@@ -38,9 +38,11 @@ use tower::ServiceExt;
 
 use crate::ApiError;
 
-/// Largest request line plus headers read, in bytes: room for the longest URI HTTP/1.1
-/// parsing takes (65,534 bytes, so a longer one is answered 414 rather than 431) and a few
-/// headers.
+/// Largest request line plus headers accepted, in bytes (as sent: `NAME: VALUE\r\n` per
+/// header): room for the longest URI HTTP/1.1 parsing takes (65,534 bytes, so a longer one
+/// is answered 414 rather than 431) and a few headers. hyper reads at most this much before
+/// it gives up on a head, but a head that arrives in one read may pass it by up to a read's
+/// size; [`head_bytes`] holds every request to it exactly.
 pub const HEAD_BYTES_MAX: usize = 80 * 1024;
 pub const HEADER_READ_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 pub const BODY_READ_TIMEOUT_MS_DEFAULT: u64 = 30_000;
@@ -249,8 +251,13 @@ async fn connection(
         let app = app.clone();
         let answer = Answer::begin(&answering);
         request.extensions_mut().insert(server_stopping.clone());
+        let too_large = head_bytes(&request) > HEAD_BYTES_MAX;
         async move {
-            let response = app.oneshot(request).await;
+            let response = if too_large {
+                Ok(head_too_large())
+            } else {
+                app.oneshot(request).await
+            };
             drop(answer);
             response
         }
@@ -271,6 +278,41 @@ async fn connection(
     if let Err(e) = ended {
         tracing::debug!(%peer, error = %e, "connection ended");
     }
+}
+
+/// The size of `request`'s line and headers as a client sends them: `METHOD URI VERSION\r\n`,
+/// `NAME: VALUE\r\n` per header and the empty line.
+pub fn head_bytes<B>(request: &hyper::Request<B>) -> usize {
+    let target = request
+        .uri()
+        .path_and_query()
+        .map_or(request.uri().path().len(), |p| p.as_str().len());
+    let line = request.method().as_str().len() + 1 + target + 1 + "HTTP/1.1".len() + 2;
+    let headers: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + 2 + value.len() + 2)
+        .sum();
+    line + headers + 2
+}
+
+/// The answer to a head over [`HEAD_BYTES_MAX`]: 431 with the API's error body, the
+/// connection closed (its body, if any, is not read).
+fn head_too_large() -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let mut response = ApiError::from(rein_ops::Error::new(
+        rein_ops::Code::HeadersTooLarge,
+        format!(
+            "the request line and headers are larger than this server accepts ({HEAD_BYTES_MAX} bytes); \
+             send large values in the request body"
+        ),
+    ))
+    .into_response();
+    response.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 /// Given to every request: resolves once the server stops, so that an answer that would

@@ -366,6 +366,20 @@ pub enum RunsCommand {
     },
 }
 
+    /// List the keys of runs whose markers a redaction wrote before markers were keyed (a
+    /// plain sha256 of the value, which a reader of the log can reverse for a guessable
+    /// value such as a phone number). `rein runs redact RUN --fields KEY` with
+    /// REIN_REDACTION_KEY set replaces them by keyed ones, and the key leaves this list.
+    UnkeyedRedactions {
+        #[command(flatten)]
+        db: rein_process::DbArgs,
+        /// Only this run's keys.
+        #[arg(long)]
+        run: Option<Uuid>,
+        /// One JSON object per key (`run_id`, `field`, `redacted_at`), as an array.
+        #[arg(long)]
+        json: bool,
+    },
 /// `--status` takes exactly the statuses a run can have: anything else is a usage error
 /// (exit 1) that lists them, not a filter that matches nothing.
 fn run_status_parser() -> clap::builder::PossibleValuesParser {
@@ -1091,7 +1105,7 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
             json,
         } => {
             let store = match connect(&db, false).await {
-                Ok(s) => s,
+                Ok(s) => s.with_redaction_key(key),
                 Err(code) => return code,
             };
             let body = rein_ops::moves::RedactBody { fields, reason };
@@ -1102,7 +1116,14 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
                 }
                 Ok(done) => {
                     println!(
-                        "redacted {} in run {run}: {} value(s) replaced by their hash, in {} event(s)",
+                        "redacted {} in run {run}: {} value(s) replaced by their keyed hash, in {} event(s)",
+            let key = match rein_process::redaction_key() {
+                Ok(key) => key,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return exit::INPUT;
+                }
+            };
                         done.fields.join(", "),
                         done.hashes.len(),
                         done.events
@@ -1136,6 +1157,39 @@ pub fn openapi() -> u8 {
         Err(e) => {
             eprintln!("error: cannot render the OpenAPI document: {e}");
             exit::INPUT
+        RunsCommand::UnkeyedRedactions { db, run, json } => {
+            let store = match connect(&db, false).await {
+                Ok(s) => s,
+                Err(code) => return code,
+            };
+            match store.unkeyed_redactions(run).await {
+                Ok(keys) if json => {
+                    print_json(&json!(keys));
+                    exit::OK
+                }
+                Ok(keys) if keys.is_empty() => {
+                    println!("no unkeyed redaction markers");
+                    exit::OK
+                }
+                Ok(keys) => {
+                    for k in &keys {
+                        println!(
+                            "{}  {}  redacted {}",
+                            k.run_id,
+                            k.field,
+                            k.redacted_at.to_rfc3339()
+                        );
+                    }
+                    println!(
+                        "{} key(s) hold unkeyed markers; with REIN_REDACTION_KEY set, \
+                         `rein runs redact RUN --fields KEY --reason ...` replaces them by keyed ones",
+                        keys.len()
+                    );
+                    exit::OK
+                }
+                Err(e) => rein_process::report(&e),
+            }
+        }
         }
     }
 }

@@ -1183,7 +1183,7 @@ struct Contract {
 
 impl Contract {
     async fn start(prefix: &str) -> Contract {
-        // `GET /v1/limits` reads the API's Redis: without one it answers 503.
+        // `GET /v1/limits` reads the API's Redis: without one its list is always empty.
         let redis = PrivateRedis::start(free_port(), &common::tmp_dir(&format!("{prefix}_redis")));
         let api = Api::start(prefix, &["--redis-url", &redis.url()]).await;
         let token = api.token("contract", &["admin"]);
@@ -1917,4 +1917,26 @@ async fn only_a_json_object_is_a_request_body() {
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_on_an_api_without_redis_are_an_empty_list_saying_none_are_configured() {
+    let api = Api::start("limits_no_redis", &[]).await;
+    let token = api.token("viewer", &["read"]);
+    let r = api.get("/v1/limits", Some(&token)).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        r.headers()
+            .get("rein-fleet-limits")
+            .and_then(|v| v.to_str().ok()),
+        Some("none")
+    );
+    assert_eq!(r.json::<Value>().await.unwrap(), json!([]));
+    // Keys are still checked.
+    let r = api
+        .get("/v1/limits?keys=not%20a%20key", Some(&token))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
 }

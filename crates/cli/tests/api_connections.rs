@@ -456,6 +456,33 @@ async fn exchange(server: &str, raw: &[u8]) -> String {
     until_closed(&mut conn, CLOSED_WITHIN).await
 }
 
+/// A request to `/healthz` whose line and headers are exactly `size` bytes, sent at once.
+fn head_of(size: usize) -> Vec<u8> {
+    let start = "GET /healthz HTTP/1.1\r\nHost: rein\r\nConnection: close\r\nX-Filler: ";
+    let end = "\r\n\r\n";
+    let head = format!("{start}{}{end}", "a".repeat(size - start.len() - end.len()));
+    assert_eq!(head.len(), size);
+    head.into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_head_is_held_to_the_documented_80_kib_exactly() {
+    let api = Api::start("conn_head", &[]).await;
+    let server = host(&api);
+    let max = rein_api::server::HEAD_BYTES_MAX;
+    assert_eq!(
+        max,
+        80 * 1024,
+        "the README and the 431's description say 80 KiB"
+    );
+    let (status, _, _) = parse(&exchange(&server, &head_of(max)).await);
+    assert_eq!(status, 200, "a head of exactly 80 KiB is served");
+    for over in [max + 1, max + 8 * 1024, max + 40 * 1024] {
+        let answer = exchange(&server, &head_of(over)).await;
+        assert_json_error(&answer, 431, "headers_too_large");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_refused_below_the_handlers_get_the_json_error_body() {
     let api = Api::start("conn_transport", &["--body-limit-bytes", "4096"]).await;

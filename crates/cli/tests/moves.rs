@@ -594,16 +594,57 @@ async fn the_api_migrates_with_the_admin_scope_and_forks_with_operate() {
     );
     let history = api.store.history(runs[0]).await.unwrap();
     assert_eq!(history.last().unwrap().payload["by"], "operator:boss");
+    // A migration to the version it starts from is a conflict, and the document says so.
+    let (status, doc) = api
+        .post_json(
+            "/v1/definitions/order/migrate",
+            &admin,
+            &json!({"from": 2, "to": 2}),
+        )
+        .await;
+    assert_eq!(status, 409, "{doc}");
+    let (_, openapi) = api.get_json("/openapi.json", &admin).await;
+    assert!(
+        openapi["paths"]["/v1/definitions/{name}/migrate"]["post"]["responses"]["409"].is_object(),
+        "migrate's 409 is documented"
+    );
 
     let (status, doc) = api
         .post_json(
             &format!("/v1/runs/{}/fork", runs[1]),
             &operate,
-            &json!({"at": 1}),
+            &json!({"at": 1, "reason": "retry with the new rule"}),
         )
         .await;
     assert_eq!(status, 201, "{doc}");
     assert_eq!(doc["forked_from"], runs[1].to_string());
+    let fork: Uuid = doc["run_id"].as_str().unwrap().parse().unwrap();
+    let first = &api.store.history(fork).await.unwrap()[0];
+    assert_eq!(first.kind, "RUN_FORKED");
+    assert_eq!(
+        (&first.payload["reason"], &first.payload["by"]),
+        (&json!("retry with the new rule"), &json!("operator:op")),
+        "the fork's reason is recorded"
+    );
+    let (status, doc) = api
+        .post_json(
+            &format!("/v1/runs/{}/fork", runs[1]),
+            &operate,
+            &json!({"at": 1, "reason": "a\u{0}b"}),
+        )
+        .await;
+    assert_eq!(status, 422, "{doc}");
+    assert_eq!(doc["error"]["details"]["field"], "reason", "{doc}");
+    // A sequence past the log: the run is there, its log is shorter (not a 404).
+    let (status, doc) = api
+        .post_json(
+            &format!("/v1/runs/{}/fork", runs[1]),
+            &operate,
+            &json!({"at": 999}),
+        )
+        .await;
+    assert_eq!(status, 409, "{doc}");
+    assert_eq!(doc["error"]["details"]["field"], "at", "{doc}");
     let (status, doc) = api
         .post_json(
             &format!("/v1/runs/{}/fork", runs[1]),
@@ -654,8 +695,10 @@ async fn a_fork_with_a_changed_prompt_asks_the_model_again_and_ends_differently(
     let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
     tokio::spawn(standin.clone().serve(listener));
     let mut fleet = Fleet::new(&url, "moves_prompt");
+    let binding = format!("OPENAI_API_KEY={base_url}");
     let env = [
         ("REIN_MODEL_URL", base_url.as_str()),
+        ("REIN_MODEL_KEYS", binding.as_str()),
         ("OPENAI_API_KEY", "sk-test-very-secret-key-0123456789"),
     ];
     fleet.spawn_env(
@@ -695,10 +738,8 @@ async fn a_fork_with_a_changed_prompt_asks_the_model_again_and_ends_differently(
     let looked_up = history
         .iter()
         .find(|e| e.kind == "TOOL_SUCCEEDED")
-    let binding = format!("OPENAI_API_KEY={base_url}");
         .expect("the lookup's result")
         .sequence;
-        ("REIN_MODEL_KEYS", binding.as_str()),
     store.register_definition(&parse(&v2)).await.unwrap();
     let asked_before = standin.requests().len();
 

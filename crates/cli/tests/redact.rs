@@ -49,6 +49,19 @@ to = "DONE"
 guard = "run.data.amount > 0"
 "#;
 
+/// The deployment's redaction key in these tests (`REIN_REDACTION_KEY`).
+const KEY: &str = "redaction-key-of-these-tests-0123456789abcdef";
+const KEY_ENV: [(&str, &str); 1] = [("REIN_REDACTION_KEY", KEY)];
+
+fn key() -> rein_core::redact::RedactionKey {
+    rein_core::redact::RedactionKey::new(KEY).unwrap()
+}
+
+/// `rein ARGS` with the tests' redaction key.
+fn rein_keyed(args: &[&str]) -> std::process::Output {
+    rein_with(args, &KEY_ENV)
+}
+
 async fn send(store: &Store, run: Uuid, event: &str, payload: Value) {
     store
         .send(run, event, payload, &Sender::Engine("test".into()), 60_000)
@@ -95,7 +108,7 @@ async fn named_keys_are_forgotten_everywhere_and_the_run_still_verifies() {
     assert!(before.contains("ada@example.org") && before.contains("+44 20 7946 0000"));
 
     // A key the definition's guard reads cannot go: the replay would decide differently.
-    let out = rein(&[
+    let out = rein_keyed(&[
         "runs",
         "redact",
         &run.to_string(),
@@ -114,7 +127,7 @@ async fn named_keys_are_forgotten_everywhere_and_the_run_still_verifies() {
         "a refusal writes nothing"
     );
 
-    let out = rein(&[
+    let out = rein_keyed(&[
         "runs",
         "redact",
         &run.to_string(),
@@ -136,12 +149,27 @@ async fn named_keys_are_forgotten_everywhere_and_the_run_still_verifies() {
         assert!(!after.contains(value), "{value} is still stored");
     }
     assert!(after.contains("$redacted"));
-    let marker = rein_core::redact::marker(&json!("ada.l@example.org"));
+    let marker = rein_core::redact::marker(&key(), &json!("ada.l@example.org"));
     let row = store.run(run).await.unwrap();
     assert_eq!(
         row.projection.data["email"], marker,
-        "the projection holds the hash"
+        "the projection holds the keyed hash"
     );
+    // Not the plain sha256 a reader could compute from a guess of the value.
+    for value in ["ada@example.org", "ada.l@example.org", "+44 20 7946 0000"] {
+        let plain =
+            rein_core::hash::sha256_hex(rein_core::hash::canonical_json(&json!(value)).as_bytes());
+        assert!(
+            !after.contains(&plain),
+            "the unkeyed hash of {value} is stored"
+        );
+    }
+    let (keyed,): (bool,) = sqlx::query_as("SELECT keyed FROM rein_redactions WHERE run_id = $1")
+        .bind(run)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert!(keyed, "the redaction is recorded as keyed");
     assert_eq!(
         store.verify_run(run).await.unwrap(),
         None,
@@ -158,7 +186,7 @@ async fn named_keys_are_forgotten_everywhere_and_the_run_still_verifies() {
         ("dpo", "erasure request 4711")
     );
     // Again: nothing left to replace.
-    let out = rein(&[
+    let out = rein_keyed(&[
         "runs",
         "redact",
         &run.to_string(),
@@ -228,7 +256,7 @@ async fn the_api_user_redacts_a_run_and_forgets_the_blobs_only_finished_redacted
     let token = common::token(&url, "dpo", &["read", "operate"]);
     let reader = common::token(&url, "viewer", &["read"]);
     let mut api_fleet = Fleet::new(&api_url, "redact-api");
-    let address = api_fleet.spawn_server("api", &["api", "--listen", "127.0.0.1:0"]);
+    let address = api_fleet.spawn_server_env("api", &["api", "--listen", "127.0.0.1:0"], &KEY_ENV);
     let client = reqwest::Client::new();
 
     // A and B finish; C waits for its event.
@@ -266,6 +294,12 @@ async fn the_api_user_redacts_a_run_and_forgets_the_blobs_only_finished_redacted
         .await
         .unwrap();
     assert_eq!(r.status(), reqwest::StatusCode::UNPROCESSABLE_ENTITY);
+    let r = redact(a, json!({"fields": ["email"], "reason": "a\u{0}b"}), &token)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::UNPROCESSABLE_ENTITY);
+    let refused: Value = r.json().await.unwrap();
+    assert_eq!(refused["error"]["details"]["field"], "reason", "{refused}");
     let r = redact(a, json!({"fields": ["amount"], "reason": "x"}), &token)
         .await
         .unwrap();
@@ -351,4 +385,154 @@ async fn the_api_user_redacts_a_run_and_forgets_the_blobs_only_finished_redacted
         "{forged}"
     );
     assert_eq!(admin.run(a).await.unwrap().projection.data["amount"], 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redaction_without_a_key_is_refused_saying_what_to_set_and_writes_nothing() {
+    let (url, store) = fresh_store("redact_nokey").await;
+    let def = Definition::parse(PROFILE, Format::Toml, &GuardRegistry::new()).unwrap();
+    store.register_definition(&def).await.unwrap();
+    let run = enqueue_many(
+        &store,
+        "profile",
+        json!({"email": "ada@example.org", "amount": 5}),
+        "default",
+        1,
+    )
+    .await[0];
+    let before = stored_text(&store, run).await;
+    let args = [
+        "runs",
+        "redact",
+        &run.to_string(),
+        "--fields",
+        "email",
+        "--reason",
+        "asked",
+        "--database-url",
+        &url,
+    ];
+    let out = rein_with(&args, &[]);
+    assert!(!out.status.success());
+    let said = stderr(&out);
+    assert!(
+        said.contains("REIN_REDACTION_KEY") && said.contains("openssl rand -hex 32"),
+        "{said}"
+    );
+    // A key too short to keep the markers from being guessed is refused as well.
+    let out = rein_with(&args, &[("REIN_REDACTION_KEY", "hunter2")]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("too short"), "{}", stderr(&out));
+
+    // The API started without a key answers 503 with the same advice.
+    let mut fleet = Fleet::new(&url, "redact-nokey");
+    let address = fleet.spawn_server("api", &["api", "--listen", "127.0.0.1:0"]);
+    let token = common::token(&url, "dpo", &["operate"]);
+    let r = reqwest::Client::new()
+        .post(format!("{address}/v1/runs/{run}/redact"))
+        .bearer_auth(&token)
+        .json(&json!({"fields": ["email"], "reason": "asked"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unavailable", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("REIN_REDACTION_KEY"),
+        "{body}"
+    );
+    assert_eq!(
+        stored_text(&store, run).await,
+        before,
+        "nothing was redacted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn markers_an_unkeyed_redaction_left_are_listed_and_replaced_by_keyed_ones() {
+    let (url, store) = fresh_store("redact_rekey").await;
+    let def = Definition::parse(PROFILE, Format::Toml, &GuardRegistry::new()).unwrap();
+    store.register_definition(&def).await.unwrap();
+    let run = enqueue_many(
+        &store,
+        "profile",
+        json!({"phone": "+44 20 7946 0000", "amount": 5}),
+        "default",
+        1,
+    )
+    .await[0];
+    // What a release before keyed markers wrote: the plain sha256 of the value, through the
+    // function it called.
+    let plain = rein_core::hash::sha256_hex(
+        rein_core::hash::canonical_json(&json!("+44 20 7946 0000")).as_bytes(),
+    );
+    let old = json!({"$redacted": {"sha256": plain}});
+    let row = store.run(run).await.unwrap();
+    let mut input = store.run_input(run).await.unwrap();
+    input["phone"] = old.clone();
+    let mut projection = serde_json::to_value(&row.projection).unwrap();
+    projection["data"]["phone"] = old.clone();
+    let (outcome,): (String,) = sqlx::query_as(
+        "SELECT outcome FROM rein_apply_redaction($1, $2, ARRAY['phone'], $3, $4, '[]', '[]', '[]', 'dpo', 'old release')",
+    )
+    .bind(run)
+    .bind(row.last_sequence as i64)
+    .bind(&input)
+    .bind(&projection)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(outcome, "redacted");
+    assert!(stored_text(&store, run).await.contains(&plain));
+
+    let listed = |args: &[&str]| {
+        let out = rein(args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_str::<Value>(&stdout(&out)).unwrap()
+    };
+    let list = [
+        "runs",
+        "unkeyed-redactions",
+        "--json",
+        "--database-url",
+        &url,
+    ];
+    let unkeyed = listed(&list);
+    assert_eq!(unkeyed.as_array().unwrap().len(), 1, "{unkeyed}");
+    assert_eq!(unkeyed[0]["run_id"], json!(run), "{unkeyed}");
+    assert_eq!(unkeyed[0]["field"], "phone", "{unkeyed}");
+
+    // Redacting the key again, now with the key, replaces the old marker by a keyed one.
+    let out = rein_keyed(&[
+        "runs",
+        "redact",
+        &run.to_string(),
+        "--fields",
+        "phone",
+        "--reason",
+        "re-key the old markers",
+        "--json",
+        "--database-url",
+        &url,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        !stored_text(&store, run).await.contains(&plain),
+        "the unkeyed hash is gone"
+    );
+    let row = store.run(run).await.unwrap();
+    assert_eq!(
+        row.projection.data["phone"],
+        rein_core::redact::rekeyed(&key(), &old)
+    );
+    assert_eq!(
+        store.verify_run(run).await.unwrap(),
+        None,
+        "it still verifies"
+    );
+    assert_eq!(listed(&list), json!([]), "nothing unkeyed is left");
 }

@@ -284,6 +284,17 @@ async fn last_event_id_resumes_after_the_event_it_names_without_repeats() {
         assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {v}");
         assert_eq!(common::code(&v), "validation_failed");
     }
+    // A negative `after` is refused even when a Last-Event-ID would win over it.
+    let (s, v) = common::json_of(
+        api.get(&format!("/v1/runs/{run}/stream?after=-1"), Some(&token))
+            .header("last-event-id", "2")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert_eq!(v["error"]["details"]["field"], "after", "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

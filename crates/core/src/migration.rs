@@ -179,21 +179,28 @@ pub fn fork_snapshot(
     Ok(snapshot)
 }
 
-/// The RUN_FORKED payload of a fork of `source_run_id` at `at_sequence`.
+/// The RUN_FORKED payload of a fork of `source_run_id` at `at_sequence`, recording who forked
+/// it and why. The reducer reads only `snapshot`, so a log with or without `reason` replays
+/// the same on every release.
 pub fn fork_payload(
     source_run_id: &str,
     at_sequence: u64,
     source_version: u32,
     snapshot: &RunState,
     by: &str,
+    reason: Option<&str>,
 ) -> Value {
-    json!({
+    let mut payload = json!({
         "source_run_id": source_run_id,
         "at_sequence": at_sequence,
         "source_version": source_version,
         "snapshot": snapshot,
         "by": by,
-    })
+    });
+    if let Some(reason) = reason {
+        payload["reason"] = json!(reason);
+    }
+    payload
 }
 
 /// The version a run's log starts on: the `from_version` of its first DEFINITION_MIGRATED

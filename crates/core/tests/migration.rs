@@ -181,7 +181,7 @@ fn a_fork_starts_from_the_snapshot_and_only_as_a_first_event() {
     )
     .unwrap();
     assert_eq!(snapshot.data, json!({"n": 5}));
-    let payload = rein_core::migration::fork_payload("src", 1, 1, &snapshot, "op");
+    let payload = rein_core::migration::fork_payload("src", 1, 1, &snapshot, "op", Some("why"));
     let start = RunState::initial(&v1, json!({"n": 1}));
     let forked = apply(&v1, &start, &Event::new(1, "RUN_FORKED", payload.clone())).unwrap();
     assert_eq!(

@@ -544,7 +544,21 @@ async fn start_api(store: &Store) -> Result<DemoApi, u8> {
             return Err(exit::INPUT);
         }
     };
-    let app = rein_api::router(store.clone(), false, rein_api::Limits::default(), None);
+    // Redaction works in the demo: with REIN_REDACTION_KEY's key when it is set, else with
+    // one made for this demo alone.
+    let key = rein_process::redaction_key().ok().flatten().or_else(|| {
+        let secret: String = rand::random::<[u8; 32]>()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        rein_core::redact::RedactionKey::new(&secret).ok()
+    });
+    let app = rein_api::router(
+        store.clone().with_redaction_key(key),
+        false,
+        rein_api::Limits::default(),
+        None,
+    );
     // Serves until the demo's process exits.
     tokio::spawn(rein_api::serve_in_process(
         listener,

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::error::Error;
+use crate::error::{Code, Error};
 
 /// Most runs one migration moves (or lists in a dry run).
 pub const MIGRATE_RUNS_MAX: usize = 100_000;
@@ -96,8 +96,10 @@ fn check_reason(reason: Option<&str>) -> Result<(), Error> {
         Some(r) if r.len() > REASON_BYTES_MAX => Err(Error::validation(format!(
             "reason is {} bytes; the limit is {REASON_BYTES_MAX}",
             r.len()
-        ))),
-        _ => Ok(()),
+        ))
+        .with_details(json!({ "field": "reason" }))),
+        Some(r) => Ok(rein_store::input::check_text("reason", r)?),
+        None => Ok(()),
     }
 }
 
@@ -385,6 +387,7 @@ pub async fn fork(
                 rein_store::INPUT_BYTES_MAX
             )));
         }
+        rein_store::input::check_data("input_patch", patch)?;
     }
     let at_sequence = match body.at {
         Some(at) if at >= 1 => at,
@@ -405,12 +408,13 @@ pub async fn fork(
         .with_details(json!({ "field": "version" })));
     }
     let row = store.run(source).await?;
-    // A sequence past the log names no event: not found, like a run that is not there.
+    // A sequence past the log names no event yet: the run is there, its log is not that
+    // long (a conflict with its state, not a missing resource).
     let at = store
         .state_at(source, at_sequence)
         .await
         .map_err(|e| match e {
-            StoreError::Invalid(m) => Error::not_found(m),
+            StoreError::Invalid(m) => Error::conflict(m).with_details(json!({ "field": "at" })),
             other => other.into(),
         })?;
     let version = body.version.unwrap_or(at.version);
@@ -452,7 +456,15 @@ pub async fn fork(
     request.priority = row.priority;
     request.enqueued_by = Some(by.to_owned());
     let run_id = store
-        .fork(token, source, at_sequence, request, &snapshot, by)
+        .fork(
+            token,
+            source,
+            at_sequence,
+            request,
+            &snapshot,
+            by,
+            body.reason.as_deref(),
+        )
         .await?;
     Ok(ForkResponse {
         run_id,
@@ -516,8 +528,17 @@ pub async fn redact(
             .may_act_on(&row.queue)
             .map_err(StoreError::OutOfBounds)?;
     }
+    let Some(key) = store.redaction_key() else {
+        return Err(Error::new(
+            Code::Unavailable,
+            format!(
+                "redaction is off here: markers are keyed hashes and no key was given; {}",
+                rein_core::redact::key_advice()
+            ),
+        ));
+    };
     let done = store
-        .redact_run(run_id, &body.fields, by, &body.reason)
+        .redact_run(run_id, &body.fields, key, by, &body.reason)
         .await?;
     Ok(RedactResponse {
         run_id: done.run_id,

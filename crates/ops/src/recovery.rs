@@ -166,10 +166,8 @@ pub async fn resolve(
     })
 }
 
-/// The fleet-wide limits' state in Redis: how far ahead each rate is booked, how far ahead
-/// deferred runs were sent, and who holds concurrency slots; for `keys`, or for every key in
-/// use when none is named.
-pub async fn limits(config: &RedisConfig, keys: &[String]) -> Result<Vec<KeyState>, Error> {
+/// Refuses `keys` unless each is a limit key, and at most [`LIMIT_KEYS_MAX`] of them.
+pub fn check_limit_keys(keys: &[String]) -> Result<(), Error> {
     if keys.len() > LIMIT_KEYS_MAX {
         return Err(Error::validation(format!(
             "at most {LIMIT_KEYS_MAX} limit keys at once"
@@ -195,3 +193,10 @@ pub async fn limits(config: &RedisConfig, keys: &[String]) -> Result<Vec<KeyStat
         .await
         .map_err(unreachable)
 }
+}
+
+/// The fleet-wide limits' state in Redis: how far ahead each rate is booked, how far ahead
+/// deferred runs were sent, and who holds concurrency slots; for `keys`, or for every key in
+/// use when none is named.
+pub async fn limits(config: &RedisConfig, keys: &[String]) -> Result<Vec<KeyState>, Error> {
+    check_limit_keys(keys)?;

@@ -76,6 +76,16 @@ pub async fn open(store: &Store, run_id: Uuid, token: Option<&TokenInfo>) -> Res
 /// The `after` a follower starts from: `Last-Event-ID` (a reconnecting SSE client's) or the
 /// `after` it asked for, checked.
 pub fn start_after(last_event_id: Option<&str>, after: Option<i64>) -> Result<i64, Error> {
+    let negative = |field: &str| {
+        Error::validation(format!(
+            "{field} must be a sequence number (0 or more): the `id` of the last event read"
+        ))
+        .with_details(json!({ "field": field }))
+    };
+    // Checked even when a Last-Event-ID wins over it: a bad parameter is refused, not ignored.
+    if after.is_some_and(|n| n < 0) {
+        return Err(negative("after"));
+    }
     let after = match last_event_id.map(str::trim) {
         Some(text) => Some(text.parse::<i64>().map_err(|_| {
             Error::validation(format!(
@@ -87,10 +97,7 @@ pub fn start_after(last_event_id: Option<&str>, after: Option<i64>) -> Result<i6
         None => after,
     };
     match after.unwrap_or(0) {
-        n if n < 0 => Err(Error::validation(
-            "after must be a sequence number (0 or more): the `id` of the last event read",
-        )
-        .with_details(json!({ "field": "after" }))),
+        n if n < 0 => Err(negative("Last-Event-ID")),
         n => Ok(n),
     }
 }

@@ -140,6 +140,20 @@ pub async fn open(db: &DbArgs) -> Result<Store, u8> {
         .map_err(|e| report(&e))
 }
 
+/// The redaction key `REIN_REDACTION_KEY` holds, if it is set; what is wrong with it when it
+/// cannot key markers (too short, not text).
+pub fn redaction_key() -> Result<Option<rein_core::redact::RedactionKey>, String> {
+    use rein_core::redact::{REDACTION_KEY_ENV, RedactionKey, key_advice};
+    match std::env::var(REDACTION_KEY_ENV) {
+        Ok(secret) if secret.trim().is_empty() => Ok(None),
+        Ok(secret) => RedactionKey::new(&secret).map(Some),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(format!("{REDACTION_KEY_ENV} is not text: {}", key_advice()))
+        }
+    }
+}
+
 /// Prints an error and picks its exit code from the README's table: a database that cannot
 /// be reached or used 3, a refusal (invalid transition, conflict, an event the sender may
 /// not send) 2, a missing right 4, bad input (a malformed URL, an unknown run) 1.

@@ -65,7 +65,7 @@ pub use reads::{
     Budgeted, EventAt, EventTime, ID_PREFIX_LEN_MAX, PageView, ROW_BYTES_BESIDES_JSON, Recovered,
     RunFilter, RunRow, StoredEvent, id_prefix_range,
 };
-pub use redact::{REDACT_REASON_BYTES_MAX, Redacted};
+pub use redact::{REDACT_REASON_BYTES_MAX, Redacted, UnkeyedRedaction};
 pub use retention::{
     ARCHIVE_BATCH_MAX, ArchiveCandidates, ArchivedBatch, EventRange, EventsTableSize,
     MonthCandidate, MonthMoved,
@@ -140,6 +140,9 @@ pub struct Store {
     tree_bounds: rein_core::join::TreeBounds,
     /// Which of its queues a claim serves first this time (round robin, SPEC Z4).
     claim_turn: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// The key redaction markers are made with ([`Store::with_redaction_key`]); without
+    /// one, this store does not redact.
+    redaction_key: Option<std::sync::Arc<rein_core::redact::RedactionKey>>,
 }
 
 impl Store {
@@ -219,6 +222,7 @@ impl Store {
             approver_separation: false,
             tree_bounds: rein_core::join::TreeBounds::default(),
             claim_turn: Default::default(),
+            redaction_key: None,
         }
     }
 
@@ -228,6 +232,16 @@ impl Store {
     pub fn with_approver_separation(mut self, on: bool) -> Store {
         self.approver_separation = on;
         self
+    }
+
+    /// Redacts with `key` (`REIN_REDACTION_KEY`): its markers are keyed hashes of the values.
+    pub fn with_redaction_key(mut self, key: Option<rein_core::redact::RedactionKey>) -> Store {
+        self.redaction_key = key.map(std::sync::Arc::new);
+        self
+    }
+
+    pub fn redaction_key(&self) -> Option<&rein_core::redact::RedactionKey> {
+        self.redaction_key.as_deref()
     }
 
     /// Holds every fan-out this store commits to `bounds` (by default 4 deep and 1,000

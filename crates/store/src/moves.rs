@@ -249,7 +249,7 @@ impl Store {
 
     /// Creates a fork of `source` at `at_sequence` (SPEC E6): a new run made by `request`
     /// (its definition, input, queue; linked to the source as its parent) whose first event
-    /// is RUN_FORKED carrying `snapshot`, in one transaction with its creation, so no worker
+    /// is RUN_FORKED carrying `snapshot` (and who forked it, and why), in one transaction with its creation, so no worker
     /// ever sees it before. It inherits the source's ledger entries of the steps the snapshot
     /// has made (their idempotency keys), so `rein why` shows them and a retried step keeps
     /// its key. The source is not touched.
@@ -261,6 +261,7 @@ impl Store {
         mut request: EnqueueRequest,
         snapshot: &RunState,
         by: &str,
+        reason: Option<&str>,
     ) -> Result<Uuid, StoreError> {
         if let Some(token) = token {
             token
@@ -280,6 +281,7 @@ impl Store {
             snapshot.version,
             snapshot,
             by,
+            reason,
         );
         let mut tx = self.pool().begin().await?;
         let created = enqueue_on(&mut tx, std::slice::from_ref(&request))

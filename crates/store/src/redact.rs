@@ -1,8 +1,11 @@
 //! Redacting a run (`rein runs redact`): named data keys replaced by their markers in the
 //! run's input, every event that carries them, its projection and its checkpoints, in one
 //! transaction, and only if the redacted log still replays to the redacted projection.
+//! Markers are keyed ([`rein_core::redact::RedactionKey`]); those a redaction wrote before
+//! they were (`rein_redactions.keyed` false) are listed by [`Store::unkeyed_redactions`] and
+//! replaced by keyed ones the next time the run's key is redacted.
 
-use rein_core::redact::{fields_problem, redact_object, redact_payload, refusal};
+use rein_core::redact::{Redaction, RedactionKey, fields_problem, refusal};
 use rein_core::{Event, RunState};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -29,6 +32,15 @@ pub struct Redacted {
     pub blobs_deleted: Vec<String>,
 }
 
+/// A key of a run whose stored markers are unkeyed ([`Store::unkeyed_redactions`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct UnkeyedRedaction {
+    pub run_id: Uuid,
+    pub field: String,
+    /// When the last unkeyed redaction of the key was recorded.
+    pub redacted_at: chrono::DateTime<chrono::Utc>,
+}
+
 fn moved(run_id: Uuid) -> StoreError {
     StoreError::Conflict(format!(
         "run {run_id} gained events while it was being redacted; nothing was redacted: try again"
@@ -36,7 +48,40 @@ fn moved(run_id: Uuid) -> StoreError {
 }
 
 impl Store {
-    /// Redacts `fields` of run `run_id` as `by`, for `reason`. Refused while a worker holds
+    /// The keys of run `run_id` (every run's when `None`) whose stored markers a redaction
+    /// wrote before markers were keyed and no keyed redaction of the key has replaced since:
+    /// a reader of the log can reverse such a marker of a guessable value. (run, key, when
+    /// it was redacted), oldest first.
+    pub async fn unkeyed_redactions(
+        &self,
+        run_id: Option<Uuid>,
+    ) -> Result<Vec<UnkeyedRedaction>, StoreError> {
+        let rows: Vec<(Uuid, String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+            "SELECT r.run_id, f.field, max(r.redacted_at)
+             FROM rein_redactions r CROSS JOIN LATERAL unnest(r.fields) AS f(field)
+             WHERE NOT r.keyed AND ($1::uuid IS NULL OR r.run_id = $1)
+               AND NOT EXISTS (
+                   SELECT 1 FROM rein_redactions k
+                   WHERE k.run_id = r.run_id AND k.keyed AND k.redacted_at > r.redacted_at
+                     AND f.field = ANY (k.fields))
+             GROUP BY r.run_id, f.field
+             ORDER BY max(r.redacted_at), r.run_id, f.field",
+        )
+        .bind(run_id)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(run_id, field, redacted_at)| UnkeyedRedaction {
+                run_id,
+                field,
+                redacted_at,
+            })
+            .collect())
+    }
+
+    /// Redacts `fields` of run `run_id` as `by`, for `reason`, with markers keyed by `key`;
+    /// markers of these keys an unkeyed redaction left are replaced by keyed ones. Refused while a worker holds
     /// the run, when the definition reads a field, or when the redacted log would not replay
     /// to the redacted projection (nothing is written then). Of a finished run, the blobs
     /// that only finished, redacted runs refer to are deleted. Needs no privilege on the log:
@@ -46,6 +91,7 @@ impl Store {
         &self,
         run_id: Uuid,
         fields: &[String],
+        key: &RedactionKey,
         by: &str,
         reason: &str,
     ) -> Result<Redacted, StoreError> {
@@ -61,6 +107,7 @@ impl Store {
                 reason: format!("say why in 1..={REDACT_REASON_BYTES_MAX} bytes (the reason)"),
             });
         }
+        crate::input::check_text("reason", reason)?;
         crate::input::check_text("by", by)?;
         let row = self.run(run_id).await?;
         let events: Vec<Event> = self
@@ -99,12 +146,24 @@ impl Store {
         if events.last().map_or(0, |e| e.sequence as i64) != last_sequence {
             return Err(moved(run_id));
         }
+        let rekey: Vec<String> = self
+            .unkeyed_redactions(Some(run_id))
+            .await?
+            .into_iter()
+            .map(|u| u.field)
+            .filter(|f| fields.contains(f))
+            .collect();
+        let redaction = Redaction {
+            key,
+            fields,
+            rekey: &rekey,
+        };
         let mut hashes = Vec::new();
         let mut input = input;
-        hashes.extend(redact_object(&mut input, fields));
+        hashes.extend(redaction.object(&mut input));
         let mut redacted_events = events.clone();
         for e in &mut redacted_events {
-            hashes.extend(redact_payload(&mut e.payload, fields));
+            hashes.extend(redaction.payload(&mut e.payload));
         }
         let changed: Vec<Value> = events
             .iter()
@@ -115,7 +174,7 @@ impl Store {
         let events_changed = changed.len();
         let mut state: RunState = serde_json::from_value(projection)
             .map_err(|e| StoreError::Corrupt(format!("projection: {e}")))?;
-        hashes.extend(redact_object(&mut state.data, fields));
+        hashes.extend(redaction.object(&mut state.data));
         // The promise of a redaction: the reducer sees the markers and still reaches the
         // (redacted) projection, so `rein runs verify` keeps holding.
         let first = rein_core::migration::first_version(row.version, redacted_events.iter());
@@ -154,7 +213,7 @@ impl Store {
             .into_iter()
             .filter_map(|(sequence, mut state)| {
                 let data = state.get_mut("data")?;
-                (!redact_object(data, fields).is_empty())
+                (!redaction.object(data).is_empty())
                     .then(|| json!({ "sequence": sequence, "state": state }))
             })
             .collect();
@@ -164,7 +223,7 @@ impl Store {
         // moved and no worker took it since it was read (`rein_apply_redaction`).
         let (outcome, blobs_deleted): (String, Vec<String>) = sqlx::query_as(
             "SELECT outcome, blobs_deleted
-             FROM rein_apply_redaction($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+             FROM rein_apply_keyed_redaction($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
         )
         .bind(run_id)
         .bind(last_sequence)
