@@ -900,6 +900,10 @@ pub async fn resolve(args: ResolveArgs) -> u8 {
                 .iter()
                 .map(|(name, urls)| {
                     let urls: Vec<&str> = urls
+        } else if text(m, "role") == "worker" {
+            println!(
+                "    model keys: not reported (an older release, which sends a key wherever base_url says)"
+            );
                         .as_array()
                         .into_iter()
                         .flatten()
