@@ -57,6 +57,9 @@ api=$(head -1 "$work/api.out")
 [[ $api == http://127.0.0.1:* ]] || { note "the API printed no loopback address: $api"; exit 1; }
 note "rein api at $api (database $db)"
 
-"$VENV/bin/st" --config-file scripts/schemathesis.toml run "$api/openapi.json" --url "$api" \
+# From the scratch directory: Schemathesis leaves its cache (.schemathesis/) where it runs.
+config=$PWD/scripts/schemathesis.toml
+cd "$work"
+"$VENV/bin/st" --config-file "$config" run "$api/openapi.json" --url "$api" \
   --checks all --max-examples "$EXAMPLES" --phases examples,coverage,fuzzing,stateful \
   --header "Authorization: Bearer $token" --report junit,ndjson --report-dir "$REPORT" "$@"
