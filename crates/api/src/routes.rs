@@ -911,24 +911,39 @@ async fn decide(
 /// A large payload value an event refers to by hash (`{"$blob": {"sha256": H, "bytes": N}}`
 /// in its payload, or a model prompt's message hashes), read back and checked against the
 /// hash. A token sees a blob only when a run it may read refers to it (a token bound to
-/// queues: a run in one of them); otherwise the answer is 404, as for an unknown hash. A
-/// path that is not 64 lowercase hex digits is refused like any malformed path (422).
+/// queues: a run in one of them); with `run`, only when that run, or a run it was forked
+/// from, refers to it (a fork reads its source's blobs even from another queue). A run
+/// refers to the blobs its own commits stored or found stored, never to a hash written into
+/// a payload. Otherwise the answer is 404, as for an unknown hash. A path that is not 64
+/// lowercase hex digits is refused like any malformed path (422).
 #[utoipa::path(get, path = "/v1/blobs/{sha256}", tag = "blobs",
-    params(("sha256" = inline(schema::Sha256), Path, description = "The blob's sha256: 64 lowercase hex digits")),
+    params(("sha256" = inline(schema::Sha256), Path, description = "The blob's sha256: 64 lowercase hex digits"),
+           BlobQuery),
     responses((status = 200, description = "The blob's value, size and hash", body = service::BlobView),
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the read scope", body = ErrorBody),
-              (status = 404, description = "No such blob, or none that a run this token may read refers to", body = ErrorBody)))]
+              (status = 404, description = "No such blob, or none that a run this token may read (with `run`: that run or one it was forked from) refers to", body = ErrorBody),
+              (status = 422, description = "Invalid hash or query", body = ErrorBody)))]
 async fn get_blob(
     State(app): AppState,
     Extension(caller): Extension<Caller>,
     sha256: Result<Path<String>, PathRejection>,
+    q: Result<Query<BlobQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let who = caller.require(Scope::Read)?;
     let sha256 = sha256
         .map(|Path(s)| s)
         .map_err(|e| Error::validation(format!("bad blob hash in the path: {e}")))?;
-    Ok(Json(service::blob(&app.store, &sha256, Some(who)).await?).into_response())
+    let q = query(q)?;
+    Ok(Json(service::blob(&app.store, &sha256, q.run, Some(who)).await?).into_response())
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+struct BlobQuery {
+    /// Read the blob as this run's: it or a run it was forked from must refer to it.
+    run: Option<Uuid>,
 }
 
 // ---- definitions --------------------------------------------------------------------------

@@ -103,6 +103,14 @@ async fn stats(args: StatsArgs) -> u8 {
         }
         Ok(s) => {
             println!("blobs        {}\nstored bytes {}", s.blobs, s.stored_bytes);
+            if s.refs_to_review > 0 {
+                println!(
+                    "to review    {} references recorded before commits recorded them, to blobs \
+                     another queue's runs refer to too (a forged reply's would be among them): \
+                     SELECT * FROM rein_blob_refs_to_review",
+                    s.refs_to_review
+                );
+            }
             exit::OK
         }
         Err(e) => fail(&e),

@@ -543,7 +543,7 @@ impl Backend {
     pub async fn blob(&self, sha256: &str) -> Result<Value, Error> {
         let sha256 = service::blob_hash(sha256)?;
         match self {
-            Backend::Db(store) => service::blob(store, sha256, None)
+            Backend::Db(store) => service::blob(store, sha256, None, None)
                 .await
                 .map(|view| json!(view)),
             Backend::Api(c) => c.get(&["v1", "blobs", sha256], &[]).await,

@@ -52,6 +52,44 @@ pub enum PayloadError {
     Nul { at: String },
 }
 
+/// Where `value` holds a [`BLOB_KEY`] key, at any depth (`$.result.items[2]`, the path of
+/// the object that has it), when it does. Only the engine writes that key, and only where it
+/// stored the content for the run: JSON from outside (an enqueue's input, a sent payload, a
+/// node's, tool's or model's reply) that holds one is refused, so nothing stored from outside
+/// looks like a reference to a reader at any depth.
+pub fn key_at(value: &Value) -> Option<String> {
+    // An explicit stack: outside JSON is bounded in size, not in depth.
+    let mut stack: Vec<(&Value, String)> = vec![(value, String::from("$"))];
+    while let Some((v, at)) = stack.pop() {
+        match v {
+            Value::Object(map) => {
+                if map.contains_key(BLOB_KEY) {
+                    return Some(at);
+                }
+                for (key, item) in map.iter().rev() {
+                    stack.push((item, format!("{at}.{}", crate::text::storable(key))));
+                }
+            }
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate().rev() {
+                    stack.push((item, format!("{at}[{i}]")));
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Why outside JSON holding a [`BLOB_KEY`] key at `at` ([`key_at`]) is refused; `what` names
+/// the document ("the reply", "the decision").
+pub fn key_refused(what: &str, at: &str) -> String {
+    format!(
+        "{what} holds a `{BLOB_KEY}` key at {at}: only Rein writes that key (a reference to \
+         content it stored for the run); send the value itself, or rename the key"
+    )
+}
+
 /// The reference in `value`, when `value` is one.
 pub fn reference_of(value: &Value) -> Option<BlobRef> {
     let inner = value.as_object().filter(|m| m.len() == 1)?.get(BLOB_KEY)?;
@@ -149,4 +187,28 @@ pub fn references(payload: &Value) -> Vec<BlobRef> {
         .as_object()
         .map(|m| m.values().filter_map(reference_of).collect())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_blob_key_is_found_at_any_depth_and_named_by_its_path() {
+        assert_eq!(key_at(&json!({ "a": 1, "b": [1, { "c": "x" }] })), None);
+        assert_eq!(
+            key_at(&json!({ "$blob": { "sha256": "0".repeat(64) } })).as_deref(),
+            Some("$")
+        );
+        assert_eq!(
+            key_at(&json!({ "a": { "b": [0, { "$blob": {} }] } })).as_deref(),
+            Some("$.a.b[1]")
+        );
+        // Beside other keys it is no reference, but still the engine's key.
+        assert_eq!(
+            key_at(&json!({ "x": { "$blob": 1, "y": 2 } })).as_deref(),
+            Some("$.x")
+        );
+        assert_eq!(key_at(&json!({ "blob": { "$blobs": 1 } })), None);
+    }
 }

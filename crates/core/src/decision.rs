@@ -119,6 +119,12 @@ pub fn validate(def: &Definition, run: &RunState, decision: &Value) -> Result<Va
             format!("the decision holds a NUL character (\\u0000) at {at}; it cannot be stored"),
         ));
     }
+    if let Some(at) = crate::blob::key_at(decision) {
+        return Err(Rejection::at(
+            Step::Parse,
+            crate::blob::key_refused("the decision", &at),
+        ));
+    }
     let size = decision.to_string().len();
     if size > limits::DECISION_BYTES_MAX {
         return Err(Rejection::at(

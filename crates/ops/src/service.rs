@@ -198,6 +198,9 @@ pub struct BlobView {
 pub struct BlobStatsView {
     pub blobs: i64,
     pub stored_bytes: i64,
+    /// References recorded before commits recorded them, shared with another queue: the
+    /// rows of `rein_blob_refs_to_review` an operator should look at.
+    pub refs_to_review: i64,
 }
 
 /// One page of runs, newest first; `next` continues after its last run.
@@ -816,23 +819,26 @@ pub fn blob_hash(text: &str) -> Result<&str, Error> {
 }
 
 /// The blob named `sha256`, for a reader that may see it: some run it may read refers to it
-/// (for a token bound to queues, a run in one of them; on the database, any run). Not found
-/// alike when there is no such blob and when the reader may not see it, so a hash's
+/// (for a token bound to queues, a run in one of them; on the database, any run), or with
+/// `run`, that run (which it may read) or a run it was forked from. A run refers to the
+/// blobs its commits stored or found stored, never to a hash written into a payload. Not
+/// found alike when there is no such blob and when the reader may not see it, so a hash's
 /// existence is not told to whoever guesses it.
 pub async fn blob(
     store: &Store,
     sha256: &str,
+    run: Option<Uuid>,
     token: Option<&TokenInfo>,
 ) -> Result<BlobView, Error> {
     let sha256 = blob_hash(sha256)?;
     let queues = token.and_then(|t| t.bounds.queues.as_deref());
-    match store.blob_seen_from(sha256, queues).await? {
+    match store.blob_seen_from(sha256, queues, run).await? {
         Some((bytes, value)) => Ok(BlobView {
             sha256: sha256.to_owned(),
             bytes,
             value,
         }),
-        None => match store.blob_forgotten_by(sha256, queues).await? {
+        None => match store.blob_forgotten_by(sha256, queues, run).await? {
             Some(run) => Err(Error::not_found(format!(
                 "blob {sha256} was forgotten: the redaction of run {run} deleted it, as only \
                  finished, redacted runs referred to it"
@@ -852,6 +858,7 @@ pub async fn blob_stats(store: &Store) -> Result<BlobStatsView, Error> {
     Ok(BlobStatsView {
         blobs: stats.blobs,
         stored_bytes: stats.stored_bytes,
+        refs_to_review: stats.refs_to_review,
     })
 }
 

@@ -22,7 +22,9 @@ ev AS (
     FROM unnest($11::uuid[], $12::bigint[], $13::uuid[], $14::text[], $15::jsonb[], $16::text[], $53::text[])
         AS e(run_id, sequence, event_id, type, payload, node, sender)
 ),
-t AS (SELECT clock_timestamp() AS now),
+-- This statement records its blob references itself (`blob_refs`): the trigger kept for
+-- older releases' commits leaves its events alone.
+t AS (SELECT clock_timestamp() AS now, set_config('rein.blob_refs', 'commit', true) AS refs),
 -- The ranges of months whose partition moved to the archive (rein_event_ranges): read once.
 moved AS MATERIALIZED (
     SELECT lo, hi FROM rein_event_ranges WHERE moved_at IS NOT NULL
@@ -161,7 +163,8 @@ approvals_void AS (
       AND a.expires_at > clock_timestamp()
 ),
 -- [blobs]
--- Large payload values the events refer to by hash (SPEC E5): stored once, by content.
+-- Large payload values the events refer to by hash (SPEC E5): stored once, by content
+-- ($36..$38: only what was not stored already).
 blobs AS (
     INSERT INTO rein_blobs (sha256, size_bytes, content)
     SELECT DISTINCT ON (b.sha256) b.sha256, octet_length(b.content), b.content
@@ -169,6 +172,16 @@ blobs AS (
     JOIN upd ON upd.run_id = b.run_id
     ORDER BY b.sha256
     ON CONFLICT (sha256) DO NOTHING
+),
+-- Which blobs the run refers to: those its own commit stored here, or found stored while
+-- holding their content ($59, $60: every hash the worker computed for the run, never one
+-- read from a payload). Readers resolve a reference only through these rows.
+blob_refs AS (
+    INSERT INTO rein_blob_refs (sha256, run_id)
+    SELECT DISTINCT f.sha256, f.run_id
+    FROM unnest($59::uuid[], $60::text[]) AS f(run_id, sha256)
+    JOIN upd ON upd.run_id = f.run_id
+    ON CONFLICT DO NOTHING
 ),
 -- [children]
 -- Child runs of a fan-out the commit opens (SPEC P1): same queue, priority and enqueuer as

@@ -10,6 +10,26 @@ use crate::{Store, StoreError};
 pub struct BlobStats {
     pub blobs: i64,
     pub stored_bytes: i64,
+    /// References recorded before commits recorded them that an operator should look at
+    /// (`rein_blob_refs_to_review`: a forged reply's reference would be among them).
+    pub refs_to_review: i64,
+}
+
+/// Whether a reader bounded to queues $2 (any when NULL) may see blob $1: a run in them
+/// refers to it or, given run $3 (in them), that run or one it was forked from ($4 steps up).
+macro_rules! referred {
+    () => {
+        "CASE WHEN $3::uuid IS NULL THEN EXISTS (
+        SELECT 1 FROM rein_blob_refs f JOIN rein_runs r ON r.run_id = f.run_id
+        WHERE f.sha256 = $1 AND ($2::text[] IS NULL OR r.queue = ANY($2)))
+    ELSE EXISTS (
+        SELECT 1 FROM rein_runs r
+        WHERE r.run_id = $3 AND ($2::text[] IS NULL OR r.queue = ANY($2)))
+      AND EXISTS (
+        SELECT 1 FROM rein_blob_refs f
+        WHERE f.sha256 = $1 AND f.run_id IN (SELECT run_id FROM rein_run_line($3, $4::int)))
+    END"
+    };
 }
 
 impl Store {
@@ -26,22 +46,50 @@ impl Store {
         rein_core::blob::decode(blob, &content).map_err(|e| StoreError::Corrupt(e.to_string()))
     }
 
-    /// The size and value of blob `sha256` when some run refers to it (`rein_blob_refs`)
-    /// whose queue is among `queues` (any queue when `None`): what a reader bounded to those
-    /// queues may see. `None` both for an unknown hash and for one no such run refers to.
+    /// The value stored under `blob` when run `run_id` may resolve it: the run, or a run it
+    /// was forked from, refers to it (`rein_blob_refs`, recorded by the commit that stored or
+    /// found the blob). `None` when none does, so a reference a run did not make (a hash
+    /// copied from another run's events) reads nothing.
+    pub async fn read_blob_of(
+        &self,
+        run_id: uuid::Uuid,
+        blob: &BlobRef,
+    ) -> Result<Option<Value>, StoreError> {
+        let content: Option<Vec<u8>> = sqlx::query_scalar(
+            "SELECT b.content FROM rein_blobs b
+             WHERE b.sha256 = $2 AND EXISTS (
+                 SELECT 1 FROM rein_blob_refs f
+                 WHERE f.sha256 = $2 AND f.run_id IN (SELECT run_id FROM rein_run_line($1, $3)))",
+        )
+        .bind(run_id)
+        .bind(&blob.sha256)
+        .bind(crate::FORK_DEPTH_MAX as i32)
+        .fetch_optional(self.pool())
+        .await?;
+        content
+            .map(|c| rein_core::blob::decode(blob, &c))
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(e.to_string()))
+    }
+
+    /// The size and value of blob `sha256` when a run whose queue is among `queues` (any
+    /// queue when `None`) refers to it (`rein_blob_refs`): what a reader bounded to those
+    /// queues may see. With `run`, only that run (when in `queues`) or a run it was forked
+    /// from counts. `None` both for an unknown hash and for one no such run refers to.
     pub async fn blob_seen_from(
         &self,
         sha256: &str,
         queues: Option<&[String]>,
+        run: Option<uuid::Uuid>,
     ) -> Result<Option<(usize, Value)>, StoreError> {
-        let row: Option<(i64, Vec<u8>)> = sqlx::query_as(
-            "SELECT b.size_bytes, b.content FROM rein_blobs b
-             WHERE b.sha256 = $1 AND EXISTS (
-                 SELECT 1 FROM rein_blob_refs f JOIN rein_runs r ON r.run_id = f.run_id
-                 WHERE f.sha256 = $1 AND ($2::text[] IS NULL OR r.queue = ANY($2)))",
-        )
+        let row: Option<(i64, Vec<u8>)> = sqlx::query_as(concat!(
+            "SELECT b.size_bytes, b.content FROM rein_blobs b WHERE b.sha256 = $1 AND ",
+            referred!()
+        ))
         .bind(sha256)
         .bind(queues)
+        .bind(run)
+        .bind(crate::FORK_DEPTH_MAX as i32)
         .fetch_optional(self.pool())
         .await?;
         let Some((size, content)) = row else {
@@ -62,28 +110,33 @@ impl Store {
         &self,
         sha256: &str,
         queues: Option<&[String]>,
+        run: Option<uuid::Uuid>,
     ) -> Result<Option<uuid::Uuid>, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT x.run_id FROM rein_redactions x
-             WHERE $1 = ANY(x.blobs_deleted) AND EXISTS (
-                 SELECT 1 FROM rein_blob_refs f JOIN rein_runs r ON r.run_id = f.run_id
-                 WHERE f.sha256 = $1 AND ($2::text[] IS NULL OR r.queue = ANY($2)))
-             ORDER BY x.redacted_at LIMIT 1",
-        )
+        Ok(sqlx::query_scalar(concat!(
+            "SELECT x.run_id FROM rein_redactions x WHERE $1 = ANY(x.blobs_deleted) AND ",
+            referred!(),
+            " ORDER BY x.redacted_at LIMIT 1"
+        ))
         .bind(sha256)
         .bind(queues)
+        .bind(run)
+        .bind(crate::FORK_DEPTH_MAX as i32)
         .fetch_optional(self.pool())
         .await?)
     }
 
     pub async fn blob_stats(&self) -> Result<BlobStats, StoreError> {
-        let (blobs, stored_bytes): (i64, i64) =
-            sqlx::query_as("SELECT count(*), COALESCE(sum(size_bytes), 0)::bigint FROM rein_blobs")
-                .fetch_one(self.pool())
-                .await?;
+        let (blobs, stored_bytes, refs_to_review): (i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*), COALESCE(sum(size_bytes), 0)::bigint,
+                    (SELECT count(*) FROM rein_blob_refs_to_review)
+             FROM rein_blobs",
+        )
+        .fetch_one(self.pool())
+        .await?;
         Ok(BlobStats {
             blobs,
             stored_bytes,
+            refs_to_review,
         })
     }
 }

@@ -950,10 +950,14 @@ async fn commit_statement(
             q.x_parent.push(r.run_id);
             q.x_fan_out.push(loser.fan_out as i64);
         }
-        for b in r.blobs.iter().filter(|b| !stored.contains(&b.sha256)) {
-            q.blob_run.push(r.run_id);
-            q.blob_hash.push(b.sha256.clone());
-            q.blob_content.push(b.content.clone());
+        for b in &r.blobs {
+            q.ref_run.push(r.run_id);
+            q.ref_hash.push(b.sha256.clone());
+            if !stored.contains(&b.sha256) {
+                q.blob_run.push(r.run_id);
+                q.blob_hash.push(b.sha256.clone());
+                q.blob_content.push(b.content.clone());
+            }
         }
         q.run_ids.push(r.run_id);
         q.tokens.push(r.token);
@@ -1020,7 +1024,8 @@ async fn commit_statement(
         ledger: !q.l_run.is_empty(),
         approvals_used: q.approvals.iter().any(Option::is_some),
         ending: q.statuses.iter().any(|s| s == RunStatus::Terminal.as_str()),
-        blobs: !q.blob_run.is_empty(),
+        // Every blob stored or found is referred to: the part runs for either.
+        blobs: !q.ref_run.is_empty(),
         children: !q.c_run.is_empty(),
         losers: !q.x_branch.is_empty(),
         descendants: q.cancels.iter().any(|c| *c),
@@ -1085,6 +1090,8 @@ async fn commit_statement(
         .bind(&q.cancels)
         .bind(&q.x_fan_out)
         .bind(&q.new_seqs)
+        .bind(&q.ref_run)
+        .bind(&q.ref_hash)
         .fetch_all(&mut *conn)
         .await
         .inspect_err(|e| {
@@ -1332,6 +1339,9 @@ struct Columns<'a> {
     blob_run: Vec<Uuid>,
     blob_hash: Vec<String>,
     blob_content: Vec<Vec<u8>>,
+    /// The blobs each run's commit stored or found (`rein_blob_refs`).
+    ref_run: Vec<Uuid>,
+    ref_hash: Vec<String>,
     c_run: Vec<Uuid>,
     c_parent: Vec<Uuid>,
     c_def: Vec<String>,

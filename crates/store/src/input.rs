@@ -49,6 +49,24 @@ pub fn check_json(field: &str, value: &Value) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// [`check_json`] for a run's data from outside (an enqueue's input, a sent payload), which
+/// also may not hold a `$blob` key anywhere: only the engine writes blob references, for
+/// content it stored for the run (SPEC E5), so a hash learnt from another run's events
+/// cannot be made to look like one of this run's references.
+pub fn check_data(field: &str, value: &Value) -> Result<(), StoreError> {
+    check_json(field, value)?;
+    match rein_core::blob::key_at(value) {
+        Some(at) => {
+            let named = format!("{field}{}", at.strip_prefix('$').unwrap_or(&at));
+            Err(StoreError::InvalidField {
+                reason: rein_core::blob::key_refused(&format!("`{field}`"), &format!("`{named}`")),
+                field: named,
+            })
+        }
+        None => Ok(()),
+    }
+}
+
 /// Whether `c` would act on a terminal or a log reader instead of showing as itself: the
 /// control characters (C0 with newline and ESC, DEL, C1) and the invisible format characters
 /// that reorder or hide the text around them (bidirectional overrides and isolates,

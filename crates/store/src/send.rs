@@ -97,7 +97,7 @@ impl EnqueueRequest {
                 "run input is {size} bytes; the limit is {INPUT_BYTES_MAX}"
             )));
         }
-        crate::input::check_json("input", &self.input)?;
+        crate::input::check_data("input", &self.input)?;
         if let Some(key) = &self.client_key {
             check_client_key(&key.key)?;
             crate::input::check_text("caller", &key.caller)?;
@@ -270,7 +270,7 @@ impl Store {
                 rein_core::limits::EVENT_PAYLOAD_BYTES_MAX
             )));
         }
-        crate::input::check_json("payload", &payload)?;
+        crate::input::check_data("payload", &payload)?;
         if EngineEvent::is_engine_only(kind) {
             return Err(StoreError::Invalid(format!(
                 "{kind} is delivered by the engine when a branch's run ends; it cannot be sent"

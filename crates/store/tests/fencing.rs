@@ -1022,3 +1022,110 @@ async fn a_held_connection_is_kept_only_while_the_pool_can_spare_it() {
         .expect("the pool hands out its connection at once")
         .expect("acquire");
 }
+
+/// A run refers to a blob only when its own commit stored it, or found it stored while
+/// holding its content (SPEC E5): a `$blob` reference written into a payload refers to
+/// nothing, even in the statement that stores that blob for another run. An older release's
+/// commit, which records nothing itself, gets a reference only for a blob row its own
+/// transaction wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blob_references_are_recorded_by_the_commit_that_stored_or_found_the_blob() {
+    use rein_core::blob::{Blob, BlobRef, reference};
+    let store = store("blob_refs").await;
+    for _ in 0..3 {
+        enqueue(&store).await;
+    }
+    let claimed = store.claim("worker-a", 3, 10_000, &queues()).await.unwrap();
+    assert_eq!(claimed.len(), 3);
+    let content = rein_core::hash::canonical_json(&json!({ "secret": "x".repeat(100) }));
+    let blob = Blob {
+        sha256: rein_core::hash::sha256_hex(content.as_bytes()),
+        content: content.into_bytes(),
+    };
+    let named = BlobRef {
+        sha256: blob.sha256.clone(),
+        bytes: blob.content.len(),
+    };
+    let with = |c: &ClaimedRun, blobs: Vec<Blob>| {
+        let mut r = commit_of(c, &c.state, &["start"]);
+        r.events[0].payload = json!({ "result": reference(&named) });
+        r.blobs = blobs;
+        r
+    };
+    // The first run stores it; the second only names it, in the same statement.
+    let (storer, namer, finder) = (&claimed[0], &claimed[1], &claimed[2]);
+    let outcomes = store
+        .commit_batch(
+            "worker-a",
+            &[with(storer, vec![blob.clone()]), with(namer, Vec::new())],
+        )
+        .await
+        .unwrap();
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, CommitOutcome::Committed(_)))
+    );
+    // The third computes the same content later: found stored, and so its own.
+    commit_one(&store, "worker-a", &with(finder, vec![blob.clone()])).await;
+
+    let readable = |run: Uuid| {
+        let (store, named) = (store.clone(), named.clone());
+        async move { store.read_blob_of(run, &named).await.unwrap().is_some() }
+    };
+    assert!(readable(storer.run_id).await);
+    assert!(
+        !readable(namer.run_id).await,
+        "a named hash is not a reference"
+    );
+    assert!(readable(finder.run_id).await);
+    let referring: Vec<Uuid> =
+        sqlx::query_scalar("SELECT run_id FROM rein_blob_refs WHERE sha256 = $1 ORDER BY run_id")
+            .bind(&blob.sha256)
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    let mut expected = vec![storer.run_id, finder.run_id];
+    expected.sort();
+    assert_eq!(referring, expected);
+
+    // An older release's commit, as its SQL writes: blob and event in one statement.
+    let old = |run: Uuid, sequence: i64, sha: &str, store_it: bool| {
+        let store = store.clone();
+        let sha = sha.to_owned();
+        async move {
+            sqlx::query(
+                "WITH b AS (
+                     INSERT INTO rein_blobs (sha256, size_bytes, content)
+                     SELECT $3, 1, '\\x30'::bytea WHERE $4
+                     ON CONFLICT (sha256) DO NOTHING)
+                 INSERT INTO rein_events (run_id, sequence, event_id, type, payload, fencing_token, worker)
+                 VALUES ($1, $2, gen_random_uuid(), 'start',
+                         jsonb_build_object('result', jsonb_build_object('$blob',
+                             jsonb_build_object('sha256', $3::text, 'bytes', 1))), 1, 'old-worker')",
+            )
+            .bind(run)
+            .bind(sequence)
+            .bind(sha)
+            .bind(store_it)
+            .execute(store.pool())
+            .await
+            .unwrap();
+        }
+    };
+    let fresh = "f".repeat(64);
+    old(storer.run_id, 100, &fresh, true).await;
+    old(namer.run_id, 100, &blob.sha256, false).await;
+    let legacy: Vec<(String, Uuid)> = sqlx::query_as(
+        "SELECT sha256, run_id FROM rein_blob_refs WHERE run_id = ANY($1) ORDER BY 1",
+    )
+    .bind(vec![storer.run_id, namer.run_id])
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        legacy,
+        vec![(blob.sha256.clone(), storer.run_id), (fresh, storer.run_id)],
+        "the stored blob is the old writer's; a hash stored earlier is not"
+    );
+}

@@ -622,6 +622,9 @@ pub fn parse_reply(bytes: &[u8]) -> Result<Reply, String> {
             "the reply holds a NUL character (\\u0000) at {at}, which cannot be stored"
         ));
     }
+    if let Some(at) = rein_core::blob::key_at(&value) {
+        return Err(rein_core::blob::key_refused("the reply", &at));
+    }
     let Value::Object(mut reply) = value else {
         return Err("reply must be a JSON object".into());
     };
@@ -698,6 +701,9 @@ fn parse_event(event: Value) -> Result<(String, Value), String> {
 /// Parses `{"applied": true, "events": [..]}` or `{"applied": false}`.
 pub fn parse_reconcile_reply(bytes: &[u8]) -> Result<Reconciled, String> {
     let value: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    if let Some(at) = rein_core::blob::key_at(&value) {
+        return Err(rein_core::blob::key_refused("the answer", &at));
+    }
     let Value::Object(mut reply) = value else {
         return Err("must be a JSON object".into());
     };
@@ -830,6 +836,32 @@ mod tests {
         assert_eq!(events[0].0, "HARD");
         assert_eq!(events[0].1["error"]["step"], "parse");
         assert_eq!(events[0].1["reason"], "http_bad_reply");
+    }
+
+    #[test]
+    fn a_blob_reference_in_a_reply_is_a_rejected_reply_at_parse() {
+        let forged = format!(r#"{{"$blob":{{"sha256":"{}","bytes":9}}}}"#, "a".repeat(64));
+        for reply in [
+            format!(r#"{{"events":[{{"type":"A","payload":{{"result":{forged}}}}}]}}"#),
+            format!(r#"{{"events":[{{"type":"A","payload":{{"r":{{"deep":[{forged}]}}}}}}]}}"#),
+            format!(r#"{{"decision":{{"decision":"A","payload":{{"x":{forged}}}}}}}"#),
+        ] {
+            let Outcome::Events(events) = outcome_of_reply(
+                &spec(),
+                answer(200, None, Ok(Ok(reply.clone().into_bytes()))),
+                false,
+            ) else {
+                panic!("a rejected reply is the fatal event: {reply}");
+            };
+            assert_eq!(events[0].0, "HARD");
+            assert_eq!(events[0].1["error"]["step"], "parse");
+            let message = events[0].1["error"]["message"].as_str().unwrap();
+            assert!(message.contains("`$blob` key at $."), "{message}");
+        }
+        let answer = format!(
+            r#"{{"applied":true,"events":[{{"type":"A","payload":{{"result":{forged}}}}}]}}"#
+        );
+        assert!(parse_reconcile_reply(answer.as_bytes()).is_err());
     }
 
     #[test]

@@ -260,7 +260,9 @@ impl Model {
             .into_iter()
             .map(|e| Event::new(u64::try_from(e.sequence).unwrap_or(0), e.kind, e.payload))
             .collect();
-        let log = resolve_blobs(&self.store, log).await.map_err(unreadable)?;
+        let log = resolve_blobs(&self.store, ctx.run_id, log)
+            .await
+            .map_err(unreadable)?;
         Ok(pure::conversation(spec, &ctx.run, &input, &log))
     }
 
@@ -363,9 +365,12 @@ fn egress_refused(refused: &crate::egress::Refused) -> Failed {
     )
 }
 
-/// tools returned and the model said, not where it is stored. Each blob is read once.
+/// tools returned and the model said, not where it is stored. Each blob is read once, and
+/// only when `run_id` (or a run it was forked from) recorded it: a reference it did not
+/// stays as it is.
 async fn resolve_blobs(
     store: &Store,
+    run_id: uuid::Uuid,
     mut log: Vec<Event>,
 ) -> Result<Vec<Event>, rein_store::StoreError> {
     let mut read: std::collections::HashMap<String, Value> = std::collections::HashMap::new();
@@ -381,7 +386,9 @@ async fn resolve_blobs(
                 *value = known.clone();
                 continue;
             }
-            let content = store.read_blob(&blob).await?;
+            let Some(content) = store.read_blob_of(run_id, &blob).await? else {
+                continue;
+            };
             read.insert(blob.sha256.clone(), content.clone());
             *value = content;
         }

@@ -926,8 +926,10 @@ impl Driver {
     /// `ctx` with the blob references among the run's results replaced by the values they
     /// name (SPEC E5), newest first, while the content read stays within
     /// [`RESOLVED_BYTES_MAX`]: a handler gets what the tools returned, not where it is
-    /// stored. A reference past the bound, or one whose content cannot be read or does not
-    /// match its hash, stays as it is (and the latter is logged).
+    /// stored. Only a reference the run (or a run it was forked from) recorded when it
+    /// stored the blob is read. A reference past the bound, one the run did not record, or
+    /// one whose content cannot be read or does not match its hash, stays as it is (and the
+    /// latter two are logged).
     async fn resolved(&self, mut ctx: ActionContext) -> ActionContext {
         let mut left = RESOLVED_BYTES_MAX;
         for result in ctx.run.results.iter_mut().rev() {
@@ -940,10 +942,14 @@ impl Driver {
             if blob.bytes > left {
                 continue;
             }
-            match self.inner.store.read_blob(&blob).await {
-                Ok(read) => {
+            match self.inner.store.read_blob_of(self.run_id, &blob).await {
+                Ok(Some(read)) => {
                     *value = read;
                     left -= blob.bytes;
+                }
+                Ok(None) => {
+                    warn!(run_id = %self.run_id, sha256 = %blob.sha256,
+                        "a result refers to a blob this run did not store; the handler gets its reference");
                 }
                 Err(e) => {
                     warn!(run_id = %self.run_id, sha256 = %blob.sha256, error = %e,

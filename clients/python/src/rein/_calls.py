@@ -382,8 +382,14 @@ def whatif(run: RunRef, definition: str | None) -> Call[models.WhatIfView]:
     )
 
 
-def blob(sha256: str) -> Call[models.BlobView]:
-    return Call("GET", f"/v1/blobs/{_segment(sha256, 'a sha256')}", model(models.BlobView))
+def blob(sha256: str, run: RunRef | None = None) -> Call[models.BlobView]:
+    params: dict[str, Any] = {} if run is None else {"run": run_id(run)}
+    return Call(
+        "GET",
+        f"/v1/blobs/{_segment(sha256, 'a sha256')}",
+        model(models.BlobView),
+        params=params,
+    )
 
 
 def why(run: RunRef) -> Call[models.WhyView]:

@@ -186,10 +186,10 @@ class Client:
         `verdict == "same"`. Side-effect free."""
         return self._do(calls.whatif(run, definition))
 
-    def blob(self, sha256: str) -> models.BlobView:
+    def blob(self, sha256: str, run: RunRef | None = None) -> models.BlobView:
         """A large value stored by hash (E5), readable when a run the token may read refers
-        to it: `{sha256, bytes, value}`."""
-        return self._do(calls.blob(sha256))
+        to it (with `run`: that run, or one it was forked from): `{sha256, bytes, value}`."""
+        return self._do(calls.blob(sha256, run))
 
     def why(self, run: RunRef) -> models.WhyView:
         return self._do(calls.why(run))
@@ -499,10 +499,10 @@ class AsyncClient:
         """What `run` would have done on `definition`, as [`Client.whatif`]."""
         return await self._do(calls.whatif(run, definition))
 
-    async def blob(self, sha256: str) -> models.BlobView:
+    async def blob(self, sha256: str, run: RunRef | None = None) -> models.BlobView:
         """A large value stored by hash (E5), readable when a run the token may read refers
-        to it: `{sha256, bytes, value}`."""
-        return await self._do(calls.blob(sha256))
+        to it (with `run`: that run, or one it was forked from): `{sha256, bytes, value}`."""
+        return await self._do(calls.blob(sha256, run))
 
     async def why(self, run: RunRef) -> models.WhyView:
         return await self._do(calls.why(run))
