@@ -150,6 +150,49 @@ fn definitions_check_names_the_line_of_malformed_yaml() {
     assert!(err.contains("YAML") && err.contains("line "), "{err}");
 }
 
+/// A YAML document whose anchor, a list of `items` scalars, is repeated by `levels` levels of
+/// ten aliases each to the level below: `items * 10^levels` values once expanded.
+fn alias_bomb(items: usize, levels: u32) -> String {
+    let mut text = format!("name: bomb\nl0: &l0 [{}]\n", vec!["x"; items].join(","));
+    for level in 1..=levels {
+        let aliases = vec![format!("*l{}", level - 1); 10].join(",");
+        text.push_str(&format!("l{level}: &l{level} [{aliases}]\n"));
+    }
+    text
+}
+
+/// 2 KB that YAML's aliases unfold into ten million strings is refused where the alias is
+/// written, before anything is expanded: the check's peak memory stays that of any check.
+#[test]
+fn definitions_check_refuses_a_yaml_alias_bomb_without_expanding_it() {
+    let bomb = alias_bomb(1000, 4);
+    assert!(bomb.len() < 2300, "{} bytes", bomb.len());
+    let file = write_tmp("bomb.yaml", &bomb);
+    let child = Command::new(REIN)
+        .args(["definitions", "check", &file])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // wait4 reports this child's own peak RSS, whatever other tests spawn meanwhile.
+    let (mut status, mut usage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
+    let pid = child.id() as libc::pid_t;
+    assert_eq!(unsafe { libc::wait4(pid, &mut status, 0, &mut usage) }, pid);
+    let peak_mb = usage.ru_maxrss / 1024;
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.unwrap(), &mut err).unwrap();
+    println!(
+        "rein definitions check of a {} byte alias bomb: peak RSS {peak_mb} MB",
+        bomb.len()
+    );
+    assert!(peak_mb < 100, "peak RSS {peak_mb} MB: {err}");
+    assert_eq!(libc::WEXITSTATUS(status), 1, "{err}");
+    assert!(
+        err.contains("line 2 column 5") && err.contains("write the value out"),
+        "{err}"
+    );
+}
+
 #[test]
 fn definitions_show_mermaid_has_every_lifecycle_transition() {
     let out = rein(&["definitions", "show", "lifecycle", "--format", "mermaid"]);

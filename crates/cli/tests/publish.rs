@@ -449,6 +449,34 @@ async fn the_api_compiles_a_definition_once_not_on_every_request_that_loads_it()
     );
 }
 
+/// 20 KB of YAML whose aliases would unfold into 10^8 strings (which aborted the API on
+/// allocation) is refused with 422 naming where the anchor is, and the API keeps answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_yaml_alias_bomb_is_refused_and_the_api_keeps_answering() {
+    let api = Api::start("publish_yaml_bomb", &[]).await;
+    let publisher = api.token("release-bot", &["publish", "read"]);
+    let mut bomb = format!("name: bomb\nl0: &l0 [{}]\n", vec!["x"; 10_000].join(","));
+    for level in 1..=4 {
+        let aliases = vec![format!("*l{}", level - 1); 10].join(",");
+        bomb.push_str(&format!("l{level}: &l{level} [{aliases}]\n"));
+    }
+    assert!(bomb.len() < 21_000, "{} bytes", bomb.len());
+    let reply = api
+        .post("/v1/definitions", &publisher)
+        .header("content-type", "application/yaml")
+        .body(bomb)
+        .send()
+        .await
+        .unwrap();
+    let (s, v) = common::json_of(reply).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(v.to_string().contains("line 2 column 5"), "{v}");
+    let (s, v) = api.get_json("/v1/definitions", &publisher).await;
+    assert_eq!(s, StatusCode::OK, "the API is still up: {v}");
+    let healthz = reqwest::get(format!("{}/healthz", api.base)).await.unwrap();
+    assert_eq!(healthz.status(), StatusCode::OK);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_definition_in_yaml_registers_as_the_same_definition_as_in_toml() {
     let api = Api::start("publish_yaml", &[]).await;
