@@ -128,6 +128,8 @@ pub struct SchedulerArgs {
     #[arg(long, value_name = "N", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..=rein_scheduler::webhooks::ATTEMPTS_MAX_LIMIT as i64))]
     webhook_attempts_max: u32,
+    #[command(flatten)]
+    webhook_egress: crate::webhooks::WebhookAllowArgs,
 }
 
 #[derive(clap::Args)]
@@ -610,9 +612,20 @@ pub async fn scheduler(args: SchedulerArgs) -> u8 {
             stop.clone(),
         ));
     }
+    let egress = match args
+        .webhook_egress
+        .policy(&store, args.redis.redis_url.as_deref())
+    {
+        Ok(policy) => policy,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::INPUT;
+        }
+    };
     let webhooks = rein_scheduler::webhooks::WebhookConfig {
         poll_ms: args.webhook_poll_interval_ms,
         attempts_max: args.webhook_attempts_max,
+        egress: std::sync::Arc::new(egress),
         ..Default::default()
     };
     let delivering = tokio::spawn(rein_scheduler::webhooks::deliver(

@@ -4,7 +4,8 @@
 //! line (which other users of the machine can see), and no command prints it.
 
 use rein_process::{DbArgs, exit};
-use rein_store::{NewWebhook, WEBHOOK_DELIVERIES_LIST_MAX, WEBHOOK_KINDS};
+use rein_store::{NewWebhook, Store, WEBHOOK_DELIVERIES_LIST_MAX, WEBHOOK_KINDS};
+use rein_worker::egress::{Allow, Caller, Policy, rule};
 
 use crate::print::{print_json, printable};
 
@@ -23,10 +24,42 @@ pub enum WebhooksCommand {
     Deliveries(DeliveriesArgs),
 }
 
+/// `--webhook-allow`, the egress rules of webhooks: where `rein scheduler` posts them and
+/// what `rein webhooks add` registers.
+#[derive(clap::Args)]
+pub struct WebhookAllowArgs {
+    /// Where webhooks may be posted (repeat or comma-separate): `hooks.example.com`,
+    /// `hooks.example.com:8443`, `*.example.com`, `10.1.2.3`, `[fd00::1]:80`, `10.0.0.0/8`.
+    /// Absent: anywhere but link-local and cloud metadata addresses and this process's
+    /// database and Redis, which only an entry naming them exactly opens. A scheduler
+    /// disables a stored webhook these rules refuse, recording why.
+    #[arg(long, env = "REIN_WEBHOOK_ALLOW", value_name = "HOST|HOST:PORT|CIDR",
+          value_delimiter = ',', value_parser = Allow::parse)]
+    webhook_allow: Vec<Allow>,
+}
+
+impl WebhookAllowArgs {
+    /// The rules, protecting `store`'s database and the Redis at `redis_url`.
+    pub fn policy(&self, store: &Store, redis_url: Option<&str>) -> Result<Policy, String> {
+        let mut policy = Policy::allowing(self.webhook_allow.clone())
+            .map_err(|e| format!("--webhook-allow: {e}"))?
+            .for_caller(Caller::WEBHOOKS);
+        if let Some((host, port)) = store.database_address() {
+            policy = policy.protect(rule::DATABASE, &host, port);
+        }
+        if let Some(url) = redis_url.filter(|u| !u.is_empty()) {
+            policy = policy.protect_url(rule::REDIS, url, 6379);
+        }
+        Ok(policy)
+    }
+}
+
 #[derive(clap::Args)]
 pub struct AddArgs {
     #[command(flatten)]
     db: DbArgs,
+    #[command(flatten)]
+    egress: WebhookAllowArgs,
     /// Where to POST: an http(s) URL with a host, at most 2048 bytes, no credentials.
     #[arg(long, value_name = "URL")]
     url: String,
@@ -128,6 +161,23 @@ async fn add(args: AddArgs) -> u8 {
         Ok(s) => s,
         Err(code) => return code,
     };
+    // The schedulers' rules, as far as this command knows them: their database is this one,
+    // their Redis REDIS_URL's.
+    let redis_url = std::env::var("REDIS_URL").ok();
+    let policy = match args.egress.policy(&store, redis_url.as_deref()) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::INPUT;
+        }
+    };
+    if let Err(refused) = policy.check_url(&args.url).await {
+        eprintln!(
+            "error: --url: {refused}; to register it anyway, give `rein webhooks add` the same \
+             --webhook-allow entry as the schedulers"
+        );
+        return exit::INPUT;
+    }
     match store.add_webhook(&hook).await {
         Ok(w) => {
             if args.json {

@@ -168,6 +168,10 @@ fn definitions_check_refuses_a_yaml_alias_bomb_without_expanding_it() {
     let bomb = alias_bomb(1000, 4);
     assert!(bomb.len() < 2300, "{} bytes", bomb.len());
     let file = write_tmp("bomb.yaml", &bomb);
+    #[expect(
+        clippy::zombie_processes,
+        reason = "reaped by wait4 below, which also reports its peak RSS"
+    )]
     let child = Command::new(REIN)
         .args(["definitions", "check", &file])
         .stdout(Stdio::piped())

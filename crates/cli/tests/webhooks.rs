@@ -846,3 +846,247 @@ async fn the_api_lists_webhooks_without_secrets_and_deliveries_to_operators() {
         assert_eq!(status.as_u16(), 403, "{path}: {v}");
     }
 }
+
+/// What a raw receiver saw of one post.
+#[derive(Default)]
+struct RawReceiver {
+    /// A request arrived (headers and body read).
+    asked: std::sync::atomic::AtomicBool,
+    /// The scheduler closed the connection.
+    closed: std::sync::atomic::AtomicBool,
+    /// Bytes of the answer the scheduler's side accepted before it closed.
+    accepted: AtomicUsize,
+}
+
+/// Reads one HTTP request (headers, then a Content-Length body) from `conn`.
+async fn read_request(conn: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = conn.read(&mut buf).await.unwrap_or(0);
+        if n == 0 {
+            return false;
+        }
+        seen.extend_from_slice(&buf[..n]);
+        let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        if seen.len() >= end + 4 + length {
+            return true;
+        }
+    }
+}
+
+/// A receiver on a free port that, for each post, answers `head` and then up to
+/// `body_bytes` bytes of `FILLER`, counting what the scheduler accepts; with no `head` it
+/// never answers and notes when the scheduler closes the connection.
+async fn raw_receiver(head: Option<String>, body_bytes: usize) -> (Arc<RawReceiver>, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let seen = Arc::new(RawReceiver::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let state = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let (state, head) = (state.clone(), head.clone());
+            tokio::spawn(async move {
+                if !read_request(&mut conn).await {
+                    return;
+                }
+                state.asked.store(true, Ordering::SeqCst);
+                let Some(head) = head else {
+                    let mut buf = [0u8; 64];
+                    while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {}
+                    state.closed.store(true, Ordering::SeqCst);
+                    return;
+                };
+                if conn.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                let chunk = FILLER.repeat(64 * 1024 / FILLER.len());
+                while state.accepted.load(Ordering::SeqCst) < body_bytes {
+                    match conn.write(chunk.as_bytes()).await {
+                        Ok(n) if n > 0 => {
+                            state.accepted.fetch_add(n, Ordering::SeqCst);
+                        }
+                        _ => break,
+                    }
+                }
+                state.closed.store(true, Ordering::SeqCst);
+            });
+        }
+    });
+    (seen, url)
+}
+
+/// What the huge answer is made of: text no error may quote.
+const FILLER: &str = "internal-service-answer ";
+
+/// A receiver answering 500 with a gigabyte of text: the scheduler reads a few kilobytes,
+/// closes the connection, and records the answer described (status and size), not quoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_answering_a_huge_body_is_read_no_further_than_a_few_kilobytes() {
+    let mut s = Setup::start("webhooks_huge_answer").await;
+    let gigabyte = 1 << 30;
+    let head = format!(
+        "HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain\r\ncontent-length: {gigabyte}\r\n\r\n"
+    );
+    let (seen, url) = raw_receiver(Some(head), gigabyte).await;
+    s.add_webhook(Some(&url), &["--kind", "run.failed"]);
+    s.scheduler("sched-1", &["--webhook-attempts-max", "1"]);
+    let run = common::acting_run(&s.store).await;
+    common::cancel(&s.store, run).await;
+    let id = s.deliveries().await[0].delivery_id;
+    wait_for(
+        "the delivery failed and the receiver's connection closed",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || async { s.delivery(id).await.status == "failed" && seen.closed.load(Ordering::SeqCst) },
+    )
+    .await;
+    let accepted = seen.accepted.load(Ordering::SeqCst);
+    println!("the scheduler accepted {accepted} bytes of a {gigabyte} byte answer");
+    assert!(accepted < 64 << 20, "{accepted} bytes accepted");
+    let row = s.delivery(id).await;
+    assert_eq!(row.last_status_code, Some(500));
+    let error = row.last_error.unwrap_or_default();
+    assert!(
+        error.contains("500 Internal Server Error") && error.contains("more than 4096 bytes"),
+        "{error}"
+    );
+    assert!(
+        !error.contains(FILLER.trim()),
+        "described, not quoted: {error}"
+    );
+}
+
+/// A receiver that never answers holds its own post, not another receiver's delivery: the
+/// other's arrives while the hanging post is still open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_receiver_does_not_hold_back_another_receivers_delivery() {
+    let mut s = Setup::start("webhooks_hanging").await;
+    let (hanging, url) = raw_receiver(None, 0).await;
+    s.add_webhook(Some(&url), &["--kind", "run.failed"]);
+    s.add_webhook(None, &["--kind", "approval.requested"]);
+    s.scheduler("sched-1", &[]);
+    let run = common::acting_run(&s.store).await;
+    common::cancel(&s.store, run).await;
+    wait_for(
+        "the hanging receiver's post",
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || async { hanging.asked.load(Ordering::SeqCst) },
+    )
+    .await;
+    let other = common::acting_run(&s.store).await;
+    common::ask_for_approval(&s.store, other, 150).await;
+    s.receiver
+        .wait_for_kind("approval.requested", 1, Duration::from_secs(30))
+        .await;
+    assert!(
+        !hanging.closed.load(Ordering::SeqCst),
+        "the other delivery arrived only after the hanging post was given up"
+    );
+}
+
+/// The database's port of `url` (`postgres://...:PORT/db`).
+fn database_port(url: &str) -> u16 {
+    reqwest::Url::parse(url)
+        .ok()
+        .and_then(|u| u.port())
+        .unwrap_or(5432)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_add_refuses_a_metadata_address_and_the_databases_port_naming_rule_and_flag() {
+    let s = Setup::start("webhooks_add_egress").await;
+    let db = format!("http://127.0.0.1:{}/hook", database_port(&s.url));
+    for (target, rule) in [
+        ("http://169.254.169.254/latest/meta-data/", "metadata"),
+        ("http://[::ffff:169.254.169.254]/", "metadata"),
+        (db.as_str(), "database"),
+    ] {
+        let out = rein_with(
+            &[
+                "webhooks",
+                "add",
+                "--database-url",
+                &s.url,
+                "--url",
+                target,
+                "--secret-env",
+                "TEST_WEBHOOK_SECRET",
+            ],
+            &[("TEST_WEBHOOK_SECRET", SECRET)],
+        );
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{target}: {err}");
+        assert!(
+            err.contains(&format!("egress rule `{rule}`")) && err.contains("--webhook-allow"),
+            "{target}: {err}"
+        );
+    }
+    assert!(s.store.webhooks().await.unwrap().is_empty());
+    // An entry naming the database's port exactly opens it.
+    let port = database_port(&s.url).to_string();
+    s.add_webhook(
+        Some(&db),
+        &["--webhook-allow", &format!("127.0.0.1:{port}")],
+    );
+}
+
+/// Webhooks stored before (or registered past) the scheduler's rules are disabled when a
+/// delivery of theirs is due, with the refusal as their reason, and nothing is posted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_webhook_the_rules_refuse_is_disabled_with_its_reason_and_gets_nothing() {
+    let mut s = Setup::start("webhooks_disabled").await;
+    let db = format!("http://127.0.0.1:{}/hook", database_port(&s.url));
+    let port = database_port(&s.url).to_string();
+    let to_db = s.add_webhook(
+        Some(&db),
+        &[
+            "--kind",
+            "run.failed",
+            "--webhook-allow",
+            &format!("127.0.0.1:{port}"),
+        ],
+    );
+    let to_receiver = s.add_webhook(None, &["--kind", "run.failed"]);
+    s.scheduler("sched-1", &["--webhook-allow", "hooks.example.com"]);
+    let run = common::acting_run(&s.store).await;
+    common::cancel(&s.store, run).await;
+    wait_for(
+        "both deliveries failed",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || async { s.deliveries().await.iter().all(|d| d.status == "failed") },
+    )
+    .await;
+    for (hook, rule) in [(to_db, "database"), (to_receiver, "not_allowed")] {
+        let reason = s.store.webhook_disabled_reason(hook).await.unwrap();
+        let reason = reason.unwrap_or_else(|| panic!("{hook} has no reason"));
+        assert!(
+            reason.contains(&format!("rule {rule}")) && reason.contains("--webhook-allow"),
+            "{reason}"
+        );
+        let delivery = s
+            .deliveries()
+            .await
+            .into_iter()
+            .find(|d| d.webhook_id == hook);
+        let error = delivery.and_then(|d| d.last_error).unwrap_or_default();
+        assert!(error.contains(&reason), "{error}");
+    }
+    assert!(
+        s.store.webhooks().await.unwrap().is_empty(),
+        "no live webhook"
+    );
+    assert!(s.receiver.got().is_empty(), "{:?}", s.receiver.got());
+}

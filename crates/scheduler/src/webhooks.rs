@@ -4,12 +4,28 @@
 //! the attempts are used up. A scheduler that dies mid-post leaves its claim to run out, and
 //! another posts again: delivery is at least once, and receivers deduplicate by the id.
 //!
+//! A scheduler has at most `batch` posts in flight and claims more as soon as one ends, so a
+//! receiver that hangs holds one slot until its post's timeout, not the deliveries behind
+//! it. A refusing receiver's answer is described (status, how many bytes), never quoted:
+//! operators read it, and a receiver is whoever registered a URL. At most
+//! [`ERROR_BODY_BYTES_READ_MAX`] bytes of it are read.
+//!
+//! Every URL passes the scheduler's egress policy ([`rein_egress`], `rein scheduler
+//! --webhook-allow`) before a post and again for each address its host resolves to: a
+//! webhook it refuses (a metadata address, the scheduler's own database or Redis, a host
+//! outside the allow list) is disabled with the refusal as its reason, and its pending
+//! deliveries fail. Webhooks stored before the rules are judged this way when one of their
+//! deliveries is next due; the rules are the scheduler's, so no migration can judge them.
+//!
 //! Signature: `Rein-Signature: v1=HEX(HMAC-SHA256(secret, "TIMESTAMP.BODY"))`, where
 //! TIMESTAMP is `Rein-Timestamp` (unix seconds) and BODY the exact bytes posted.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hmac::{KeyInit, Mac};
+use rein_egress::{Caller, Policy, Refused};
 use rein_store::{AttemptFailed, DueDelivery, Store};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -25,8 +41,12 @@ pub const BACKOFF_MS_FIRST: u64 = 1_000;
 pub const BACKOFF_MS_MAX: u64 = 600_000;
 /// Bounds of `--webhook-attempts-max`.
 pub const ATTEMPTS_MAX_LIMIT: u32 = 100;
-/// The longest part of a refusing receiver's body kept as the delivery's error.
-const ERROR_BODY_BYTES_MAX: usize = 256;
+/// Most bytes of a refusing receiver's body read (to say how long it is); the rest is never
+/// read, and the connection is closed.
+pub const ERROR_BODY_BYTES_READ_MAX: usize = 4096;
+/// Most ports a scheduler keeps a pooled client for (its resolver checks addresses for that
+/// port); posts to further ports get a client of their own.
+const PORT_CLIENTS_MAX: usize = 64;
 
 #[derive(Debug, Clone)]
 pub struct WebhookConfig {
@@ -34,12 +54,16 @@ pub struct WebhookConfig {
     pub poll_ms: u64,
     /// Attempts before a delivery is failed.
     pub attempts_max: u32,
-    /// Most deliveries claimed (and posted at once) per look.
+    /// Most posts in flight at once; a free slot is filled by the next due delivery.
     pub batch: i64,
     /// How long a claim keeps other schedulers off a delivery; longer than a post may take.
     pub claim_ms: u64,
-    /// How long one post may take.
+    /// How long one post may take, from connecting to the end of the answer read.
     pub timeout_ms: u64,
+    /// How long connecting may take.
+    pub connect_timeout_ms: u64,
+    /// Where deliveries may be posted (`rein scheduler --webhook-allow`).
+    pub egress: Arc<Policy>,
 }
 
 impl Default for WebhookConfig {
@@ -50,6 +74,8 @@ impl Default for WebhookConfig {
             batch: 16,
             claim_ms: 30_000,
             timeout_ms: 10_000,
+            connect_timeout_ms: 5_000,
+            egress: Arc::new(Policy::new().for_caller(Caller::WEBHOOKS)),
         }
     }
 }
@@ -103,63 +129,94 @@ pub fn register_metrics() {
     }
 }
 
-/// Delivers until `shutdown`: claims what is due, posts it, records each answer.
+/// Delivers until `shutdown`: claims what is due while a slot is free, posts each, records
+/// each answer; posts in flight finish (each within its timeout) before it returns.
 pub async fn deliver(store: Store, config: WebhookConfig, shutdown: CancellationToken) {
     register_metrics();
-    let client = match reqwest::Client::builder()
-        .timeout(Duration::from_millis(config.timeout_ms))
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-    {
-        Ok(c) => c,
-        Err(e) => {
-            warn!(error = %e, "cannot build the webhook HTTP client; no webhooks are delivered");
-            return;
-        }
-    };
+    let slots = usize::try_from(config.batch.max(1)).unwrap_or(1);
+    let clients = Clients::default();
+    let mut posts = tokio::task::JoinSet::new();
     while !shutdown.is_cancelled() {
-        let due = match store
-            .claim_webhook_deliveries(config.batch, config.claim_ms)
-            .await
-        {
-            Ok(due) => due,
-            Err(e) => {
-                warn!(error = %e, "cannot claim webhook deliveries; retrying");
-                Vec::new()
+        let free = slots.saturating_sub(posts.len());
+        let due = if free == 0 {
+            Vec::new()
+        } else {
+            match store
+                .claim_webhook_deliveries(free as i64, config.claim_ms)
+                .await
+            {
+                Ok(due) => due,
+                Err(e) => {
+                    warn!(error = %e, "cannot claim webhook deliveries; retrying");
+                    Vec::new()
+                }
             }
         };
-        if due.is_empty() {
+        let claimed = due.len();
+        for delivery in due {
+            let (store, clients, config) = (store.clone(), clients.clone(), config.clone());
+            posts.spawn(async move { attempt(&store, &clients, &config, delivery).await });
+        }
+        if claimed > 0 && claimed == free {
+            // Every slot was filled: more may be due as soon as one frees.
             tokio::select! {
                 _ = shutdown.cancelled() => break,
+                _ = posts.join_next() => {}
+            }
+        } else if claimed == 0 {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                Some(_) = posts.join_next(), if !posts.is_empty() => {}
                 _ = tokio::time::sleep(Duration::from_millis(config.poll_ms)) => {}
             }
-            continue;
         }
-        let mut posts = tokio::task::JoinSet::new();
-        for delivery in due {
-            let (store, client, config) = (store.clone(), client.clone(), config.clone());
-            posts.spawn(async move { attempt(&store, &client, &config, delivery).await });
+    }
+    while posts.join_next().await.is_some() {}
+}
+
+/// The pooled clients, one per port (see [`PORT_CLIENTS_MAX`]).
+#[derive(Clone, Default)]
+struct Clients(Arc<Mutex<HashMap<u16, reqwest::Client>>>);
+
+impl Clients {
+    fn for_port(&self, config: &WebhookConfig, port: u16) -> Result<reqwest::Client, String> {
+        let mut clients = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(client) = clients.get(&port) {
+            return Ok(client.clone());
         }
-        while posts.join_next().await.is_some() {}
+        let client = rein_egress::client_builder(&config.egress, port)
+            .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
+            .timeout(Duration::from_millis(config.timeout_ms))
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        if clients.len() < PORT_CLIENTS_MAX {
+            clients.insert(port, client.clone());
+        }
+        Ok(client)
     }
 }
 
+/// How one post ended.
+enum Posted {
+    Delivered(u16),
+    Failed(Option<u16>, String),
+    Refused(Refused),
+}
+
 /// One post of `delivery` and the record of its answer.
-async fn attempt(store: &Store, client: &reqwest::Client, config: &WebhookConfig, d: DueDelivery) {
-    let signature = sign(d.secret.as_bytes(), d.claimed_at_s, d.body.as_bytes());
-    let sent = client
-        .post(&d.url)
-        .header("content-type", "application/json")
-        .header("rein-delivery-id", d.delivery_id.to_string())
-        .header("rein-event", &d.kind)
-        .header("rein-timestamp", d.claimed_at_s.to_string())
-        .header("rein-signature", signature)
-        .body(d.body.clone())
-        .send()
-        .await;
-    let (code, error) = match sent {
-        Ok(reply) if reply.status().is_success() => {
-            let code = reply.status().as_u16();
+async fn attempt(store: &Store, clients: &Clients, config: &WebhookConfig, d: DueDelivery) {
+    let posted = match tokio::time::timeout(
+        Duration::from_millis(config.timeout_ms),
+        post(clients, config, &d),
+    )
+    .await
+    {
+        Ok(posted) => posted,
+        Err(_) => Posted::Failed(None, format!("no answer within {} ms", config.timeout_ms)),
+    };
+    let (code, error) = match posted {
+        Posted::Delivered(code) => {
             match store.webhook_delivered(d.delivery_id, code).await {
                 Ok(_) => {
                     metrics::counter!(WEBHOOK_DELIVERIES, "outcome" => "delivered").increment(1);
@@ -171,20 +228,23 @@ async fn attempt(store: &Store, client: &reqwest::Client, config: &WebhookConfig
             }
             return;
         }
-        Ok(reply) => {
-            let status = reply.status();
-            let text = reply.text().await.unwrap_or_default();
-            let mut end = text.len().min(ERROR_BODY_BYTES_MAX);
-            while !text.is_char_boundary(end) {
-                end -= 1;
+        Posted::Refused(refused) => {
+            let reason = format!(
+                "the egress rules refuse its URL: {} (rule {})",
+                refused.reason, refused.rule
+            );
+            match store.disable_webhook(d.webhook_id, &reason).await {
+                Ok(_) => {
+                    metrics::counter!(WEBHOOK_DELIVERIES, "outcome" => "failed").increment(1);
+                    warn!(webhook_id = %d.webhook_id, url = %d.url, %reason, "webhook disabled: nothing is posted to it");
+                }
+                Err(e) => {
+                    warn!(webhook_id = %d.webhook_id, error = %e, %reason, "cannot disable a webhook the egress rules refuse; nothing was posted")
+                }
             }
-            (
-                Some(status.as_u16()),
-                format!("the receiver answered {status}: {}", &text[..end]),
-            )
+            return;
         }
-        Err(e) if e.is_timeout() => (None, format!("no answer within {} ms", config.timeout_ms)),
-        Err(e) => (None, format!("cannot post: {}", error_chain(&e))),
+        Posted::Failed(code, error) => (code, error),
     };
     let attempts = u32::try_from(d.attempts).unwrap_or(0).saturating_add(1);
     let delay_ms = backoff_ms(attempts, rand::random::<f64>());
@@ -204,6 +264,67 @@ async fn attempt(store: &Store, client: &reqwest::Client, config: &WebhookConfig
         Err(e) => {
             warn!(delivery_id = %d.delivery_id, error = %e, "cannot record a failed webhook attempt")
         }
+    }
+}
+
+/// Posts `d` where the egress policy lets it, and reads at most
+/// [`ERROR_BODY_BYTES_READ_MAX`] bytes of a refusal.
+async fn post(clients: &Clients, config: &WebhookConfig, d: &DueDelivery) -> Posted {
+    let url = match config.egress.check_url(&d.url).await {
+        Ok(url) => url,
+        Err(refused) => return Posted::Refused(refused),
+    };
+    let Some(port) = url.port_or_known_default() else {
+        return Posted::Failed(None, "the URL names no port".into());
+    };
+    let client = match clients.for_port(config, port) {
+        Ok(client) => client,
+        Err(e) => return Posted::Failed(None, e),
+    };
+    let signature = sign(d.secret.as_bytes(), d.claimed_at_s, d.body.as_bytes());
+    let sent = client
+        .post(url)
+        .header("content-type", "application/json")
+        .header("rein-delivery-id", d.delivery_id.to_string())
+        .header("rein-event", &d.kind)
+        .header("rein-timestamp", d.claimed_at_s.to_string())
+        .header("rein-signature", signature)
+        .body(d.body.clone())
+        .send()
+        .await;
+    match sent {
+        Ok(reply) if reply.status().is_success() => Posted::Delivered(reply.status().as_u16()),
+        Ok(mut reply) => {
+            let status = reply.status();
+            let mut read = 0usize;
+            let body = loop {
+                match reply.chunk().await {
+                    Ok(Some(chunk)) => {
+                        read += chunk.len();
+                        if read > ERROR_BODY_BYTES_READ_MAX {
+                            break format!(
+                                "more than {ERROR_BODY_BYTES_READ_MAX} bytes (not read further)"
+                            );
+                        }
+                    }
+                    Ok(None) => break format!("{read} bytes"),
+                    Err(_) => break format!("{read} bytes before the answer broke off"),
+                }
+            };
+            // Dropping the reply closes the connection on what was not read.
+            drop(reply);
+            Posted::Failed(
+                Some(status.as_u16()),
+                format!("the receiver answered {status} with a body of {body} (not shown)"),
+            )
+        }
+        Err(e) => match rein_egress::refusal_in(&e) {
+            Some(refused) => Posted::Refused(refused.clone()),
+            None if e.is_timeout() => {
+                Posted::Failed(None, format!("no answer within {} ms", config.timeout_ms))
+            }
+            None => Posted::Failed(None, format!("cannot post: {}", error_chain(&e))),
+        },
     }
 }
 

@@ -133,6 +133,7 @@ pub struct WebhookDelivery {
 #[derive(Clone, sqlx::FromRow)]
 pub struct DueDelivery {
     pub delivery_id: Uuid,
+    pub webhook_id: Uuid,
     pub kind: String,
     pub url: String,
     pub secret: String,
@@ -194,26 +195,65 @@ impl Store {
     /// Stops a webhook: nothing more is queued for it, and its pending deliveries fail with
     /// that reason. Its deliveries stay listed. False when no live webhook has this id.
     pub async fn remove_webhook(&self, webhook_id: Uuid) -> Result<bool, StoreError> {
+        self.stop_webhook(webhook_id, None).await
+    }
+
+    /// Stops a webhook the way [`Store::remove_webhook`] does, recording `reason` (what a
+    /// scheduler's egress rules refuse in its URL); its pending deliveries fail with it.
+    pub async fn disable_webhook(
+        &self,
+        webhook_id: Uuid,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        self.stop_webhook(webhook_id, Some(reason)).await
+    }
+
+    async fn stop_webhook(
+        &self,
+        webhook_id: Uuid,
+        reason: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let reason = reason.map(|r| truncated(rein_core::text::storable(r)));
+        let error = match &reason {
+            Some(reason) => truncated(format!("the webhook was disabled: {reason}")),
+            None => "the webhook was removed".to_owned(),
+        };
         let mut tx = self.pool().begin().await?;
-        let removed = sqlx::query(
-            "UPDATE rein_webhooks SET disabled_at = clock_timestamp()
+        let stopped = sqlx::query(
+            "UPDATE rein_webhooks SET disabled_at = clock_timestamp(), disabled_reason = $2
              WHERE webhook_id = $1 AND disabled_at IS NULL",
         )
         .bind(webhook_id)
+        .bind(&reason)
         .execute(&mut *tx)
         .await?
         .rows_affected()
             == 1;
         sqlx::query(
             "UPDATE rein_webhook_deliveries
-             SET status = 'failed', last_error = 'the webhook was removed', claimed_until = NULL
+             SET status = 'failed', last_error = $2, claimed_until = NULL
              WHERE webhook_id = $1 AND status = 'pending'",
         )
         .bind(webhook_id)
+        .bind(&error)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(removed)
+        Ok(stopped)
+    }
+
+    /// Why a webhook was disabled (`None`: live, removed by an operator, or unknown).
+    pub async fn webhook_disabled_reason(
+        &self,
+        webhook_id: Uuid,
+    ) -> Result<Option<String>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT disabled_reason FROM rein_webhooks WHERE webhook_id = $1")
+                .bind(webhook_id)
+                .fetch_optional(self.pool())
+                .await?
+                .flatten(),
+        )
     }
 
     /// Deliveries, newest first; only those with `status` when given.
@@ -264,7 +304,7 @@ impl Store {
                    ORDER BY next_attempt_at
                    LIMIT $1
                    FOR UPDATE SKIP LOCKED)
-             RETURNING d.delivery_id, d.kind, w.url, w.secret, d.body::text AS body, d.attempts,
+             RETURNING d.delivery_id, d.webhook_id, d.kind, w.url, w.secret, d.body::text AS body, d.attempts,
                  extract(epoch FROM clock_timestamp())::bigint AS claimed_at_s",
         )
         .bind(limit.clamp(1, WEBHOOK_CLAIM_MAX))
@@ -304,14 +344,7 @@ impl Store {
         backoff_ms: u64,
         attempts_max: u32,
     ) -> Result<AttemptFailed, StoreError> {
-        let mut error = rein_core::text::storable(error);
-        if error.len() > DELIVERY_ERROR_BYTES_MAX {
-            let mut end = DELIVERY_ERROR_BYTES_MAX;
-            while !error.is_char_boundary(end) {
-                end -= 1;
-            }
-            error.truncate(end);
-        }
+        let error = truncated(rein_core::text::storable(error));
         let status: Option<String> = sqlx::query_scalar(
             "UPDATE rein_webhook_deliveries
              SET attempts = attempts + 1, last_status_code = $2, last_error = $3,
@@ -334,4 +367,16 @@ impl Store {
             Some(_) => AttemptFailed::WillRetry,
         })
     }
+}
+
+/// `text` cut to [`DELIVERY_ERROR_BYTES_MAX`] bytes on a character boundary.
+fn truncated(mut text: String) -> String {
+    if text.len() > DELIVERY_ERROR_BYTES_MAX {
+        let mut end = DELIVERY_ERROR_BYTES_MAX;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
 }

@@ -1,13 +1,16 @@
 //! The worker role: drives runs claimed under fenced leases (SPEC X1–X8, I1).
 
 pub mod agent;
-pub mod egress;
 pub mod handler;
 pub mod http;
 pub mod model;
 pub mod runtime;
 pub mod sim;
 pub mod trace;
+
+/// Where calls may connect: the policy lives in `rein-egress`, shared with the scheduler's
+/// webhook deliveries.
+pub use rein_egress as egress;
 
 pub use handler::{
     ActionContext, BoxFuture, ModelReply, NodeHandler, Outcome, Reconciled, Registry,

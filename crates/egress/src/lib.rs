@@ -1,7 +1,10 @@
-//! Where an outgoing call may connect (SPEC Z4): the worker's egress policy for http nodes,
-//! meant for every URL a definition names (a model action's `base_url` too).
+//! Where an outgoing call may connect (SPEC Z4): the worker's egress policy for http nodes
+//! and model actions (every URL a definition names), and the scheduler's for webhook
+//! deliveries (every URL `rein webhooks add` registers), checked again when one is
+//! registered. Refusals name the process and flag that open an address ([`Caller`]).
 //!
-//! A definition's author chooses the URL; the worker's operator chooses what it may reach.
+//! A definition's author (or a webhook's) chooses the URL; the operator of the process that
+//! calls it chooses what it may reach.
 //! The URL is parsed and normalised first ([`rein_core::http_url`]: no credentials, a host,
 //! http or https), then the address it leads to is checked: an IP written in the URL at once,
 //! a host name once it is resolved, by the resolver the HTTP client connects with
@@ -434,11 +437,46 @@ async fn lookup(name: &str) -> std::io::Result<Vec<IpAddr>> {
         .collect())
 }
 
+/// Who calls out under a policy, as its refusals name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    /// What makes the calls: `http nodes`.
+    pub calls: &'static str,
+    /// The process whose database and Redis are protected, and whose flag narrows or opens
+    /// what calls reach: `worker`.
+    pub role: &'static str,
+    /// That flag: `--http-allow`.
+    pub flag: &'static str,
+}
+
+impl Caller {
+    /// A worker's http nodes and model actions (`rein worker --http-allow`).
+    pub const WORKER: Caller = Caller {
+        calls: "http nodes",
+        role: "worker",
+        flag: "--http-allow",
+    };
+    /// Webhook deliveries, posted by schedulers and checked when `rein webhooks add`
+    /// registers one (`--webhook-allow` on both).
+    pub const WEBHOOKS: Caller = Caller {
+        calls: "webhooks",
+        role: "scheduler",
+        flag: "--webhook-allow",
+    };
+}
+
+impl Default for Caller {
+    fn default() -> Caller {
+        Caller::WORKER
+    }
+}
+
 /// What calls may reach; see the module documentation.
 #[derive(Debug, Default)]
 pub struct Policy {
     allow: Vec<Allow>,
     services: Vec<Service>,
+    caller: Caller,
 }
 
 impl Policy {
@@ -458,7 +496,14 @@ impl Policy {
         Ok(Policy {
             allow,
             services: Vec::new(),
+            caller: Caller::WORKER,
         })
+    }
+
+    /// The same rules, with refusals naming `caller`'s calls, process and flag.
+    pub fn for_caller(mut self, caller: Caller) -> Policy {
+        self.caller = caller;
+        self
     }
 
     /// Refuses calls to `host:port`, the worker's own database or Redis (`rule`), by name
@@ -568,17 +613,18 @@ impl Policy {
                         .iter()
                         .any(|a| a.opens_range(range, name, ip, port)))
             {
+                let Caller { calls, role, flag } = self.caller;
                 let open = if *refused_by == rule::UNSPECIFIED {
                     String::new()
                 } else {
                     format!(
-                        "; a worker started with --http-allow {} may call it",
+                        "; a {role} started with {flag} {} may call it",
                         Net::host(ip)
                     )
                 };
                 return Err(Refused::new(
                     refused_by,
-                    format!("{shown} is {what} ({range}), which http nodes may not call{open}"),
+                    format!("{shown} is {what} ({range}), which {calls} may not call{open}"),
                 ));
             }
         }
@@ -607,15 +653,16 @@ impl Policy {
 
     fn service_refusal(&self, service: &Service, shown: &str) -> Refused {
         let what = if service.rule == rule::DATABASE {
-            "the worker's own database"
+            "database"
         } else {
-            "the worker's own Redis"
+            "Redis"
         };
+        let Caller { calls, role, flag } = self.caller;
         Refused::new(
             service.rule,
             format!(
-                "{shown} is {what}, which http nodes may not call; a worker started with \
-                 --http-allow HOST:{} may",
+                "{shown} is the {role}'s own {what}, which {calls} may not call; a {role} \
+                 started with {flag} HOST:{} may",
                 service.port
             ),
         )
@@ -626,7 +673,9 @@ impl Policy {
         Refused::new(
             rule::NOT_ALLOWED,
             format!(
-                "{shown} is not in this worker's --http-allow list ({}{})",
+                "{shown} is not in this {}'s {} list ({}{})",
+                self.caller.role,
+                self.caller.flag,
                 list.join(", "),
                 if self.allow.len() > list.len() {
                     ", ..."
@@ -683,6 +732,17 @@ impl Policy {
             port,
         })
     }
+}
+
+/// A client builder for calls on `port` that connect only where the policy lets them: never
+/// through a proxy (a proxy would choose its own address), never following a redirect (a
+/// POST is not re-sent somewhere else), to addresses [`Policy::resolver`] admitted.
+pub fn client_builder(policy: &Arc<Policy>, port: u16) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .dns_resolver(policy.resolver(port))
+        .user_agent(concat!("rein/", env!("CARGO_PKG_VERSION")))
 }
 
 fn with_port(host: &str, port: Option<u16>) -> String {
