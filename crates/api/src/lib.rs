@@ -9,6 +9,7 @@ pub(crate) mod http_metrics;
 pub mod metrics_endpoint;
 mod moves;
 mod recovery;
+pub mod replays;
 mod routes;
 pub mod server;
 pub mod stream;
@@ -102,6 +103,16 @@ pub struct ApiArgs {
     #[arg(long, value_name = "N", default_value_t = stream::STREAMS_MAX_DEFAULT as u64,
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
     max_streams: u64,
+    /// Replays of runs' logs (`GET /v1/runs/{id}/whatif`, `/verify`) running at once, each on
+    /// a thread of its own at a lower priority than requests; one more is answered 503
+    /// (`Retry-After`).
+    #[arg(long, value_name = "N", default_value_t = replays::REPLAYS_MAX_DEFAULT as u64,
+          value_parser = clap::value_parser!(u64).range(1..=256))]
+    max_replays: u64,
+    /// Replays one token may have running at once; one more is answered 429 (`Retry-After`).
+    #[arg(long, value_name = "N", default_value_t = replays::REPLAYS_PER_TOKEN_MAX_DEFAULT as u64,
+          value_parser = clap::value_parser!(u64).range(1..=256))]
+    max_replays_per_token: u64,
     /// How often an open run stream reads the run's row for new events, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = rein_ops::stream::POLL_INTERVAL_MS_DEFAULT,
           value_parser = clap::value_parser!(u64).range(20..=10_000))]
@@ -137,6 +148,9 @@ pub struct Limits {
     /// How often a quiet run stream sends a comment: well inside the connection's idle
     /// timeout, which would otherwise close it.
     pub stream_keep_alive_ms: u64,
+    /// Replays of runs' logs (what-if, verify) at once, and for one token.
+    pub replays_max: usize,
+    pub replays_per_token_max: usize,
 }
 
 impl Default for Limits {
@@ -148,6 +162,8 @@ impl Default for Limits {
             streams_max: stream::STREAMS_MAX_DEFAULT,
             stream_poll_ms: rein_ops::stream::POLL_INTERVAL_MS_DEFAULT,
             stream_keep_alive_ms: stream::keep_alive_ms(server::IDLE_TIMEOUT_MS_DEFAULT),
+            replays_max: replays::REPLAYS_MAX_DEFAULT,
+            replays_per_token_max: replays::REPLAYS_PER_TOKEN_MAX_DEFAULT,
         }
     }
 }
@@ -163,6 +179,8 @@ pub struct App {
     pub redis: Option<rein_accel::RedisConfig>,
     /// One permit per open run stream.
     pub streams: Arc<tokio::sync::Semaphore>,
+    /// The threads that replay runs' logs, and their caps.
+    pub replays: Arc<replays::Replays>,
     /// Where each model key may be sent (`--model-key`), checked at registration.
     pub model_keys: rein_core::model_keys::KeyBindings,
 }
@@ -208,6 +226,29 @@ pub fn router_with_console(
     console: console::Console,
     model_keys: rein_core::model_keys::KeyBindings,
 ) -> axum::Router {
+    let replays = replays::Replays::new(limits.replays_max, limits.replays_per_token_max);
+    router_with_replays(
+        store,
+        insecure_dev,
+        limits,
+        redis,
+        console,
+        model_keys,
+        replays,
+    )
+}
+
+/// [`router_with_console`] on the replay threads `replays` (which a test or a measurement
+/// can hold and count).
+pub fn router_with_replays(
+    store: Store,
+    insecure_dev: bool,
+    limits: Limits,
+    redis: Option<rein_accel::RedisConfig>,
+    console: console::Console,
+    model_keys: rein_core::model_keys::KeyBindings,
+    replays: Arc<replays::Replays>,
+) -> axum::Router {
     let app = Arc::new(App {
         store,
         insecure_dev,
@@ -215,6 +256,7 @@ pub fn router_with_console(
         openapi: OnceLock::new(),
         redis,
         streams: Arc::new(tokio::sync::Semaphore::new(limits.streams_max)),
+        replays,
         model_keys,
     });
     let (router, doc) = routes::router().split_for_parts();
@@ -354,6 +396,8 @@ pub async fn serve(args: ApiArgs) -> u8 {
         streams_max: args.max_streams as usize,
         stream_poll_ms: args.stream_poll_ms,
         stream_keep_alive_ms: stream::keep_alive_ms(args.idle_timeout_ms),
+        replays_max: args.max_replays as usize,
+        replays_per_token_max: args.max_replays_per_token as usize,
     };
     tracing::info!(address = %bound, auth = !args.insecure_dev,
         max_connections = conn_limits.connections_max,
@@ -369,6 +413,7 @@ pub async fn serve(args: ApiArgs) -> u8 {
     http_metrics::describe();
     server::register_metrics();
     stream::register_metrics();
+    replays::register_metrics();
     let store = args
         .redis
         .publishing(store, &stop)

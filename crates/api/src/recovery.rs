@@ -10,7 +10,9 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Extension, Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use rein_accel::limits::KeyState;
-use rein_ops::recovery::{self, BriefView, ResolveBody, ResolveResponse, VerifyView};
+use rein_ops::recovery::{
+    self, BriefView, Replayed, ResolveBody, ResolveResponse, VerifyView, replay_budget,
+};
 use rein_ops::{Code, Error, ErrorBody};
 use rein_store::Scope;
 use serde::{Deserialize, Serialize};
@@ -19,6 +21,7 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use crate::extract::{parse_body, path_id, query};
+use crate::replays::refused_over_budget;
 use crate::{ApiError, App, Caller};
 
 /// The resume brief a model would be given to pick the run up (what `rein brief` prints):
@@ -42,20 +45,40 @@ pub async fn brief_run(
 
 /// Whether the run's log replays to its stored projection and to every checkpoint (what
 /// `rein runs verify` checks). A mismatch is an answer (`ok: false` and the `problem`), not
-/// an error.
+/// an error. The replay runs on the server's replay threads: its cost (events times what
+/// the definition's guards may take an event) is checked before it starts, at most
+/// `--max-replays` run at once (`--max-replays-per-token` for one token), and one whose
+/// client goes away is stopped.
 #[utoipa::path(get, path = "/v1/runs/{id}/verify", tag = "runs",
     params(("id" = Uuid, Path, description = "Run id")),
     responses((status = 200, description = "The verdict", body = VerifyView),
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the read scope", body = ErrorBody),
-              (status = 404, description = "No such run", body = ErrorBody)))]
+              (status = 404, description = "No such run", body = ErrorBody),
+              (status = 422, description = "The replay may cost more than the API replays for one request (validation_failed; details: cost, limit, events): run `rein runs verify` where the database is reachable", body = ErrorBody),
+              (status = 429, description = "This token has --max-replays-per-token replays running (too_many_requests)", body = ErrorBody,
+               headers(("Retry-After" = u64, description = "Seconds until asking again may succeed"))),
+              (status = 503, description = "This server has --max-replays replays running (unavailable)", body = ErrorBody,
+               headers(("Retry-After" = u64, description = "Seconds until asking again may succeed")))))]
 pub async fn verify_run(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
     id: Result<Path<Uuid>, PathRejection>,
 ) -> Result<Json<VerifyView>, ApiError> {
-    caller.require(Scope::Read)?;
-    Ok(Json(recovery::verify(&app.store, path_id(id)?).await?))
+    let who = caller.require(Scope::Read)?;
+    let id = path_id(id)?;
+    recovery::verify_budget(&app.store, id)
+        .await
+        .inspect_err(|_| refused_over_budget())?;
+    let slot = app.replays.slot(who.token_id)?;
+    let (store, runtime) = (app.store.clone(), tokio::runtime::Handle::current());
+    let verified = app
+        .replays
+        .run(slot, move |cancel| {
+            runtime.block_on(recovery::verify_until(&store, id, cancel))
+        })
+        .await??;
+    Ok(Json(verified))
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -114,29 +137,52 @@ pub struct WhatIfView {
 /// version it ran on and on the other, with recorded tool and model results reused; the
 /// first event the other decides differently, or the same outcome. Only registered versions
 /// are named here (the CLI also takes a file); without one, the current version of the
-/// run's definition name: what today's version would have done.
+/// run's definition name: what today's version would have done. The replays run on the
+/// server's replay threads: their cost (events times what both definitions' guards may take
+/// an event) is checked before they start, at most `--max-replays` run at once
+/// (`--max-replays-per-token` for one token), and one whose client goes away is stopped.
 #[utoipa::path(get, path = "/v1/runs/{id}/whatif", tag = "runs",
     params(("id" = Uuid, Path, description = "Run id"), WhatIfQuery),
     responses((status = 200, description = "The comparison", body = WhatIfView),
               (status = 401, description = "No or bad token", body = ErrorBody),
               (status = 403, description = "Needs the read scope", body = ErrorBody),
               (status = 404, description = "No such run or definition version", body = ErrorBody),
-              (status = 422, description = "Invalid query", body = ErrorBody)))]
+              (status = 422, description = "Invalid query, or the replays may cost more than the API replays for one request (validation_failed; details: cost, limit, events): run `rein replay` where the database is reachable", body = ErrorBody),
+              (status = 429, description = "This token has --max-replays-per-token replays running (too_many_requests)", body = ErrorBody,
+               headers(("Retry-After" = u64, description = "Seconds until asking again may succeed"))),
+              (status = 503, description = "This server has --max-replays replays running (unavailable)", body = ErrorBody,
+               headers(("Retry-After" = u64, description = "Seconds until asking again may succeed")))))]
 pub async fn whatif_run(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
     id: Result<Path<Uuid>, PathRejection>,
     q: Result<Query<WhatIfQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    caller.require(Scope::Read)?;
+    let who = caller.require(Scope::Read)?;
     let id = path_id(id)?;
     let q = query(q)?;
-    let named = match q.definition {
-        Some(named) => named,
-        None => app.store.run(id).await?.definition,
-    };
+    let row = app.store.run(id).await?;
+    let named = q.definition.unwrap_or_else(|| row.definition.clone());
     let new = rein_ops::whatif::registered_definition(&app.store, &named).await?;
-    Ok(Json(rein_ops::whatif::run(&app.store, id, &new).await?))
+    let old = app
+        .store
+        .load_definition(&row.definition, Some(row.version))
+        .await?;
+    // From the row, before the log is read; again once the versions it ran on are known.
+    let events = row.last_sequence.max(0) as u64;
+    replay_budget(Replayed::WhatIf, id, events, &[&old, &new])
+        .inspect_err(|_| refused_over_budget())?;
+    let slot = app.replays.slot(who.token_id)?;
+    let replay = rein_ops::whatif::Replay::load(&app.store, id, new).await?;
+    replay.budget().inspect_err(|_| refused_over_budget())?;
+    let compared = app
+        .replays
+        .run(slot, move |cancel| replay.compare(cancel))
+        .await?;
+    // `None` only when cancelled, which only the end of this request does.
+    compared
+        .map(Json)
+        .ok_or_else(|| Error::new(Code::Internal, "the what-if was cancelled".to_owned()).into())
 }
 
 /// Settle the run's in-doubt call by hand (what `rein resolve` does): `applied` with the
@@ -172,8 +218,12 @@ pub struct LimitsQuery {
     /// of letters, digits, `:`, `_`, `-`, `.` and `/` (`rein_core::limit_key_problem`); at
     /// most 1,000 (`LIMIT_KEYS_MAX`).
     #[serde(default)]
+    #[param(pattern = r"^[A-Za-z0-9:_./-]{0,128}(,[A-Za-z0-9:_./-]{0,128}){0,999}$")]
     pub keys: Option<String>,
 }
+
+/// Answers `GET /v1/limits` on an API without Redis: no fleet-wide limits are configured.
+const FLEET_LIMITS_HEADER: &str = "rein-fleet-limits";
 
 /// The fleet-wide limits' state in Redis (what `rein limits` prints): how far ahead each
 /// rate is booked, how far ahead deferred runs were sent, and who holds concurrency slots.
@@ -191,7 +241,7 @@ pub async fn list_limits(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
     q: Result<Query<LimitsQuery>, QueryRejection>,
-) -> Result<Json<Vec<KeyState>>, ApiError> {
+) -> Result<Response, ApiError> {
     caller.require(Scope::Read)?;
     let q = query(q)?;
     let keys: Vec<String> = q
@@ -208,7 +258,3 @@ pub async fn list_limits(
     };
     Ok(Json(recovery::limits(config, &keys).await?).into_response())
 }
-    #[param(pattern = r"^[A-Za-z0-9:_./-]{0,128}(,[A-Za-z0-9:_./-]{0,128}){0,999}$")]
-/// Answers `GET /v1/limits` on an API without Redis: no fleet-wide limits are configured.
-const FLEET_LIMITS_HEADER: &str = "rein-fleet-limits";
-

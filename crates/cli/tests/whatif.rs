@@ -483,3 +483,238 @@ async fn the_api_answers_a_what_if_as_the_cli_does_and_reads_no_file() {
         );
     }
 }
+
+/// A definition whose PING keeps a run in A, guarded by `scans` scans of a list in the run's
+/// data (some 180,000 steps each at the data size a registration is checked at; five stay
+/// within a decision's limit).
+fn looping(version: u32, scans: usize) -> Definition {
+    let guard: Vec<String> = (0..scans)
+        .map(|i| format!("!run.data.items.exists(i, i == 'x{i}')"))
+        .collect();
+    let guard = if guard.is_empty() {
+        String::new()
+    } else {
+        format!("guard = \"{}\"", guard.join(" && "))
+    };
+    parsed(&format!(
+        r#"
+name = "looping"
+version = {version}
+events = ["PING"]
+cancel_state = "DONE"
+
+[[states]]
+name = "A"
+kind = "waiting"
+initial = true
+
+[[states]]
+name = "DONE"
+kind = "terminal"
+
+[[transitions]]
+from = "A"
+event = "PING"
+to = "A"
+{guard}
+"#
+    ))
+}
+
+/// A run of `def` (with an empty list of items) that got `pings` PINGs.
+async fn pinged(store: &Store, def: &Definition, pings: u64) -> Uuid {
+    store.register_definition(def).await.expect("register");
+    let run = store
+        .enqueue(EnqueueRequest::new(def.clone(), json!({ "items": [] })))
+        .await
+        .expect("enqueue")
+        .run_id;
+    for _ in 0..pings {
+        let sent = store
+            .send(
+                run,
+                "PING",
+                json!({}),
+                &Sender::Engine("test".into()),
+                60_000,
+            )
+            .await
+            .expect("send PING");
+        assert!(matches!(sent, SendOutcome::Applied { .. }), "{sent:?}");
+    }
+    run
+}
+
+/// The API served in this process on a loopback port, on the replay threads `replays`.
+async fn api_in_process(
+    store: &Store,
+    replays: std::sync::Arc<rein_api::replays::Replays>,
+) -> (String, tokio_util::sync::CancellationToken) {
+    let app = rein_api::router_with_replays(
+        store.clone(),
+        false,
+        rein_api::Limits::default(),
+        None,
+        rein_api::console::Console::Off,
+        Default::default(),
+        replays,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(rein_api::serve_in_process(listener, app, stop.clone()));
+    (base, stop)
+}
+
+/// A read token's secret.
+async fn reader(store: &Store, subject: &str) -> String {
+    store
+        .create_token(subject, &["read".to_owned()])
+        .await
+        .expect("create a token")
+        .1
+}
+
+/// Waits (a minute at most) until `done` holds.
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..6_000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("{what} did not happen within a minute");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_what_if_over_the_replay_budget_is_refused_before_anything_is_replayed() {
+    use rein_core::replay_cost::{REPLAY_COST_MAX, replay_cost};
+    let (_url, store) = fresh_store("whatif_budget").await;
+    let costly = looping(1, 5);
+    // The fewest events whose what-if passes the budget.
+    let pings = REPLAY_COST_MAX / replay_cost(1, &[&costly, &costly], 2) + 1;
+    let run = pinged(&store, &costly, pings).await;
+    let replays = rein_api::replays::Replays::new(2, 1);
+    let (base, _stop) = api_in_process(&store, replays.clone()).await;
+    let token = reader(&store, "analyst").await;
+    let client = reqwest::Client::new();
+    let r = client
+        .get(format!("{base}/v1/runs/{run}/whatif"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::UNPROCESSABLE_ENTITY);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "validation_failed", "{v}");
+    let details = &v["error"]["details"];
+    assert_eq!(details["limit"], REPLAY_COST_MAX, "{v}");
+    assert!(details["cost"].as_u64().unwrap() > REPLAY_COST_MAX, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    for says in [
+        details["cost"].to_string(),
+        REPLAY_COST_MAX.to_string(),
+        "rein replay".to_owned(),
+    ] {
+        assert!(message.contains(&says), "{says}: {message}");
+    }
+    assert_eq!(replays.stats().started, 0, "nothing was replayed");
+    // Verifying the same log replays it once, without explaining: within the budget.
+    let r = client
+        .get(format!("{base}/v1/runs/{run}/verify"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::OK);
+    assert_eq!(r.json::<Value>().await.unwrap()["ok"], true);
+    assert_eq!(replays.stats().started, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_past_a_tokens_cap_get_429_past_the_servers_503_and_healthz_answers_meanwhile() {
+    let (_url, store) = fresh_store("whatif_caps").await;
+    let run = pinged(&store, &looping(1, 0), 3).await;
+    let replays = rein_api::replays::Replays::new(2, 1);
+    let (base, _stop) = api_in_process(&store, replays.clone()).await;
+    let (a, b, c) = (
+        reader(&store, "a").await,
+        reader(&store, "b").await,
+        reader(&store, "c").await,
+    );
+    let client = reqwest::Client::new();
+    let whatif = |token: &str| {
+        client
+            .get(format!("{base}/v1/runs/{run}/whatif"))
+            .bearer_auth(token)
+            .send()
+    };
+    // Replays wait at their start: every slot they take stays taken.
+    let hold = replays.hold();
+    let first = tokio::spawn(whatif(&a));
+    until("a's replay takes its slot", || replays.stats().running == 1).await;
+    let refused = |r: reqwest::Response, status, code: &'static str| async move {
+        assert_eq!(r.status(), status);
+        assert_eq!(r.headers()["retry-after"], "2");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], code, "{v}");
+    };
+    let tokens_cap = reqwest::StatusCode::TOO_MANY_REQUESTS;
+    refused(whatif(&a).await.unwrap(), tokens_cap, "too_many_requests").await;
+    let verify = client
+        .get(format!("{base}/v1/runs/{run}/verify"))
+        .bearer_auth(&a)
+        .send();
+    refused(verify.await.unwrap(), tokens_cap, "too_many_requests").await;
+    let second = tokio::spawn(whatif(&b));
+    until("b's replay takes its slot", || replays.stats().running == 2).await;
+    let servers_cap = reqwest::StatusCode::SERVICE_UNAVAILABLE;
+    refused(whatif(&c).await.unwrap(), servers_cap, "unavailable").await;
+    // Both replay threads are taken; the threads serving requests are not.
+    for _ in 0..3 {
+        let r = client.get(format!("{base}/healthz")).send().await.unwrap();
+        assert_eq!(r.status(), reqwest::StatusCode::OK);
+    }
+    drop(hold);
+    for answered in [first, second] {
+        let r = answered.await.unwrap().unwrap();
+        assert_eq!(r.status(), reqwest::StatusCode::OK);
+        assert_eq!(r.json::<Value>().await.unwrap()["verdict"], "same");
+    }
+    assert_eq!(replays.stats().cancelled, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_whose_client_goes_away_stops_early() {
+    let (_url, store) = fresh_store("whatif_cancel").await;
+    let pings = 200;
+    let run = pinged(&store, &looping(1, 0), pings).await;
+    let replays = rein_api::replays::Replays::new(2, 1);
+    let (base, _stop) = api_in_process(&store, replays.clone()).await;
+    let token = reader(&store, "a").await;
+    let hold = replays.hold();
+    let mut client = tokio::net::TcpStream::connect(base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let request = format!(
+        "GET /v1/runs/{run}/whatif HTTP/1.1\r\nHost: rein\r\nAuthorization: Bearer {token}\r\n\r\n"
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut client, request.as_bytes())
+        .await
+        .unwrap();
+    until("the replay takes its slot", || replays.stats().running == 1).await;
+    // The client goes away; the server notices and tells the replay to stop.
+    drop(client);
+    until("the request is abandoned", || {
+        replays.stats().abandoned == 1
+    })
+    .await;
+    drop(hold);
+    until("the replay ends", || replays.stats().running == 0).await;
+    let stats = replays.stats();
+    assert_eq!((stats.started, stats.cancelled), (1, 1), "{stats:?}");
+    assert!(
+        stats.events < rein_core::replay_cost::CANCEL_CHECK_EVERY && stats.events < pings,
+        "{stats:?}: the replay went on after it was told to stop"
+    );
+}

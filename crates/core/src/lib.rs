@@ -43,6 +43,7 @@ pub mod model_keys;
 mod movable;
 pub mod redact;
 pub mod reducer;
+pub mod replay_cost;
 mod reject;
 pub mod retry;
 mod retry_policy;

@@ -20,6 +20,7 @@ use crate::definition::Definition;
 use crate::event::{EngineEvent, Event};
 use crate::explain::{self, CandidateResult, GuardValue};
 use crate::reducer::{InvalidTransition, apply, follow_up};
+use crate::replay_cost::Cancel;
 use crate::state::{RunState, RunStatus};
 
 /// The verdict on one run.
@@ -286,18 +287,38 @@ pub fn compare(
     input: serde_json::Value,
     events: &[Event],
 ) -> WhatIf {
+    compare_until(old, new, input, events, &Cancel::new())
+}
+
+fn compare_until(
+    old: &Definition,
+    new: &Definition,
+    input: serde_json::Value,
+    events: &[Event],
+    cancel: &Cancel,
+) -> WhatIf {
     let recorded = RunState::initial(old, input.clone());
     let replayed = RunState::initial(new, input);
-    compare_between(old, new, recorded, replayed, events, true)
+    compare_between(old, new, recorded, replayed, events, true, cancel)
 }
 
 /// [`compare`] for the part of a log after `at`, the recorded state of the run when it came
 /// to `old` (right after its last DEFINITION_MIGRATED): what came before stays judged by
 /// the versions it ran on, and `new` takes over from `at` as `old` did.
 pub fn compare_after(old: &Definition, new: &Definition, at: RunState, events: &[Event]) -> WhatIf {
+    compare_after_until(old, new, at, events, &Cancel::new())
+}
+
+fn compare_after_until(
+    old: &Definition,
+    new: &Definition,
+    at: RunState,
+    events: &[Event],
+    cancel: &Cancel,
+) -> WhatIf {
     let mut replayed = at.clone();
     replayed.version = new.version();
-    compare_between(old, new, at, replayed, events, false)
+    compare_between(old, new, at, replayed, events, false, cancel)
 }
 
 /// [`compare`] for a run whose log may hold DEFINITION_MIGRATED events, `current` being the
@@ -311,9 +332,34 @@ pub fn compare_across<'d>(
     input: serde_json::Value,
     events: &[Event],
 ) -> (WhatIf, u64) {
+    compare_across_watched(def_of, current, new, input, events, &Cancel::new())
+}
+
+/// [`compare_across`], stopping early once `cancel` is set (looked at every
+/// [`crate::replay_cost::CANCEL_CHECK_EVERY`] events of each replay): `None` then.
+pub fn compare_across_until<'d>(
+    def_of: &dyn Fn(u32) -> Option<&'d Definition>,
+    current: &Definition,
+    new: &Definition,
+    input: serde_json::Value,
+    events: &[Event],
+    cancel: &Cancel,
+) -> Option<(WhatIf, u64)> {
+    let judged = compare_across_watched(def_of, current, new, input, events, cancel);
+    (!cancel.is_cancelled()).then_some(judged)
+}
+
+fn compare_across_watched<'d>(
+    def_of: &dyn Fn(u32) -> Option<&'d Definition>,
+    current: &Definition,
+    new: &Definition,
+    input: serde_json::Value,
+    events: &[Event],
+    cancel: &Cancel,
+) -> (WhatIf, u64) {
     let migrated = EngineEvent::DefinitionMigrated.as_str();
     let Some(last) = events.iter().rposition(|e| e.kind == migrated) else {
-        return (compare(current, new, input, events), 0);
+        return (compare_until(current, new, input, events, cancel), 0);
     };
     let first = crate::migration::first_version(current.version(), events.iter());
     let at_end = |state: &RunState| end(current, state);
@@ -331,10 +377,11 @@ pub fn compare_across<'d>(
         );
     };
     let start = RunState::initial(first_def, input);
-    match crate::checkpoint::replay_judging_across(def_of, start.clone(), &events[..=last], &[]) {
+    let logged = cancel.until_cancelled(events[..=last].iter());
+    match crate::checkpoint::replay_judging_across(def_of, start.clone(), logged, &[]) {
         Ok((at, _)) => {
             let from = at.sequence;
-            let mut w = compare_after(current, new, at, &events[last + 1..]);
+            let mut w = compare_after_until(current, new, at, &events[last + 1..], cancel);
             w.events = events.len() as u64;
             w.compared += last as u64 + 1;
             (w, from)
@@ -387,13 +434,14 @@ fn compare_between(
     mut replayed: RunState,
     events: &[Event],
     from_start: bool,
+    cancel: &Cancel,
 ) -> WhatIf {
     let total = events.len() as u64;
     // The recorded run goes on past the divergence, to the end of its log.
     let diverge = |recorded: &RunState, replayed: &RunState, compared: u64, d: Divergence| {
         let mut last = recorded.clone();
         if d.kind != Kind::RecordedRejected {
-            for event in events.iter().skip(compared as usize) {
+            for event in cancel.until_cancelled(events.iter().skip(compared as usize)) {
                 match apply(old, &last, event) {
                     Ok(next) => last = next,
                     Err(_) => break,
@@ -428,7 +476,7 @@ fn compare_between(
         };
         return diverge(&recorded, &replayed, 0, d);
     }
-    for (i, event) in events.iter().enumerate() {
+    for (i, event) in cancel.until_cancelled(events.iter()).enumerate() {
         let compared = i as u64 + 1;
         let before = replayed.state.clone();
         let engine = EngineEvent::parse(&event.kind).is_some();
@@ -670,6 +718,35 @@ to = "{shipped_to}"
             .enumerate()
             .map(|(i, k)| Event::new(i as u64 + 1, *k, json!({})))
             .collect()
+    }
+
+    #[test]
+    fn a_cancelled_comparison_stops_at_its_next_look_at_the_flag() {
+        let looping = |version: u32| {
+            let text = format!(
+                "name = \"loop\"\nversion = {version}\nevents = [\"PING\"]\n\
+                 cancel_state = \"DONE\"\n[[states]]\nname = \"DONE\"\nkind = \"terminal\"\n\
+                 [[states]]\nname = \"A\"\nkind = \"waiting\"\ninitial = true\n\
+                 [[transitions]]\nfrom = \"A\"\nevent = \"PING\"\nto = \"A\"\n"
+            );
+            Definition::parse(&text, Format::Toml, &GuardRegistry::new()).expect("valid")
+        };
+        let (v1, v2) = (looping(1), looping(2));
+        let events = log(&["PING"; 1_000]);
+        let watched = Cancel::new();
+        let (out, _) = compare_across_until(&|_| None, &v1, &v2, json!({}), &events, &watched)
+            .expect("not cancelled");
+        assert_eq!((out.verdict, out.compared), (Verdict::Same, 1_000));
+        assert_eq!(watched.events(), 1_000);
+        let cancelled = Cancel::new();
+        cancelled.cancel();
+        let out = compare_across_until(&|_| None, &v1, &v2, json!({}), &events, &cancelled);
+        assert!(out.is_none());
+        assert!(
+            cancelled.events() <= crate::replay_cost::CANCEL_CHECK_EVERY,
+            "{} events replayed after the flag was set",
+            cancelled.events()
+        );
     }
 
     #[test]

@@ -4,7 +4,9 @@
 
 use rein_accel::RedisConfig;
 use rein_accel::limits::KeyState;
+use rein_core::Definition;
 use rein_core::brief::ResumeBrief;
+use rein_core::replay_cost::{self, Cancel, REPLAY_COST_MAX};
 use rein_store::{INBOX_TTL_MS_DEFAULT, Sender, Store, TokenInfo};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -48,12 +50,91 @@ pub struct VerifyView {
 
 /// Replays `run_id`'s log and compares it with what is stored.
 pub async fn verify(store: &Store, run_id: Uuid) -> Result<VerifyView, Error> {
-    let problem = store.verify_run(run_id).await?;
+    verify_until(store, run_id, &Cancel::new()).await
+}
+
+/// [`verify`], stopping early once `cancel` is set (the answer then means nothing).
+pub async fn verify_until(
+    store: &Store,
+    run_id: Uuid,
+    cancel: &Cancel,
+) -> Result<VerifyView, Error> {
+    let problem = store.verify_run_until(run_id, cancel).await?;
     Ok(VerifyView {
         run_id,
         ok: problem.is_none(),
         problem,
     })
+}
+
+/// A replay of a stored log served to a remote caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replayed {
+    /// The log on the version(s) it ran on, once (`verify`).
+    Verify,
+    /// The log on its own version and on another, each event explained and applied on both
+    /// (a what-if).
+    WhatIf,
+}
+
+/// The steps replaying `events` events of `run_id` on `defs` may take
+/// ([`replay_cost::replay_cost`]); past [`REPLAY_COST_MAX`] a validation error saying the
+/// cost, the limit and what to run instead, before anything is replayed.
+pub fn replay_budget(
+    what: Replayed,
+    run_id: Uuid,
+    events: u64,
+    defs: &[&Definition],
+) -> Result<u64, Error> {
+    let (guard_runs, instead) = match what {
+        Replayed::Verify => (1, format!("`rein runs verify {run_id}`")),
+        Replayed::WhatIf => (
+            2,
+            format!("`rein replay {run_id} --definition NAME@VERSION`"),
+        ),
+    };
+    let cost = replay_cost::replay_cost(events, defs, guard_runs);
+    if cost <= REPLAY_COST_MAX {
+        return Ok(cost);
+    }
+    let on: Vec<String> = defs
+        .iter()
+        .map(|d| {
+            format!(
+                "{} v{} (guards up to {} steps an event)",
+                d.name(),
+                d.version(),
+                replay_cost::guard_steps_bound(d)
+            )
+        })
+        .collect();
+    Err(Error::validation(format!(
+        "replaying run {run_id}'s {events} events on {} may take up to {cost} evaluation \
+         steps; the API replays at most {REPLAY_COST_MAX} for one request: run {instead} where \
+         the database is reachable (it has no such limit)",
+        on.join(" and ")
+    ))
+    .with_details(json!({
+        "run_id": run_id,
+        "events": events,
+        "cost": cost,
+        "limit": REPLAY_COST_MAX,
+    })))
+}
+
+/// [`replay_budget`] of verifying `run_id`, from its row alone (before its log is read), on
+/// the version it is on now.
+pub async fn verify_budget(store: &Store, run_id: Uuid) -> Result<u64, Error> {
+    let row = store.run(run_id).await?;
+    let def = store
+        .load_definition(&row.definition, Some(row.version))
+        .await?;
+    replay_budget(
+        Replayed::Verify,
+        run_id,
+        row.last_sequence.max(0) as u64,
+        &[&def],
+    )
 }
 
 /// Whether an in-doubt call took effect.
@@ -173,9 +254,17 @@ pub fn check_limit_keys(keys: &[String]) -> Result<(), Error> {
             "at most {LIMIT_KEYS_MAX} limit keys at once"
         )));
     }
-    if let Some(problem) = keys.iter().find_map(|k| rein_core::limit_key_problem(k)) {
-        return Err(Error::validation(problem));
+    match keys.iter().find_map(|k| rein_core::limit_key_problem(k)) {
+        Some(problem) => Err(Error::validation(problem)),
+        None => Ok(()),
     }
+}
+
+/// The fleet-wide limits' state in Redis: how far ahead each rate is booked, how far ahead
+/// deferred runs were sent, and who holds concurrency slots; for `keys`, or for every key in
+/// use when none is named.
+pub async fn limits(config: &RedisConfig, keys: &[String]) -> Result<Vec<KeyState>, Error> {
+    check_limit_keys(keys)?;
     let unreachable = |e: String| {
         Error::new(
             Code::Unavailable,
@@ -193,10 +282,3 @@ pub fn check_limit_keys(keys: &[String]) -> Result<(), Error> {
         .await
         .map_err(unreachable)
 }
-}
-
-/// The fleet-wide limits' state in Redis: how far ahead each rate is booked, how far ahead
-/// deferred runs were sent, and who holds concurrency slots; for `keys`, or for every key in
-/// use when none is named.
-pub async fn limits(config: &RedisConfig, keys: &[String]) -> Result<Vec<KeyState>, Error> {
-    check_limit_keys(keys)?;

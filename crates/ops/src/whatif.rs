@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, Utc};
 use rein_core::Definition;
+use rein_core::replay_cost::Cancel;
 use rein_core::whatif::{self, Verdict, WhatIf};
 use rein_store::{Store, WhatIfRuns};
 use serde_json::{Value, json};
@@ -93,22 +94,80 @@ fn report(run_id: Uuid, old: &Definition, new: &Definition, w: &WhatIf, from: u6
 /// Replays stored run `run_id` on its own definition version and on `new`: the first event
 /// `new` decides differently, or that it decides them all the same.
 pub async fn run(store: &Store, run_id: Uuid, new: &Definition) -> Result<Value, Error> {
-    let row = store.run(run_id).await?;
-    let old = store
-        .load_definition(&row.definition, Some(row.version))
-        .await?;
-    let input = store.run_input(run_id).await?;
-    let events: Vec<rein_core::Event> = store
-        .history(run_id)
-        .await?
-        .iter()
-        .map(|e| e.as_event())
-        .collect();
-    let defs = store
-        .log_definitions(&row.definition, row.version, &events)
-        .await?;
-    let (w, from) = whatif::compare_across(&|v| defs.get(&v), &old, new, input, &events);
-    Ok(report(run_id, &old, new, &w, from))
+    let replay = Replay::load(store, run_id, new.clone()).await?;
+    Ok(replay.compare(&Cancel::new()).unwrap_or_default())
+}
+
+/// One run's what-if, read from the store and ready to replay: the replay itself touches
+/// nothing but memory, so it can run wherever its caller likes.
+pub struct Replay {
+    run_id: Uuid,
+    /// The version the run is on now.
+    pub old: Definition,
+    pub new: Definition,
+    /// Every version its log names, by number.
+    pub versions: BTreeMap<u32, Definition>,
+    input: Value,
+    pub events: Vec<rein_core::Event>,
+}
+
+impl Replay {
+    /// Reads `run_id`'s log, its input and the versions it ran on.
+    pub async fn load(store: &Store, run_id: Uuid, new: Definition) -> Result<Replay, Error> {
+        let row = store.run(run_id).await?;
+        let old = store
+            .load_definition(&row.definition, Some(row.version))
+            .await?;
+        let input = store.run_input(run_id).await?;
+        let events: Vec<rein_core::Event> = store
+            .history(run_id)
+            .await?
+            .iter()
+            .map(|e| e.as_event())
+            .collect();
+        let versions = store
+            .log_definitions(&row.definition, row.version, &events)
+            .await?;
+        Ok(Replay {
+            run_id,
+            old,
+            new,
+            versions,
+            input,
+            events,
+        })
+    }
+
+    /// [`crate::recovery::replay_budget`] of this what-if, now that the versions its log ran
+    /// on are known: its events on the costliest of them and on the other definition.
+    pub fn budget(&self) -> Result<u64, Error> {
+        let costliest = self
+            .versions
+            .values()
+            .chain([&self.old])
+            .max_by_key(|d| rein_core::replay_cost::guard_steps_bound(d))
+            .unwrap_or(&self.old);
+        crate::recovery::replay_budget(
+            crate::recovery::Replayed::WhatIf,
+            self.run_id,
+            self.events.len() as u64,
+            &[costliest, &self.new],
+        )
+    }
+
+    /// The report of the comparison, or `None` when `cancel` was set before it ended.
+    pub fn compare(&self, cancel: &Cancel) -> Option<Value> {
+        let def_of = |v| self.versions.get(&v);
+        let (w, from) = whatif::compare_across_until(
+            &def_of,
+            &self.old,
+            &self.new,
+            self.input.clone(),
+            &self.events,
+            cancel,
+        )?;
+        Some(report(self.run_id, &self.old, &self.new, &w, from))
+    }
 }
 
 /// Which runs `--all` compares.

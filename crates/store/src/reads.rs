@@ -472,6 +472,16 @@ impl Store {
     /// (SPEC E3) and with every checkpoint at its sequence (SPEC E4, C10). `Ok(None)` when
     /// they all agree; `Ok(Some(reason))` describes the first mismatch.
     pub async fn verify_run(&self, run_id: Uuid) -> Result<Option<String>, StoreError> {
+        self.verify_run_until(run_id, &rein_core::replay_cost::Cancel::new())
+            .await
+    }
+
+    /// [`Store::verify_run`], stopping early once `cancel` is set: the answer then says so.
+    pub async fn verify_run_until(
+        &self,
+        run_id: Uuid,
+        cancel: &rein_core::replay_cost::Cancel,
+    ) -> Result<Option<String>, StoreError> {
         let row = self.run(run_id).await?;
         let input = self.run_input(run_id).await?;
         let events = self.history(run_id).await?;
@@ -503,9 +513,12 @@ impl Store {
         let (replayed, bad_checkpoints) = match rein_core::checkpoint::replay_judging_across(
             &def_of,
             RunState::initial(first_def, input),
-            logged.iter(),
+            cancel.until_cancelled(logged.iter()),
             &checkpoints,
         ) {
+            Ok(_) if cancel.is_cancelled() => {
+                return Ok(Some("the check was cancelled before it ended".to_owned()));
+            }
             Ok(judged) => judged,
             Err((i, e)) => return Ok(Some(format!("event {} does not replay: {e}", i + 1))),
         };
