@@ -329,6 +329,13 @@ pub async fn serve(args: ApiArgs) -> u8 {
         }
         (None, false) => console::Console::Embedded,
     };
+    let redaction_key = match rein_process::redaction_key() {
+        Ok(key) => key,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::INPUT;
+        }
+    };
     let model_keys = match args.model_keys.bindings() {
         Ok(keys) => keys,
         Err(e) => {
@@ -337,6 +344,11 @@ pub async fn serve(args: ApiArgs) -> u8 {
         }
     };
     init_logging(true);
+    if redaction_key.is_none() {
+        tracing::info!(
+            "no REIN_REDACTION_KEY: POST /v1/runs/{{id}}/redact answers 503 until the API is started with one"
+        );
+    }
     let store = match rein_process::connect(&args.db, false).await {
         Ok(s) => s,
         Err(code) => return code,
@@ -371,13 +383,6 @@ pub async fn serve(args: ApiArgs) -> u8 {
         || server::connections_max_default(args.db.db_pool_max),
         |n| n as usize,
     );
-    let redaction_key = match rein_process::redaction_key() {
-        Ok(key) => key,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return exit::INPUT;
-        }
-    };
     let conn_limits = server::ConnLimits {
         header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
         idle_timeout: Duration::from_millis(args.idle_timeout_ms),
@@ -386,11 +391,6 @@ pub async fn serve(args: ApiArgs) -> u8 {
     };
     let limits = Limits {
         body_bytes_max: args.body_limit_bytes as usize,
-    if redaction_key.is_none() {
-        tracing::info!(
-            "no REIN_REDACTION_KEY: POST /v1/runs/{{id}}/redact answers 503 until the API is started with one"
-        );
-    }
         body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
         page_bytes_max: args.page_bytes_max as usize,
         streams_max: args.max_streams as usize,

@@ -1101,6 +1101,7 @@ async fn register_definition(
         by: &who.subject,
         make_current: q.make_current.unwrap_or(false),
         allow_builtin,
+        model_keys: &app.model_keys,
     };
     let done = service::register(&app.store, text, format, publisher).await?;
     let status = if done.created {
@@ -1116,7 +1117,6 @@ async fn register_definition(
 /// theirs. Recorded as moved by the token's subject. A built-in name takes no other version
 /// than the shipped one without `allow_builtin` (admin).
 #[utoipa::path(post, path = "/v1/definitions/{name}/current", tag = "definitions",
-        model_keys: &app.model_keys,
     request_body = CurrentBody,
     params(DefinitionPath),
     responses((status = 200, description = "The current version now, and the one before", body = CurrentResponse),

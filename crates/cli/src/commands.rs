@@ -366,8 +366,6 @@ pub enum RunsCommand {
         #[arg(long)]
         json: bool,
     },
-}
-
     /// List the keys of runs whose markers a redaction wrote before markers were keyed (a
     /// plain sha256 of the value, which a reader of the log can reverse for a guessable
     /// value such as a phone number). `rein runs redact RUN --fields KEY` with
@@ -382,6 +380,8 @@ pub enum RunsCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
 /// `--status` takes exactly the statuses a run can have: anything else is a usage error
 /// (exit 1) that lists them, not a filter that matches nothing.
 fn run_status_parser() -> clap::builder::PossibleValuesParser {
@@ -525,6 +525,19 @@ pub async fn worker(args: WorkerArgs) -> u8 {
     config.limit_wait_max_ms = args.limit_wait_max_ms;
     config.redis = args.redis.config();
     config.model_key_envs = args.model_key_env;
+    // A binding allows its variable.
+    for binding in &args.model_keys.model_key {
+        if !config.model_key_envs.contains(&binding.name) {
+            config.model_key_envs.push(binding.name.clone());
+        }
+    }
+    config.model_keys = match args.model_keys.bindings() {
+        Ok(keys) => keys,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::INPUT;
+        }
+    };
     if let Err(e) = config.validate() {
         eprintln!("error: {e}");
         return exit::INPUT;
@@ -541,19 +554,6 @@ pub async fn worker(args: WorkerArgs) -> u8 {
         }
     }
     let mut egress = match rein_worker::egress::Policy::allowing(args.http_allow) {
-    // A binding allows its variable.
-    for binding in &args.model_keys.model_key {
-        if !config.model_key_envs.contains(&binding.name) {
-            config.model_key_envs.push(binding.name.clone());
-        }
-    }
-    config.model_keys = match args.model_keys.bindings() {
-        Ok(keys) => keys,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return exit::INPUT;
-        }
-    };
         Ok(policy) => policy,
         Err(e) => {
             eprintln!("error: --http-allow: {e}");
@@ -881,6 +881,43 @@ pub async fn workers(args: WorkersArgs) -> u8 {
             schema,
             short_time(text(m, "started_at"))
         );
+        if let Some(keys) = m["info"]["model_keys"].as_object() {
+            let said: Vec<String> = keys
+                .iter()
+                .map(|(name, urls)| {
+                    let urls: Vec<&str> = urls
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_str)
+                        .collect();
+                    let urls = if urls.is_empty() {
+                        "nowhere".to_owned()
+                    } else {
+                        urls.join(", ")
+                    };
+                    format!("{name} -> {urls}")
+                })
+                .collect();
+            println!("    model keys: {}", said.join("; "));
+        } else if text(m, "role") == "worker" {
+            println!(
+                "    model keys: not reported (an older release, which sends a key wherever base_url says)"
+            );
+        }
+    }
+    // A key goes only where each worker binds it: workers that disagree call differently.
+    let mut reported = members
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["info"].get("model_keys"));
+    if let Some(first) = reported.next()
+        && reported.any(|keys| keys != first)
+    {
+        println!(
+            "note: the workers bind model keys differently; give every worker and the API the same --model-key"
+        );
     }
     exit::OK
 }
@@ -908,43 +945,6 @@ pub async fn resolve(args: ResolveArgs) -> u8 {
         resolution: match args.resolution {
             Resolution::Applied => rein_ops::recovery::Resolution::Applied,
             Resolution::NotApplied => rein_ops::recovery::Resolution::NotApplied,
-        if let Some(keys) = m["info"]["model_keys"].as_object() {
-            let said: Vec<String> = keys
-                .iter()
-                .map(|(name, urls)| {
-                    let urls: Vec<&str> = urls
-        } else if text(m, "role") == "worker" {
-            println!(
-                "    model keys: not reported (an older release, which sends a key wherever base_url says)"
-            );
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(Value::as_str)
-                        .collect();
-                    let urls = if urls.is_empty() {
-                        "nowhere".to_owned()
-                    } else {
-                        urls.join(", ")
-                    };
-                    format!("{name} -> {urls}")
-                })
-                .collect();
-            println!("    model keys: {}", said.join("; "));
-        }
-    }
-    // A key goes only where each worker binds it: workers that disagree call differently.
-    let mut reported = members
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|m| m["info"].get("model_keys"));
-    if let Some(first) = reported.next()
-        && reported.any(|keys| keys != first)
-    {
-        println!(
-            "note: the workers bind model keys differently; give every worker and the API the same --model-key"
-        );
         },
         event: args.event,
         payload: Some(payload),
@@ -1121,6 +1121,13 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
             by,
             json,
         } => {
+            let key = match rein_process::redaction_key() {
+                Ok(key) => key,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return exit::INPUT;
+                }
+            };
             let store = match connect(&db, false).await {
                 Ok(s) => s.with_redaction_key(key),
                 Err(code) => return code,
@@ -1134,13 +1141,6 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
                 Ok(done) => {
                     println!(
                         "redacted {} in run {run}: {} value(s) replaced by their keyed hash, in {} event(s)",
-            let key = match rein_process::redaction_key() {
-                Ok(key) => key,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return exit::INPUT;
-                }
-            };
                         done.fields.join(", "),
                         done.hashes.len(),
                         done.events
@@ -1161,19 +1161,6 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
                 Err(e) => fail(&e),
             }
         }
-    }
-}
-
-/// `rein openapi`: prints the document, with no server or database needed.
-pub fn openapi() -> u8 {
-    match rein_api::document().to_pretty_json() {
-        Ok(text) => {
-            println!("{text}");
-            exit::OK
-        }
-        Err(e) => {
-            eprintln!("error: cannot render the OpenAPI document: {e}");
-            exit::INPUT
         RunsCommand::UnkeyedRedactions { db, run, json } => {
             let store = match connect(&db, false).await {
                 Ok(s) => s,
@@ -1207,6 +1194,19 @@ pub fn openapi() -> u8 {
                 Err(e) => rein_process::report(&e),
             }
         }
+    }
+}
+
+/// `rein openapi`: prints the document, with no server or database needed.
+pub fn openapi() -> u8 {
+    match rein_api::document().to_pretty_json() {
+        Ok(text) => {
+            println!("{text}");
+            exit::OK
+        }
+        Err(e) => {
+            eprintln!("error: cannot render the OpenAPI document: {e}");
+            exit::INPUT
         }
     }
 }

@@ -462,8 +462,10 @@ pub async fn fork(
             at_sequence,
             request,
             &snapshot,
-            by,
-            body.reason.as_deref(),
+            rein_store::ForkedBy {
+                by,
+                reason: body.reason.as_deref(),
+            },
         )
         .await?;
     Ok(ForkResponse {

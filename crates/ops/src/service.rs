@@ -699,9 +699,6 @@ fn builtin_unshadowed(
     .with_details(json!({ "definition": name, "builtin_version": shipped.version() })))
 }
 
-/// Validates a definition document and stores it as a version published by `publisher`;
-/// every problem is listed in `details.problems` with its location.
-pub async fn register(
 /// Refuses a definition whose model state would send its key to an endpoint the key is not
 /// bound to (a registration rule: versions stored before it still load, and their workers
 /// refuse such a call).
@@ -723,6 +720,9 @@ fn unbound_keys_refused(
     .with_details(json!({ "problems": problems })))
 }
 
+/// Validates a definition document and stores it as a version published by `publisher`;
+/// every problem is listed in `details.problems` with its location.
+pub async fn register(
     store: &Store,
     text: &str,
     format: Format,
@@ -741,10 +741,10 @@ fn unbound_keys_refused(
         ))
         .with_details(json!({ "problems": problems }))
     })?;
+    unbound_keys_refused(publisher.model_keys, &def)?;
     // What cannot be stored is refused as such before who may store it is asked.
     let body = serde_json::to_value(def.spec())
         .map_err(|e| Error::from(StoreError::Corrupt(e.to_string())))?;
-    unbound_keys_refused(publisher.model_keys, &def)?;
     rein_store::input::check_json("definition", &body)?;
     builtin_unshadowed(
         def.name(),

@@ -55,7 +55,9 @@ pub use definitions::{
 pub use error::{StoreError, is_unreachable};
 pub use gauges::{FleetGauges, RETRYING_ATTEMPTS_MIN};
 pub use leader::{LEADER_TTL_MS_MAX, LEADER_TTL_MS_MIN, LeaderInfo, LeaderLease};
-pub use moves::{FORK_DEPTH_MAX, MIGRATION_PAGE_MAX, MigrationCandidate, Moved, PROTOCOL_MOVES};
+pub use moves::{
+    FORK_DEPTH_MAX, ForkedBy, MIGRATION_PAGE_MAX, MigrationCandidate, Moved, PROTOCOL_MOVES,
+};
 
 /// The newest engine protocol this binary reads (`rein_runs.protocol`): it claims no run whose
 /// log needs a newer one, so old and new workers can run side by side during an upgrade.

@@ -249,8 +249,8 @@ impl Store {
 
     /// Creates a fork of `source` at `at_sequence` (SPEC E6): a new run made by `request`
     /// (its definition, input, queue; linked to the source as its parent) whose first event
-    /// is RUN_FORKED carrying `snapshot` (and who forked it, and why), in one transaction with its creation, so no worker
-    /// ever sees it before. It inherits the source's ledger entries of the steps the snapshot
+    /// is RUN_FORKED carrying `snapshot` and `why` (who forked it, and why), in one
+    /// transaction with its creation, so no worker ever sees it before. It inherits the source's ledger entries of the steps the snapshot
     /// has made (their idempotency keys), so `rein why` shows them and a retried step keeps
     /// its key. The source is not touched.
     pub async fn fork(
@@ -260,9 +260,9 @@ impl Store {
         at_sequence: i64,
         mut request: EnqueueRequest,
         snapshot: &RunState,
-        by: &str,
-        reason: Option<&str>,
+        why: ForkedBy<'_>,
     ) -> Result<Uuid, StoreError> {
+        let ForkedBy { by, reason } = why;
         if let Some(token) = token {
             token
                 .may_create(&request.queue, request.priority)
@@ -345,4 +345,11 @@ impl Store {
         self.woke(Some(&request.queue));
         Ok(created.run_id)
     }
+}
+
+/// Who forked a run, and why: recorded on its RUN_FORKED event.
+#[derive(Debug, Clone, Copy)]
+pub struct ForkedBy<'a> {
+    pub by: &'a str,
+    pub reason: Option<&'a str>,
 }

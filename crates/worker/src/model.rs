@@ -282,9 +282,9 @@ impl Model {
                 "the model table gives no base_url and the worker has no REIN_MODEL_URL; set one of them".into(),
             ));
         };
+        let key = self.key(spec, &base)?;
         let text = format!("{}/chat/completions", base.trim_end_matches('/'));
         let (egress, clients) = self.http.parts();
-        let key = self.key(spec, &base)?;
         let (url, client) = match admit(&egress, &clients, &text).await {
             Ok(admitted) => admitted,
             Err(Admission::Refused(refused)) => return Err(egress_refused(&refused)),
@@ -300,13 +300,13 @@ impl Model {
         }
         let exchange = async {
             let response = request.send().await.map_err(|e| {
-                let what = if e.is_connect() {
-                    kind::NETWORK
                 // The policy refused the address the host name resolved to: asking again
                 // resolves to the same refusal.
                 if let Some(refused) = crate::egress::refusal_in(&e) {
                     return egress_refused(refused);
                 }
+                let what = if e.is_connect() {
+                    kind::NETWORK
                 } else {
                     kind::IN_DOUBT
                 };
@@ -353,8 +353,6 @@ impl Model {
     }
 }
 
-/// Blob references among the top-level payload fields of the log (SPEC E5: a large tool
-/// result, a reply, a call's arguments) are read back, so the conversation quotes what the
 fn egress_refused(refused: &crate::egress::Refused) -> Failed {
     fatal(
         kind::EGRESS_REFUSED,
@@ -365,6 +363,8 @@ fn egress_refused(refused: &crate::egress::Refused) -> Failed {
     )
 }
 
+/// Blob references among the top-level payload fields of the log (SPEC E5: a large tool
+/// result, a reply, a call's arguments) are read back, so the conversation quotes what the
 /// tools returned and the model said, not where it is stored. Each blob is read once, and
 /// only when `run_id` (or a run it was forked from) recorded it: a reference it did not
 /// stays as it is.
@@ -468,13 +468,6 @@ async fn read_stream(
     Err(cut("the connection closed without `data: [DONE]`".into()))
 }
 
-/// The failure an error status stands for, with what to fix.
-async fn error_reply(spec: &ModelSpec, response: reqwest::Response) -> Failed {
-    let status = response.status().as_u16();
-    let retry_after = response
-        .headers()
-        .get(reqwest::header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
 /// Whether an endpoint's error `type` or `code` is a short identifier that may be named.
 fn is_identifier(text: &str) -> bool {
     !text.is_empty()
@@ -498,6 +491,13 @@ fn error_description(error_type: Option<&str>, code: Option<&str>, size: &str) -
     format!(" (the endpoint's error: {})", parts.join(", "))
 }
 
+/// The failure an error status stands for, with what to fix.
+async fn error_reply(spec: &ModelSpec, response: reqwest::Response) -> Failed {
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
         .and_then(|v| retry_after_s(v, Utc::now()));
     let body = read_body(response).await;
     let size = match &body {
@@ -515,6 +515,12 @@ fn error_description(error_type: Option<&str>, code: Option<&str>, size: &str) -
             .filter(|v| is_identifier(v))
             .map(str::to_owned)
     };
+    let (error_type, error_code) = (identifier("type"), identifier("code"));
+    let code = error_code
+        .clone()
+        .or_else(|| error_type.clone())
+        .unwrap_or_default();
+    let said = error_description(error_type.as_deref(), error_code.as_deref(), &size);
     let key = spec.api_key_env.as_deref().unwrap_or("the API key");
     let mut failure = match status {
         408 | 429 | 500..=599 => {
@@ -522,12 +528,6 @@ fn error_description(error_type: Option<&str>, code: Option<&str>, size: &str) -
                 Failure::from_http_status(
                     status,
                     retry_after,
-    let (error_type, error_code) = (identifier("type"), identifier("code"));
-    let code = error_code
-        .clone()
-        .or_else(|| error_type.clone())
-        .unwrap_or_default();
-    let said = error_description(error_type.as_deref(), error_code.as_deref(), &size);
                     &format!("model endpoint answered {status}{said}"),
                 )
                 .unwrap_or_else(|| Failure::transient(kind::HTTP_5XX, "model endpoint failed")),
