@@ -545,6 +545,82 @@ async fn a_fork_starts_from_the_sources_state_and_leaves_the_source_alone() {
     assert!(refused.to_string().contains("rein fork"), "{refused}");
 }
 
+/// A fork at a failed call (its step not done, due to be tried again) writes that call's
+/// ledger row in its own first commit; the rows inherited from the source skip it instead of
+/// failing the whole fork on the duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_at_a_failed_call_keeps_the_forks_own_ledger_row() {
+    let (url, store) = fresh_store("moves_fork_failed").await;
+    let def = ORDER_V1
+        .replace("name = \"order\"", "name = \"order-retry\"")
+        .replace(
+            "events = [\"SUBMIT\", \"APPROVE\", \"REJECT\", \"CALLED\"]",
+            "events = [\"SUBMIT\", \"APPROVE\", \"REJECT\", \"CALLED\", \"CALL_FAILED\"]",
+        )
+        .replace(
+            "call_results = [\"CALLED\"]",
+            "call_results = [\"CALLED\", \"CALL_FAILED\"]",
+        )
+        + r#"
+[[transitions]]
+from = "REVIEW"
+event = "CALL_FAILED"
+to = "REVIEW"
+"#;
+    store.register_definition(&parse(&def)).await.unwrap();
+    let source = enqueue_many(&store, "order-retry", json!({"amount": 5}), "default", 1).await[0];
+    send(&store, source, "SUBMIT", json!({})).await;
+    send(
+        &store,
+        source,
+        "ACTION_DISPATCHED",
+        json!({"action_id": "a1", "call_id": "c1", "node": "score", "step": 1, "idempotency_key": "key-1"}),
+    )
+    .await;
+    send(
+        &store,
+        source,
+        "CALL_FAILED",
+        json!({"call_id": "c1", "error": {"class": "transient", "kind": "network", "message": "reset"}}),
+    )
+    .await;
+    let before = store.run(source).await.unwrap();
+    assert_eq!(before.last_sequence, 3);
+    let status: String = sqlx::query_scalar(
+        "SELECT status FROM rein_actions WHERE run_id = $1 AND action_id = 'a1'",
+    )
+    .bind(source)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        status, "FAILED",
+        "the source's ledger holds the failed call"
+    );
+
+    let out = rein(&[
+        "fork",
+        &source.to_string(),
+        "--at",
+        "3",
+        "--json",
+        "--database-url",
+        &url,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let forked: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let fork: Uuid = forked["run_id"].as_str().unwrap().parse().unwrap();
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT idempotency_key, status FROM rein_actions WHERE run_id = $1 ORDER BY action_id",
+    )
+    .bind(fork)
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(rows, vec![("key-1".to_owned(), "FAILED".to_owned())]);
+    assert_eq!(store.verify_run(fork).await.unwrap(), None);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_migrates_with_the_admin_scope_and_forks_with_operate() {
     let api = Api::start("moves_api", &[]).await;

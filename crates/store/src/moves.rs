@@ -327,6 +327,8 @@ impl Store {
             .bind(PROTOCOL_MOVES)
             .execute(&mut *tx)
             .await?;
+        // The fork's own RUN_FORKED commit already wrote the ledger row of a call the snapshot
+        // holds (failed and due again, or in doubt), as the snapshot has it: that row stays.
         let steps_made = i64::from(snapshot.steps_completed) + i64::from(snapshot.action.is_some());
         sqlx::query(
             "INSERT INTO rein_actions (run_id, action_id, node, step, idempotency_key, call_id,
@@ -334,7 +336,8 @@ impl Store {
                                        finished_at)
              SELECT $1, action_id, node, step, idempotency_key, call_id, status, tool, result,
                     result_hash, dispatched_at, finished_at
-             FROM rein_actions WHERE run_id = $2 AND step <= $3",
+             FROM rein_actions WHERE run_id = $2 AND step <= $3
+             ON CONFLICT (run_id, action_id) DO NOTHING",
         )
         .bind(created.run_id)
         .bind(source)
