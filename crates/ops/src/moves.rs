@@ -524,6 +524,7 @@ pub async fn redact(
     by: &str,
     token: Option<&TokenInfo>,
 ) -> Result<RedactResponse, Error> {
+    rein_store::redact_request_checked(&body.fields, by, &body.reason)?;
     if let Some(token) = token {
         let row = store.run(run_id).await?;
         token

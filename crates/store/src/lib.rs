@@ -67,7 +67,7 @@ pub use reads::{
     Budgeted, EventAt, EventTime, ID_PREFIX_LEN_MAX, PageView, ROW_BYTES_BESIDES_JSON, Recovered,
     RunFilter, RunRow, StoredEvent, id_prefix_range,
 };
-pub use redact::{REDACT_REASON_BYTES_MAX, Redacted, UnkeyedRedaction};
+pub use redact::{REDACT_REASON_BYTES_MAX, Redacted, UnkeyedRedaction, redact_request_checked};
 pub use retention::{
     ARCHIVE_BATCH_MAX, ArchiveCandidates, ArchivedBatch, EventRange, EventsTableSize,
     MonthCandidate, MonthMoved,

@@ -95,20 +95,7 @@ impl Store {
         by: &str,
         reason: &str,
     ) -> Result<Redacted, StoreError> {
-        if let Some(problem) = fields_problem(fields) {
-            return Err(StoreError::InvalidField {
-                field: "fields".into(),
-                reason: problem,
-            });
-        }
-        if reason.trim().is_empty() || reason.len() > REDACT_REASON_BYTES_MAX {
-            return Err(StoreError::InvalidField {
-                field: "reason".into(),
-                reason: format!("say why in 1..={REDACT_REASON_BYTES_MAX} bytes (the reason)"),
-            });
-        }
-        crate::input::check_text("reason", reason)?;
-        crate::input::check_text("by", by)?;
+        redact_request_checked(fields, by, reason)?;
         let row = self.run(run_id).await?;
         let events: Vec<Event> = self
             .history(run_id)
@@ -257,4 +244,24 @@ impl Store {
             blobs_deleted,
         })
     }
+}
+
+/// Refuses a redaction request whose fields, reason or actor could not be recorded, before
+/// anything is read: a caller answers these first, whatever else would refuse it.
+pub fn redact_request_checked(fields: &[String], by: &str, reason: &str) -> Result<(), StoreError> {
+    if let Some(problem) = fields_problem(fields) {
+        return Err(StoreError::InvalidField {
+            field: "fields".into(),
+            reason: problem,
+        });
+    }
+    if reason.trim().is_empty() || reason.len() > REDACT_REASON_BYTES_MAX {
+        return Err(StoreError::InvalidField {
+            field: "reason".into(),
+            reason: format!("say why in 1..={REDACT_REASON_BYTES_MAX} bytes (the reason)"),
+        });
+    }
+    crate::input::check_text("reason", reason)?;
+    crate::input::check_text("by", by)?;
+    Ok(())
 }

@@ -217,6 +217,8 @@ impl Fleet {
             .args(args)
             .args(["--database-url", &self.url])
             .env("REIN_LOG", "info,sqlx=warn")
+            // As for [`Fleet::spawn_env`]: a server uses the Redis its test names, if any.
+            .env_remove("REDIS_URL")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -602,11 +604,16 @@ pub struct Api {
 
 impl Api {
     pub async fn start(prefix: &str, extra: &[&str]) -> Api {
+        Api::start_env(prefix, extra, &[]).await
+    }
+
+    /// [`Api::start`] with extra environment variables.
+    pub async fn start_env(prefix: &str, extra: &[&str], env: &[(&str, &str)]) -> Api {
         let (url, store) = fresh_store(prefix).await;
         let mut fleet = Fleet::new(&url, prefix);
         let mut args = vec!["api", "--listen", "127.0.0.1:0"];
         args.extend_from_slice(extra);
-        let base = fleet.spawn_server("api", &args);
+        let base = fleet.spawn_server_env("api", &args, env);
         assert!(base.starts_with("http://127.0.0.1:"), "first line: {base}");
         Api {
             fleet,
