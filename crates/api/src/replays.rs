@@ -70,6 +70,8 @@ type Job = Box<dyn FnOnce() + Send>;
 pub struct ReplayStats {
     /// Holding a slot now: waiting for a thread, replaying, or winding down after a cancel.
     pub running: usize,
+    /// Handed to the replay threads: waiting there for a thread or a hold, or begun.
+    pub queued: u64,
     /// Begun on a replay thread.
     pub started: u64,
     /// Told to stop because their request went away before the answer.
@@ -87,6 +89,7 @@ pub struct Replays {
     /// Slots held, by token.
     held: Mutex<HashMap<Uuid, usize>>,
     jobs: Mutex<mpsc::Sender<Job>>,
+    queued: AtomicU64,
     started: AtomicU64,
     abandoned: AtomicU64,
     cancelled: AtomicU64,
@@ -168,6 +171,7 @@ impl Replays {
             per_token_max: per_token_max.max(1),
             held: Mutex::new(HashMap::new()),
             jobs: Mutex::new(tx),
+            queued: AtomicU64::new(0),
             started: AtomicU64::new(0),
             abandoned: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
@@ -262,6 +266,7 @@ impl Replays {
                 "the replay threads have stopped; see the server log".to_owned(),
             ));
         }
+        self.queued.fetch_add(1, Ordering::Relaxed);
         let out = rx.await.map_err(|_| {
             Error::new(
                 Code::Internal,
@@ -287,6 +292,7 @@ impl Replays {
                 .unwrap_or_else(|e| e.into_inner())
                 .values()
                 .sum(),
+            queued: self.queued.load(Ordering::Relaxed),
             started: self.started.load(Ordering::Relaxed),
             abandoned: self.abandoned.load(Ordering::Relaxed),
             cancelled: self.cancelled.load(Ordering::Relaxed),

@@ -702,7 +702,12 @@ async fn a_replay_whose_client_goes_away_stops_early() {
     tokio::io::AsyncWriteExt::write_all(&mut client, request.as_bytes())
         .await
         .unwrap();
-    until("the replay takes its slot", || replays.stats().running == 1).await;
+    // Handed to the (held) replay threads, so the request now waits on its answer: a slot
+    // alone is taken before the log is read, when there is no replay to stop yet.
+    until("the replay is handed to its thread", || {
+        replays.stats().queued == 1
+    })
+    .await;
     // The client goes away; the server notices and tells the replay to stop.
     drop(client);
     until("the request is abandoned", || {
