@@ -128,6 +128,11 @@ pub struct SchedulerArgs {
     #[arg(long, value_name = "N", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..=rein_scheduler::webhooks::ATTEMPTS_MAX_LIMIT as i64))]
     webhook_attempts_max: u32,
+    /// Most posts in flight to one webhook at a time (of the scheduler's 16): its further
+    /// due deliveries wait, so a receiver that hangs leaves slots to the others.
+    #[arg(long, value_name = "N", default_value_t = rein_scheduler::webhooks::PER_WEBHOOK_DEFAULT,
+          value_parser = clap::value_parser!(i64).range(1..=1000))]
+    webhook_posts_per_webhook: i64,
     #[command(flatten)]
     webhook_egress: crate::webhooks::WebhookAllowArgs,
 }
@@ -625,6 +630,7 @@ pub async fn scheduler(args: SchedulerArgs) -> u8 {
     let webhooks = rein_scheduler::webhooks::WebhookConfig {
         poll_ms: args.webhook_poll_interval_ms,
         attempts_max: args.webhook_attempts_max,
+        per_webhook: args.webhook_posts_per_webhook,
         egress: std::sync::Arc::new(egress),
         ..Default::default()
     };

@@ -852,6 +852,8 @@ async fn the_api_lists_webhooks_without_secrets_and_deliveries_to_operators() {
 struct RawReceiver {
     /// A request arrived (headers and body read).
     asked: std::sync::atomic::AtomicBool,
+    /// Requests that arrived, over every connection.
+    asks: AtomicUsize,
     /// The scheduler closed the connection.
     closed: std::sync::atomic::AtomicBool,
     /// Bytes of the answer the scheduler's side accepted before it closed.
@@ -901,6 +903,7 @@ async fn raw_receiver(head: Option<String>, body_bytes: usize) -> (Arc<RawReceiv
                     return;
                 }
                 state.asked.store(true, Ordering::SeqCst);
+                state.asks.fetch_add(1, Ordering::SeqCst);
                 let Some(head) = head else {
                     let mut buf = [0u8; 64];
                     while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {}
@@ -993,6 +996,48 @@ async fn a_hanging_receiver_does_not_hold_back_another_receivers_delivery() {
     assert!(
         !hanging.closed.load(Ordering::SeqCst),
         "the other delivery arrived only after the hanging post was given up"
+    );
+}
+
+/// A receiver that never answers, with 20 deliveries due (more than a scheduler's 16
+/// slots), gets at most 4 posts at a time; its other deliveries are left due, so another
+/// receiver's delivery, queued after all of them, arrives while the hanging posts are
+/// still open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_receiver_with_many_due_deliveries_leaves_slots_to_another_receiver() {
+    let mut s = Setup::start("webhooks_hanging_many").await;
+    let (hanging, url) = raw_receiver(None, 0).await;
+    let hanging_id = s.add_webhook(Some(&url), &["--kind", "run.failed"]);
+    s.add_webhook(None, &["--kind", "approval.requested"]);
+    for _ in 0..20 {
+        let run = common::acting_run(&s.store).await;
+        common::cancel(&s.store, run).await;
+    }
+    s.scheduler("sched-1", &[]);
+    wait_for(
+        "20 deliveries to the hanging receiver queued, and its first post",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || async {
+            let queued = s.deliveries().await;
+            queued.iter().filter(|d| d.webhook_id == hanging_id).count() == 20
+                && hanging.asked.load(Ordering::SeqCst)
+        },
+    )
+    .await;
+    let other = common::acting_run(&s.store).await;
+    common::ask_for_approval(&s.store, other, 150).await;
+    s.receiver
+        .wait_for_kind("approval.requested", 1, Duration::from_secs(30))
+        .await;
+    assert!(
+        !hanging.closed.load(Ordering::SeqCst),
+        "the other delivery arrived only after the hanging posts were given up"
+    );
+    let asks = hanging.asks.load(Ordering::SeqCst);
+    assert!(
+        (1..=4).contains(&asks),
+        "{asks} posts to the hanging receiver at once"
     );
 }
 

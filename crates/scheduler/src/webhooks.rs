@@ -6,7 +6,10 @@
 //!
 //! A scheduler has at most `batch` posts in flight and claims more as soon as one ends, so a
 //! receiver that hangs holds one slot until its post's timeout, not the deliveries behind
-//! it. A refusing receiver's answer is described (status, how many bytes), never quoted:
+//! it. At most `per_webhook` of those posts go to one webhook ([`PER_WEBHOOK_DEFAULT`],
+//! `rein scheduler --webhook-posts-per-webhook`): a webhook's further due deliveries are
+//! left due, not claimed, so one receiver with many deliveries that all hang cannot take
+//! every slot, and the other webhooks' deliveries go on being posted. A refusing receiver's answer is described (status, how many bytes), never quoted:
 //! operators read it, and a receiver is whoever registered a URL. At most
 //! [`ERROR_BODY_BYTES_READ_MAX`] bytes of it are read.
 //!
@@ -29,6 +32,7 @@ use rein_egress::{Caller, Policy, Refused};
 use rein_store::{AttemptFailed, DueDelivery, Store};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
+use uuid::Uuid;
 
 type HmacSha256 = hmac::Hmac<hmac_sha2::Sha256>;
 
@@ -44,6 +48,8 @@ pub const ATTEMPTS_MAX_LIMIT: u32 = 100;
 /// Most bytes of a refusing receiver's body read (to say how long it is); the rest is never
 /// read, and the connection is closed.
 pub const ERROR_BODY_BYTES_READ_MAX: usize = 4096;
+/// Most posts one scheduler has in flight to one webhook, unless configured otherwise.
+pub const PER_WEBHOOK_DEFAULT: i64 = 4;
 /// Most ports a scheduler keeps a pooled client for (its resolver checks addresses for that
 /// port); posts to further ports get a client of their own.
 const PORT_CLIENTS_MAX: usize = 64;
@@ -56,6 +62,8 @@ pub struct WebhookConfig {
     pub attempts_max: u32,
     /// Most posts in flight at once; a free slot is filled by the next due delivery.
     pub batch: i64,
+    /// Most of those posts to one webhook; its further due deliveries are left unclaimed.
+    pub per_webhook: i64,
     /// How long a claim keeps other schedulers off a delivery; longer than a post may take.
     pub claim_ms: u64,
     /// How long one post may take, from connecting to the end of the answer read.
@@ -72,6 +80,7 @@ impl Default for WebhookConfig {
             poll_ms: 500,
             attempts_max: 10,
             batch: 16,
+            per_webhook: PER_WEBHOOK_DEFAULT,
             claim_ms: 30_000,
             timeout_ms: 10_000,
             connect_timeout_ms: 5_000,
@@ -135,6 +144,7 @@ pub async fn deliver(store: Store, config: WebhookConfig, shutdown: Cancellation
     register_metrics();
     let slots = usize::try_from(config.batch.max(1)).unwrap_or(1);
     let clients = Clients::default();
+    let in_flight = InFlight::default();
     let mut posts = tokio::task::JoinSet::new();
     while !shutdown.is_cancelled() {
         let free = slots.saturating_sub(posts.len());
@@ -142,7 +152,12 @@ pub async fn deliver(store: Store, config: WebhookConfig, shutdown: Cancellation
             Vec::new()
         } else {
             match store
-                .claim_webhook_deliveries(free as i64, config.claim_ms)
+                .claim_webhook_deliveries(
+                    free as i64,
+                    config.claim_ms,
+                    config.per_webhook,
+                    &in_flight.counts(),
+                )
                 .await
             {
                 Ok(due) => due,
@@ -155,7 +170,11 @@ pub async fn deliver(store: Store, config: WebhookConfig, shutdown: Cancellation
         let claimed = due.len();
         for delivery in due {
             let (store, clients, config) = (store.clone(), clients.clone(), config.clone());
-            posts.spawn(async move { attempt(&store, &clients, &config, delivery).await });
+            let posting = in_flight.start(delivery.webhook_id);
+            posts.spawn(async move {
+                attempt(&store, &clients, &config, delivery).await;
+                drop(posting);
+            });
         }
         if claimed > 0 && claimed == free {
             // Every slot was filled: more may be due as soon as one frees.
@@ -172,6 +191,48 @@ pub async fn deliver(store: Store, config: WebhookConfig, shutdown: Cancellation
         }
     }
     while posts.join_next().await.is_some() {}
+}
+
+/// How many of this scheduler's posts are in flight to each webhook.
+#[derive(Clone, Default)]
+struct InFlight(Arc<Mutex<HashMap<Uuid, i64>>>);
+
+impl InFlight {
+    /// Counts a post to `webhook_id` until the returned guard is dropped (also when its task
+    /// panics or is aborted).
+    fn start(&self, webhook_id: Uuid) -> Posting {
+        *self.lock().entry(webhook_id).or_default() += 1;
+        Posting {
+            in_flight: self.clone(),
+            webhook_id,
+        }
+    }
+
+    fn counts(&self) -> Vec<(Uuid, i64)> {
+        self.lock().iter().map(|(id, n)| (*id, *n)).collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, i64>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One post counted in [`InFlight`] while it lives.
+struct Posting {
+    in_flight: InFlight,
+    webhook_id: Uuid,
+}
+
+impl Drop for Posting {
+    fn drop(&mut self) {
+        let mut counts = self.in_flight.lock();
+        if let Some(n) = counts.get_mut(&self.webhook_id) {
+            *n -= 1;
+            if *n <= 0 {
+                counts.remove(&self.webhook_id);
+            }
+        }
+    }
 }
 
 /// The pooled clients, one per port (see [`PORT_CLIENTS_MAX`]).

@@ -287,28 +287,51 @@ impl Store {
 
     /// Claims up to `limit` due deliveries for `claim_ms` by the database clock: until then
     /// no other scheduler takes them; past it (this one died mid-post) another does.
+    ///
+    /// At most `per_webhook_max` posts of one webhook are the caller's at a time: `in_flight`
+    /// says how many it is posting to each webhook, and a webhook's due deliveries beyond
+    /// what is left to it stay due and unclaimed, so a receiver that hangs cannot take every
+    /// slot from the others. Earliest due first, within each webhook and overall.
     pub async fn claim_webhook_deliveries(
         &self,
         limit: i64,
         claim_ms: u64,
+        per_webhook_max: i64,
+        in_flight: &[(Uuid, i64)],
     ) -> Result<Vec<DueDelivery>, StoreError> {
+        let (busy, posts): (Vec<Uuid>, Vec<i64>) = in_flight.iter().copied().unzip();
         Ok(sqlx::query_as(
-            "UPDATE rein_webhook_deliveries d
+            "WITH busy AS (
+                 SELECT webhook_id, sum(posts) AS posts
+                 FROM unnest($3::uuid[], $4::bigint[]) AS b(webhook_id, posts)
+                 GROUP BY webhook_id),
+             picked AS (
+                 SELECT due.delivery_id
+                 FROM rein_webhooks w
+                 LEFT JOIN busy b USING (webhook_id)
+                 CROSS JOIN LATERAL (
+                     SELECT d.delivery_id, d.next_attempt_at
+                     FROM rein_webhook_deliveries d
+                     WHERE d.webhook_id = w.webhook_id
+                       AND d.status = 'pending' AND d.next_attempt_at <= clock_timestamp()
+                       AND (d.claimed_until IS NULL OR d.claimed_until <= clock_timestamp())
+                     ORDER BY d.next_attempt_at
+                     LIMIT greatest($5 - COALESCE(b.posts, 0), 0)
+                     FOR UPDATE OF d SKIP LOCKED) due
+                 ORDER BY due.next_attempt_at
+                 LIMIT $1)
+             UPDATE rein_webhook_deliveries d
              SET claimed_until = clock_timestamp() + $2 * interval '1 millisecond'
-             FROM rein_webhooks w
-             WHERE w.webhook_id = d.webhook_id
-               AND d.delivery_id IN (
-                   SELECT delivery_id FROM rein_webhook_deliveries
-                   WHERE status = 'pending' AND next_attempt_at <= clock_timestamp()
-                     AND (claimed_until IS NULL OR claimed_until <= clock_timestamp())
-                   ORDER BY next_attempt_at
-                   LIMIT $1
-                   FOR UPDATE SKIP LOCKED)
+             FROM rein_webhooks w, picked
+             WHERE w.webhook_id = d.webhook_id AND d.delivery_id = picked.delivery_id
              RETURNING d.delivery_id, d.webhook_id, d.kind, w.url, w.secret, d.body::text AS body, d.attempts,
                  extract(epoch FROM clock_timestamp())::bigint AS claimed_at_s",
         )
         .bind(limit.clamp(1, WEBHOOK_CLAIM_MAX))
         .bind(claim_ms as i64)
+        .bind(&busy)
+        .bind(&posts)
+        .bind(per_webhook_max.clamp(1, WEBHOOK_CLAIM_MAX))
         .fetch_all(self.pool())
         .await?)
     }
