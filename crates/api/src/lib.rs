@@ -103,9 +103,9 @@ pub struct ApiArgs {
     #[arg(long, value_name = "N", default_value_t = stream::STREAMS_MAX_DEFAULT as u64,
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
     max_streams: u64,
-    /// Replays of runs' logs (`GET /v1/runs/{id}/whatif`, `/verify`) running at once, each on
-    /// a thread of its own at a lower priority than requests; one more is answered 503
-    /// (`Retry-After`).
+    /// Replays of runs' logs (`GET /v1/runs/{id}/whatif`, `/verify`, `POST
+    /// /v1/runs/{id}/fork`) running at once, each on a thread of its own at a lower priority
+    /// than requests; one more is answered 503 (`Retry-After`).
     #[arg(long, value_name = "N", default_value_t = replays::REPLAYS_MAX_DEFAULT as u64,
           value_parser = clap::value_parser!(u64).range(1..=256))]
     max_replays: u64,
@@ -148,7 +148,7 @@ pub struct Limits {
     /// How often a quiet run stream sends a comment: well inside the connection's idle
     /// timeout, which would otherwise close it.
     pub stream_keep_alive_ms: u64,
-    /// Replays of runs' logs (what-if, verify) at once, and for one token.
+    /// Replays of runs' logs (what-if, verify, fork) at once, and for one token.
     pub replays_max: usize,
     pub replays_per_token_max: usize,
 }

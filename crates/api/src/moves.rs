@@ -11,14 +11,15 @@ use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use rein_core::checkpoint::Migrations;
-use rein_ops::ErrorBody;
 use rein_ops::moves::{
     self, ForkBody, ForkResponse, MigrateBody, MigrateResponse, RedactBody, RedactResponse,
 };
+use rein_ops::{Code, Error, ErrorBody};
 use rein_store::Scope;
 use uuid::Uuid;
 
 use crate::extract::{DefinitionPath, definition_name, parse_body, path_id};
+use crate::replays::refused_over_budget;
 use crate::{ApiError, App, Caller};
 
 /// Move the unfinished runs of one version of a definition to a newer one (what `rein
@@ -52,7 +53,11 @@ pub async fn migrate_definition(
 /// Fork a run (what `rein fork` does): a new run, linked to the source as its parent, whose
 /// log starts with the source's state at sequence `at` (a RUN_FORKED event carrying it) and
 /// continues live, optionally on another version and with patched data. The source is never
-/// touched. A fork at an open or in-doubt call is refused.
+/// touched. A fork at an open or in-doubt call is refused. The source's log up to `at` is
+/// replayed on the server's replay threads: its cost (`at` events times what the
+/// definition's guards may take an event) is checked before it starts, at most
+/// `--max-replays` run at once (`--max-replays-per-token` for one token), and one whose
+/// client goes away is stopped before anything is created.
 #[utoipa::path(post, path = "/v1/runs/{id}/fork", tag = "runs",
     params(("id" = Uuid, Path, description = "The run to fork")),
     request_body = ForkBody,
@@ -61,7 +66,11 @@ pub async fn migrate_definition(
               (status = 403, description = "Needs the operate scope, or the run's queue is beyond the token's bounds", body = ErrorBody),
               (status = 404, description = "No such run or version", body = ErrorBody),
               (status = 409, description = "The run's log has no event at that sequence, or the run is not between steps there", body = ErrorBody),
-              (status = 422, description = "Invalid request", body = ErrorBody)))]
+              (status = 422, description = "Invalid request, or replaying the log up to `at` may cost more than the API replays for one request (validation_failed; details: cost, limit, events): run `rein fork` where the database is reachable", body = ErrorBody),
+              (status = 429, description = "This token has --max-replays-per-token replays running (too_many_requests)", body = ErrorBody,
+               headers(("Retry-After" = u64, description = "Seconds until asking again may succeed"))),
+              (status = 503, description = "This server has --max-replays replays running (unavailable)", body = ErrorBody,
+               headers(("Retry-After" = u64, description = "Seconds until asking again may succeed")))))]
 pub async fn fork_run(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
@@ -72,7 +81,21 @@ pub async fn fork_run(
     let id = path_id(id)?;
     let body: ForkBody = parse_body(&body)?;
     let by = format!("operator:{}", who.subject);
-    let done = moves::fork(&app.store, id, &body, &by, Some(who)).await?;
+    let at = moves::fork_checked(&body)?;
+    // From the row, before the log is read; again once the versions it ran on are known.
+    moves::fork_budget(&app.store, id, at)
+        .await
+        .inspect_err(|_| refused_over_budget())?;
+    let slot = app.replays.slot(who.token_id)?;
+    let replay = moves::ForkReplay::load(&app.store, id, at).await?;
+    replay.budget().inspect_err(|_| refused_over_budget())?;
+    let at = app
+        .replays
+        .run(slot, move |cancel| replay.replay(cancel))
+        .await??
+        // `None` only when cancelled, which only the end of this request does.
+        .ok_or_else(|| Error::new(Code::Internal, "the fork's replay was cancelled".to_owned()))?;
+    let done = moves::fork_at(&app.store, at, &body, &by, Some(who)).await?;
     Ok((StatusCode::CREATED, Json(done)).into_response())
 }
 

@@ -1,5 +1,5 @@
-//! Replays of a run's log that a request asks for (a what-if, a verify): they run on a few
-//! threads of their own, never on the threads that serve requests, at most
+//! Replays of a run's log that a request asks for (a what-if, a verify, a fork's): they run
+//! on a few threads of their own, never on the threads that serve requests, at most
 //! `--max-replays` at once and `--max-replays-per-token` for one token; one more is answered
 //! 503 (the server's cap) or 429 (the token's), with `Retry-After`. A replay whose request
 //! goes away (the client closed its connection) is told to stop and stops within
@@ -41,7 +41,7 @@ pub const REPLAYS_CANCELLED: &str = "rein_api_replays_cancelled_total";
 pub fn register_metrics() {
     metrics::describe_gauge!(
         REPLAYS_RUNNING,
-        "Log replays (what-if, verify) running now on the replay threads"
+        "Log replays (what-if, verify, fork) running now on the replay threads"
     );
     metrics::describe_counter!(
         REPLAYS_REFUSED,
@@ -191,8 +191,9 @@ impl Replays {
                 "token_cap",
                 Code::TooManyRequests,
                 format!(
-                    "this token has {mine} replay(s) of a run's log running (what-if, verify), \
-                     its most at once (--max-replays-per-token {}); retry when one has ended",
+                    "this token has {mine} replay(s) of a run's log running (what-if, verify, \
+                     fork), its most at once (--max-replays-per-token {}); retry when one has \
+                     ended",
                     self.per_token_max
                 ),
             ))
@@ -201,8 +202,8 @@ impl Replays {
                 "server_cap",
                 Code::Unavailable,
                 format!(
-                    "this server is running its {} replays of runs' logs (what-if, verify) at \
-                     once (--max-replays); retry shortly",
+                    "this server is running its {} replays of runs' logs (what-if, verify, \
+                     fork) at once (--max-replays); retry shortly",
                     self.max
                 ),
             ))

@@ -723,3 +723,171 @@ async fn a_replay_whose_client_goes_away_stops_early() {
         "{stats:?}: the replay went on after it was told to stop"
     );
 }
+
+/// An operate token's secret: it may fork.
+async fn operator(store: &Store, subject: &str) -> String {
+    store
+        .create_token(subject, &["operate".to_owned()])
+        .await
+        .expect("create a token")
+        .1
+}
+
+/// Runs in the database.
+async fn runs_in(store: &Store) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM rein_runs")
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+/// `POST /v1/runs/{run}/fork` at `at` as `token`.
+fn fork_request(
+    client: &reqwest::Client,
+    base: &str,
+    run: Uuid,
+    at: u64,
+    token: &str,
+) -> impl std::future::Future<Output = reqwest::Result<reqwest::Response>> + use<> {
+    client
+        .post(format!("{base}/v1/runs/{run}/fork"))
+        .bearer_auth(token)
+        .json(&json!({ "at": at }))
+        .send()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_over_the_replay_budget_is_refused_before_anything_is_replayed_or_created() {
+    use rein_core::replay_cost::{REPLAY_COST_MAX, replay_cost};
+    let (_url, store) = fresh_store("whatif_fork_budget").await;
+    let costly = looping(1, 5);
+    // The fewest events whose replay (once, as a fork's) passes the budget.
+    let pings = REPLAY_COST_MAX / replay_cost(1, &[&costly], 1) + 1;
+    let run = pinged(&store, &costly, pings).await;
+    let replays = rein_api::replays::Replays::new(2, 1);
+    let (base, _stop) = api_in_process(&store, replays.clone()).await;
+    let token = operator(&store, "ops").await;
+    let client = reqwest::Client::new();
+    let r = fork_request(&client, &base, run, pings, &token)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::UNPROCESSABLE_ENTITY);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "validation_failed", "{v}");
+    let details = &v["error"]["details"];
+    assert_eq!(details["limit"], REPLAY_COST_MAX, "{v}");
+    assert_eq!(details["events"], pings, "{v}");
+    assert!(details["cost"].as_u64().unwrap() > REPLAY_COST_MAX, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    for says in [
+        details["cost"].to_string(),
+        REPLAY_COST_MAX.to_string(),
+        format!("rein fork {run} --at {pings}"),
+    ] {
+        assert!(message.contains(&says), "{says}: {message}");
+    }
+    let stats = replays.stats();
+    assert_eq!(
+        (stats.queued, stats.started),
+        (0, 0),
+        "nothing was replayed"
+    );
+    assert_eq!(runs_in(&store).await, 1, "no fork was created");
+    // One event less is within the budget: replayed on the replay threads, and forked.
+    let r = fork_request(&client, &base, run, pings - 1, &token)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::CREATED);
+    let fork: Value = r.json().await.unwrap();
+    assert_eq!(fork["forked_from"], json!(run), "{fork}");
+    assert_eq!(fork["at_sequence"], pings - 1, "{fork}");
+    assert_eq!(fork["state"], "A", "{fork}");
+    let stats = replays.stats();
+    assert_eq!(
+        (stats.started, stats.events),
+        (1, pings - 1),
+        "the fork's replay ran on the replay threads: {stats:?}"
+    );
+    assert_eq!(runs_in(&store).await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forks_past_a_tokens_replay_cap_get_429_and_past_the_servers_503_with_retry_after() {
+    let (_url, store) = fresh_store("whatif_fork_caps").await;
+    let run = pinged(&store, &looping(1, 0), 3).await;
+    let replays = rein_api::replays::Replays::new(2, 1);
+    let (base, _stop) = api_in_process(&store, replays.clone()).await;
+    let (a, b, c) = (
+        operator(&store, "a").await,
+        operator(&store, "b").await,
+        operator(&store, "c").await,
+    );
+    let client = reqwest::Client::new();
+    let fork = |token: &str| fork_request(&client, &base, run, 2, token);
+    // Replays wait at their start: every slot they take stays taken.
+    let hold = replays.hold();
+    let first = tokio::spawn(fork(&a));
+    until("a's fork takes its slot", || replays.stats().running == 1).await;
+    let refused = |r: reqwest::Response, status, code: &'static str| async move {
+        assert_eq!(r.status(), status);
+        assert_eq!(r.headers()["retry-after"], "2");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], code, "{v}");
+    };
+    let tokens_cap = reqwest::StatusCode::TOO_MANY_REQUESTS;
+    refused(fork(&a).await.unwrap(), tokens_cap, "too_many_requests").await;
+    let second = tokio::spawn(fork(&b));
+    until("b's fork takes its slot", || replays.stats().running == 2).await;
+    let servers_cap = reqwest::StatusCode::SERVICE_UNAVAILABLE;
+    refused(fork(&c).await.unwrap(), servers_cap, "unavailable").await;
+    assert_eq!(runs_in(&store).await, 1, "no fork was created yet");
+    drop(hold);
+    for answered in [first, second] {
+        let r = answered.await.unwrap().unwrap();
+        assert_eq!(r.status(), reqwest::StatusCode::CREATED);
+        assert_eq!(r.json::<Value>().await.unwrap()["at_sequence"], 2);
+    }
+    assert_eq!(runs_in(&store).await, 3);
+    assert_eq!(replays.stats().started, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_whose_client_goes_away_stops_its_replay_and_creates_nothing() {
+    let (_url, store) = fresh_store("whatif_fork_cancel").await;
+    let pings = 200;
+    let run = pinged(&store, &looping(1, 0), pings).await;
+    let replays = rein_api::replays::Replays::new(2, 1);
+    let (base, _stop) = api_in_process(&store, replays.clone()).await;
+    let token = operator(&store, "a").await;
+    let hold = replays.hold();
+    let mut client = tokio::net::TcpStream::connect(base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let body = json!({ "at": pings }).to_string();
+    let request = format!(
+        "POST /v1/runs/{run}/fork HTTP/1.1\r\nHost: rein\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut client, request.as_bytes())
+        .await
+        .unwrap();
+    until("the replay is handed to its thread", || {
+        replays.stats().queued == 1
+    })
+    .await;
+    drop(client);
+    until("the request is abandoned", || {
+        replays.stats().abandoned == 1
+    })
+    .await;
+    drop(hold);
+    until("the replay ends", || replays.stats().running == 0).await;
+    let stats = replays.stats();
+    assert_eq!((stats.started, stats.cancelled), (1, 1), "{stats:?}");
+    assert!(
+        stats.events < rein_core::replay_cost::CANCEL_CHECK_EVERY && stats.events < pings,
+        "{stats:?}: the replay went on after it was told to stop"
+    );
+    assert_eq!(runs_in(&store).await, 1, "no fork was created");
+}

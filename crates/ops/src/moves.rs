@@ -2,10 +2,13 @@
 //! another (`rein definitions migrate`, `POST /v1/definitions/{name}/migrate`) and forking a
 //! run from a sequence of its log (`rein fork`, `POST /v1/runs/{id}/fork`).
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use rein_core::checkpoint::Migrations;
 use rein_core::migration::{Unmovable, fork_snapshot, plan};
+use rein_core::replay_cost::Cancel;
+use rein_core::{Definition, RunState};
 use rein_store::{EnqueueRequest, MIGRATION_PAGE_MAX, Moved, Store, StoreError, TokenInfo};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -13,6 +16,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::error::{Code, Error};
+use crate::recovery::{Replayed, replay_budget};
 
 /// Most runs one migration moves (or lists in a dry run).
 pub const MIGRATE_RUNS_MAX: usize = 100_000;
@@ -367,7 +371,10 @@ pub struct ForkResponse {
     pub state: String,
 }
 
-/// Forks `source` at `body.at` as `by`; the new run is created within `token`'s bounds.
+/// Forks `source` at `body.at` as `by`; the new run is created within `token`'s bounds. The
+/// source's log is replayed up to there on the calling thread, whatever it costs (`rein
+/// fork`); the API checks [`fork_budget`] first and replays with [`ForkReplay`] on threads
+/// of its own.
 pub async fn fork(
     store: &Store,
     source: Uuid,
@@ -375,6 +382,16 @@ pub async fn fork(
     by: &str,
     token: Option<&TokenInfo>,
 ) -> Result<ForkResponse, Error> {
+    let at_sequence = fork_checked(body)?;
+    let replay = ForkReplay::load(store, source, at_sequence).await?;
+    let at = replay
+        .replay(&Cancel::new())?
+        .ok_or_else(|| Error::new(Code::Internal, "the fork's replay was cancelled".to_owned()))?;
+    fork_at(store, at, body, by, token).await
+}
+
+/// The sequence a fork starts after, once `body` is found valid (before anything is read).
+pub fn fork_checked(body: &ForkBody) -> Result<i64, Error> {
     check_reason(body.reason.as_deref())?;
     if let Some(patch) = &body.input_patch {
         if !patch.is_object() {
@@ -407,25 +424,154 @@ pub async fn fork(
         ))
         .with_details(json!({ "field": "version" })));
     }
+    Ok(at_sequence)
+}
+
+/// A sequence past the log names no event yet: the run is there, its log is not that long
+/// (a conflict with its state, not a missing resource).
+fn check_sequence(row: &rein_store::RunRow, at_sequence: i64) -> Result<(), Error> {
+    if at_sequence > row.last_sequence {
+        return Err(Error::conflict(format!(
+            "run {} has events 1..={}; sequence {at_sequence} is not one of them",
+            row.run_id, row.last_sequence
+        ))
+        .with_details(json!({ "field": "at" })));
+    }
+    Ok(())
+}
+
+/// [`replay_budget`] of forking `source` at `at_sequence`, from its row alone (before its
+/// log is read): the events up to there on the version the run is on now.
+pub async fn fork_budget(store: &Store, source: Uuid, at_sequence: i64) -> Result<u64, Error> {
     let row = store.run(source).await?;
-    // A sequence past the log names no event yet: the run is there, its log is not that
-    // long (a conflict with its state, not a missing resource).
-    let at = store
-        .state_at(source, at_sequence)
-        .await
-        .map_err(|e| match e {
-            StoreError::Invalid(m) => Error::conflict(m).with_details(json!({ "field": "at" })),
-            other => other.into(),
+    check_sequence(&row, at_sequence)?;
+    let def = store
+        .load_definition(&row.definition, Some(row.version))
+        .await?;
+    replay_budget(Replayed::Fork, source, at_sequence.max(0) as u64, &[&def])
+}
+
+/// A fork's replay of its source's log up to the fork's sequence, read from the store and
+/// ready to run: the replay itself touches nothing but memory, so it can run wherever its
+/// caller likes (SPEC E3).
+pub struct ForkReplay {
+    row: rein_store::RunRow,
+    at_sequence: i64,
+    input: Value,
+    /// The source's events up to `at_sequence`.
+    events: Vec<rein_core::Event>,
+    /// Every version those events ran on, and the run's current one, by number.
+    versions: BTreeMap<u32, Definition>,
+}
+
+/// Where a fork starts: the source's state right after its sequence, and what the new run
+/// takes from the source.
+pub struct ForkAt {
+    row: rein_store::RunRow,
+    at_sequence: i64,
+    input: Value,
+    state: RunState,
+}
+
+impl ForkReplay {
+    /// Reads `source`'s events up to `at_sequence`, its input and the versions they ran on.
+    pub async fn load(store: &Store, source: Uuid, at_sequence: i64) -> Result<ForkReplay, Error> {
+        let row = store.run(source).await?;
+        check_sequence(&row, at_sequence)?;
+        let events: Vec<rein_core::Event> = store
+            .history(source)
+            .await?
+            .iter()
+            .filter(|e| e.sequence <= at_sequence)
+            .map(rein_store::StoredEvent::as_event)
+            .collect();
+        let versions = store
+            .log_definitions(&row.definition, row.version, &events)
+            .await?;
+        let input = store.run_input(source).await?;
+        Ok(ForkReplay {
+            row,
+            at_sequence,
+            input,
+            events,
+            versions,
+        })
+    }
+
+    /// [`replay_budget`] of this replay, now that the versions its events ran on are known:
+    /// its events on the costliest of them.
+    pub fn budget(&self) -> Result<u64, Error> {
+        let costliest: Vec<&Definition> = self
+            .versions
+            .values()
+            .max_by_key(|d| rein_core::replay_cost::guard_steps_bound(d))
+            .into_iter()
+            .collect();
+        replay_budget(
+            Replayed::Fork,
+            self.row.run_id,
+            self.events.len() as u64,
+            &costliest,
+        )
+    }
+
+    /// The source's state right after the fork's sequence, or `None` when `cancel` was set
+    /// before the replay ended.
+    pub fn replay(self, cancel: &Cancel) -> Result<Option<ForkAt>, Error> {
+        let first = rein_core::migration::first_version(self.row.version, self.events.iter());
+        let def = self.versions.get(&first).ok_or_else(|| {
+            Error::from(StoreError::Corrupt(format!("version {first} not loaded")))
         })?;
-    let version = body.version.unwrap_or(at.version);
+        let def_of = |v: u32| self.versions.get(&v);
+        let (state, _) = rein_core::checkpoint::replay_judging_across(
+            &def_of,
+            RunState::initial(def, self.input.clone()),
+            cancel.until_cancelled(self.events.iter()),
+            &[],
+        )
+        .map_err(|(i, e)| {
+            Error::from(StoreError::Corrupt(format!(
+                "event {} does not replay: {e}",
+                i + 1
+            )))
+        })?;
+        if cancel.is_cancelled() {
+            return Ok(None);
+        }
+        Ok(Some(ForkAt {
+            row: self.row,
+            at_sequence: self.at_sequence,
+            input: self.input,
+            state,
+        }))
+    }
+}
+
+/// Creates the fork of `at` (the rest of [`fork`], after the replay) as `by`, within
+/// `token`'s bounds.
+pub async fn fork_at(
+    store: &Store,
+    at: ForkAt,
+    body: &ForkBody,
+    by: &str,
+    token: Option<&TokenInfo>,
+) -> Result<ForkResponse, Error> {
+    let ForkAt {
+        row,
+        at_sequence,
+        input,
+        state,
+    } = at;
+    let source = row.run_id;
+    let version = body.version.unwrap_or(state.version);
     let to = store
         .load_definition(&row.definition, Some(version))
         .await?;
-    let migrations = if version > at.version {
+    let migrations = if version > state.version {
         migrations_of(
             store,
             &row.definition,
-            at.version,
+            state.version,
             version,
             &Migrations::new(),
         )
@@ -433,7 +579,7 @@ pub async fn fork(
     } else {
         Migrations::new()
     };
-    let snapshot = fork_snapshot(&at, &to, &migrations, body.input_patch.as_ref()).map_err(
+    let snapshot = fork_snapshot(&state, &to, &migrations, body.input_patch.as_ref()).map_err(
         |why| match why {
             Unmovable::Refused(m) => Error::conflict(format!("cannot fork there: {m}")),
             other => Error::conflict(format!(
@@ -450,7 +596,6 @@ pub async fn fork(
             old.join(", ")
         )));
     }
-    let input = store.run_input(source).await?;
     let mut request = EnqueueRequest::new(to.clone(), input);
     request.queue = row.queue.clone();
     request.priority = row.priority;

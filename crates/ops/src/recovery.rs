@@ -75,6 +75,9 @@ pub enum Replayed {
     /// The log on its own version and on another, each event explained and applied on both
     /// (a what-if).
     WhatIf,
+    /// The log up to a sequence, once, for the state a fork starts in (the events replayed
+    /// are the sequence).
+    Fork,
 }
 
 /// The steps replaying `events` events of `run_id` on `defs` may take
@@ -92,6 +95,7 @@ pub fn replay_budget(
             2,
             format!("`rein replay {run_id} --definition NAME@VERSION`"),
         ),
+        Replayed::Fork => (1, format!("`rein fork {run_id} --at {events}`")),
     };
     let cost = replay_cost::replay_cost(events, defs, guard_runs);
     if cost <= REPLAY_COST_MAX {

@@ -176,41 +176,6 @@ impl Store {
         Ok(defs)
     }
 
-    /// The run's state right after `at_sequence`, replayed from its log (SPEC E3).
-    pub async fn state_at(&self, run_id: Uuid, at_sequence: i64) -> Result<RunState, StoreError> {
-        let row = self.run(run_id).await?;
-        if at_sequence < 0 || at_sequence > row.last_sequence {
-            return Err(StoreError::Invalid(format!(
-                "run {run_id} has events 1..={}; sequence {at_sequence} is not one of them",
-                row.last_sequence
-            )));
-        }
-        let events: Vec<Event> = self
-            .history(run_id)
-            .await?
-            .iter()
-            .filter(|e| e.sequence <= at_sequence)
-            .map(crate::reads::StoredEvent::as_event)
-            .collect();
-        let defs = self
-            .log_definitions(&row.definition, row.version, &events)
-            .await?;
-        let first = rein_core::migration::first_version(row.version, events.iter());
-        let def = defs
-            .get(&first)
-            .ok_or_else(|| StoreError::Corrupt(format!("version {first} not loaded")))?;
-        let input = self.run_input(run_id).await?;
-        let def_of = |v: u32| defs.get(&v);
-        let (state, _) = rein_core::checkpoint::replay_judging_across(
-            &def_of,
-            RunState::initial(def, input),
-            events.iter(),
-            &[],
-        )
-        .map_err(|(i, e)| StoreError::Corrupt(format!("event {} does not replay: {e}", i + 1)))?;
-        Ok(state)
-    }
-
     /// The history a run continues from: for a fork, its source's events up to the fork's
     /// sequence (and so back along forks of forks, at most [`FORK_DEPTH_MAX`]), then its own
     /// after RUN_FORKED; for any other run, its own log. What a model's conversation is
