@@ -536,3 +536,184 @@ async fn markers_an_unkeyed_redaction_left_are_listed_and_replaced_by_keyed_ones
     );
     assert_eq!(listed(&list), json!([]), "nothing unkeyed is left");
 }
+
+const COLLECTOR: &str = r#"
+name = "collector"
+version = 1
+cancel_state = "CANCELLED"
+events = ["FETCHED", "CLOSE"]
+external_events = ["CLOSE"]
+
+[[states]]
+name = "FETCH"
+kind = "active"
+initial = true
+action = "fetch"
+
+[[states]]
+name = "OPEN"
+kind = "waiting"
+
+[[states]]
+name = "DONE"
+kind = "terminal"
+outcome = "succeeded"
+
+[[states]]
+name = "CANCELLED"
+kind = "terminal"
+outcome = "failed"
+
+[[transitions]]
+from = "FETCH"
+event = "FETCHED"
+to = "OPEN"
+
+[[transitions]]
+from = "OPEN"
+event = "CLOSE"
+to = "DONE"
+"#;
+
+/// A page of `what`: well over the worker's inline threshold in these tests.
+fn page(what: &str) -> Value {
+    let lines: Vec<String> = (0..200).map(|i| format!("{what} line {i}")).collect();
+    json!({ "page": what, "lines": lines })
+}
+
+/// `fetch` returns a page every run fetches (`shared`) and one of its own run (`own`).
+struct Fetch;
+
+impl rein_worker::NodeHandler for Fetch {
+    fn side_effect(&self, _ctx: &rein_worker::ActionContext) -> bool {
+        false
+    }
+
+    fn run(&self, ctx: rein_worker::ActionContext) -> rein_worker::BoxFuture<rein_worker::Outcome> {
+        Box::pin(async move {
+            rein_worker::Outcome::event(
+                "FETCHED",
+                json!({
+                    "shared": page("the shared page"),
+                    "own": page(&format!("the page of run {}", ctx.run_id)),
+                }),
+            )
+        })
+    }
+}
+
+/// The blob references the commits of `run` recorded.
+async fn refs_of(store: &Store, run: Uuid) -> Vec<String> {
+    sqlx::query_scalar("SELECT sha256 FROM rein_blob_refs WHERE run_id = $1 ORDER BY sha256")
+        .bind(run)
+        .fetch_all(store.pool())
+        .await
+        .unwrap()
+}
+
+/// The reference in field `field` of `run`'s FETCHED event.
+async fn fetched_ref(store: &Store, run: Uuid, field: &str) -> rein_core::blob::BlobRef {
+    let events = store.history(run).await.unwrap();
+    let fetched = events
+        .iter()
+        .find(|e| e.kind == "FETCHED")
+        .expect("FETCHED");
+    rein_core::blob::reference_of(&fetched.payload[field])
+        .unwrap_or_else(|| panic!("{field} is stored as a blob: {}", fetched.payload))
+}
+
+/// The blobs a worker's commits stored (and recorded as referred to) are forgotten when
+/// the finished run is redacted, except the one a live run's commit refers to as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redacting_a_finished_run_forgets_the_blobs_its_commits_stored_but_not_a_live_runs() {
+    let (_url, store) = fresh_store("redact_committed_blobs").await;
+    let def = Definition::parse(COLLECTOR, Format::Toml, &GuardRegistry::new()).unwrap();
+    store.register_definition(&def).await.unwrap();
+    let runs = enqueue_many(
+        &store,
+        "collector",
+        json!({"email": "ada@example.org"}),
+        "default",
+        2,
+    )
+    .await;
+    let (finished, live) = (runs[0], runs[1]);
+
+    let mut registry = rein_worker::Registry::new();
+    registry.register("fetch", Fetch);
+    let mut config = rein_worker::WorkerConfig::new("redact-w1");
+    config.poll_interval_ms = 20;
+    config.payload_inline_bytes = 1024;
+    let worker = rein_worker::Worker::new(store.clone(), config, registry);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn({
+        let stop = stop.clone();
+        async move { worker.run(stop).await }
+    });
+    for run in [finished, live] {
+        let store = store.clone();
+        wait_for(
+            "the run fetched",
+            std::time::Duration::from_secs(30),
+            std::time::Duration::from_millis(20),
+            move || {
+                let store = store.clone();
+                async move { store.run(run).await.is_ok_and(|r| r.state == "OPEN") }
+            },
+        )
+        .await;
+    }
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    send(&store, finished, "CLOSE", json!({})).await;
+    assert_eq!(store.run(finished).await.unwrap().state, "DONE");
+
+    // The commits stored the pages and recorded which run refers to which.
+    let shared = fetched_ref(&store, finished, "shared").await;
+    assert_eq!(shared, fetched_ref(&store, live, "shared").await);
+    let own = fetched_ref(&store, finished, "own").await;
+    let live_own = fetched_ref(&store, live, "own").await;
+    let mut expected = vec![shared.sha256.clone(), own.sha256.clone()];
+    expected.sort();
+    assert_eq!(refs_of(&store, finished).await, expected);
+    let mut expected = vec![shared.sha256.clone(), live_own.sha256.clone()];
+    expected.sort();
+    assert_eq!(refs_of(&store, live).await, expected);
+
+    let done = store
+        .redact_run(
+            finished,
+            &["email".to_owned()],
+            &key(),
+            "operator:dpo",
+            "erasure request 4712",
+        )
+        .await
+        .unwrap();
+    assert!(done.finished);
+    assert_eq!(done.blobs_deleted, vec![own.sha256.clone()]);
+    let stored: Vec<String> = sqlx::query_scalar("SELECT sha256 FROM rein_blobs")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert!(!stored.contains(&own.sha256), "the run's own page is gone");
+    assert!(stored.contains(&shared.sha256), "the shared page is kept");
+    assert!(
+        stored.contains(&live_own.sha256),
+        "the live run's page is kept"
+    );
+    assert_eq!(
+        store.read_blob_of(live, &shared).await.unwrap(),
+        Some(page("the shared page")),
+        "the live run still reads the page it shares"
+    );
+    assert!(
+        store.read_blob(&own).await.is_err(),
+        "the own page reads nothing"
+    );
+    assert_eq!(
+        store.verify_run(finished).await.unwrap(),
+        None,
+        "it still verifies"
+    );
+}

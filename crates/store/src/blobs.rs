@@ -125,6 +125,25 @@ impl Store {
         .await?)
     }
 
+    /// Whether `blob` is not stored because a redaction deleted it, and `run_id` (or a run
+    /// it was forked from) refers to it: forgotten on purpose, not lost.
+    pub(crate) async fn blob_forgotten(
+        &self,
+        blob: &BlobRef,
+        run_id: uuid::Uuid,
+    ) -> Result<bool, StoreError> {
+        let stored: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM rein_blobs WHERE sha256 = $1)")
+                .bind(&blob.sha256)
+                .fetch_one(self.pool())
+                .await?;
+        Ok(!stored
+            && self
+                .blob_forgotten_by(&blob.sha256, None, Some(run_id))
+                .await?
+                .is_some())
+    }
+
     pub async fn blob_stats(&self) -> Result<BlobStats, StoreError> {
         let (blobs, stored_bytes, refs_to_review): (i64, i64, i64) = sqlx::query_as(
             "SELECT count(*), COALESCE(sum(size_bytes), 0)::bigint,
