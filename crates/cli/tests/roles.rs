@@ -202,6 +202,65 @@ async fn runtime_and_api_users_run_the_fleet_and_are_refused_what_they_need_not_
     );
 }
 
+/// Both groups run the commit statement (workers and schedulers commit steps; the API
+/// commits what it sends to a run without a lease, and forks), and PostgreSQL checks the
+/// privileges of every table a statement writes, even where it writes no row: each group
+/// holds every privilege the statement needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_groups_may_run_every_write_of_the_commit_statement() {
+    let url = common::fresh_database("roles_commit");
+    let admin = migrated_by_the_owner(&url).await;
+    let sql = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../store/queries/commit.sql"),
+    )
+    .expect("the commit statement");
+    let mut needed: Vec<(&str, String)> = Vec::new();
+    for (verb, privilege) in [
+        ("INSERT INTO ", "INSERT"),
+        ("UPDATE ", "UPDATE"),
+        ("DELETE FROM ", "DELETE"),
+    ] {
+        for (at, _) in sql.match_indices(verb) {
+            let table: String = sql[at + verb.len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if table.starts_with("rein_") && !needed.contains(&(privilege, table.clone())) {
+                needed.push((privilege, table));
+            }
+        }
+    }
+    assert!(
+        needed
+            .iter()
+            .any(|(p, t)| *p == "INSERT" && t == "rein_events"),
+        "the statement's writes were read: {needed:?}"
+    );
+    let mut missing = Vec::new();
+    for group in ["rein_runtime", "rein_api_access"] {
+        for (privilege, table) in &needed {
+            // UPDATE may be granted on the columns the statement sets (the inbox's scan).
+            let held: bool = sqlx::query_scalar(
+                "SELECT CASE WHEN $3 = 'DELETE' THEN has_table_privilege($1, $2, $3)
+                             ELSE has_any_column_privilege($1, $2, $3) END",
+            )
+            .bind(group)
+            .bind(table)
+            .bind(privilege)
+            .fetch_one(admin.pool())
+            .await
+            .expect("privilege");
+            if !held {
+                missing.push(format!("{group}: {privilege} on {table}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "the commit statement would be refused: {missing:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runtime_user_on_an_older_schema_is_told_to_run_migrate_as_the_owner() {
     let url = common::fresh_database("roles_behind");
