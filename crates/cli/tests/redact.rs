@@ -622,11 +622,10 @@ async fn fetched_ref(store: &Store, run: Uuid, field: &str) -> rein_core::blob::
         .unwrap_or_else(|| panic!("{field} is stored as a blob: {}", fetched.payload))
 }
 
-/// The blobs a worker's commits stored (and recorded as referred to) are forgotten when
-/// the finished run is redacted, except the one a live run's commit refers to as well.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redacting_a_finished_run_forgets_the_blobs_its_commits_stored_but_not_a_live_runs() {
-    let (_url, store) = fresh_store("redact_committed_blobs").await;
+/// Two runs of COLLECTOR fetched by a worker whose commits stored their pages as blobs,
+/// both now OPEN: `(url, store, first, second)`.
+async fn two_fetched_runs(prefix: &str) -> (String, Store, Uuid, Uuid) {
+    let (url, store) = fresh_store(prefix).await;
     let def = Definition::parse(COLLECTOR, Format::Toml, &GuardRegistry::new()).unwrap();
     store.register_definition(&def).await.unwrap();
     let runs = enqueue_many(
@@ -665,6 +664,14 @@ async fn redacting_a_finished_run_forgets_the_blobs_its_commits_stored_but_not_a
     }
     stop.cancel();
     task.await.unwrap().unwrap();
+    (url, store, finished, live)
+}
+
+/// The blobs a worker's commits stored (and recorded as referred to) are forgotten when
+/// the finished run is redacted, except the one a live run's commit refers to as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redacting_a_finished_run_forgets_the_blobs_its_commits_stored_but_not_a_live_runs() {
+    let (_url, store, finished, live) = two_fetched_runs("redact_committed_blobs").await;
     send(&store, finished, "CLOSE", json!({})).await;
     assert_eq!(store.run(finished).await.unwrap().state, "DONE");
 
@@ -715,5 +722,48 @@ async fn redacting_a_finished_run_forgets_the_blobs_its_commits_stored_but_not_a
         store.verify_run(finished).await.unwrap(),
         None,
         "it still verifies"
+    );
+}
+
+/// A fork made while its source was open reads the source's pages through references of its
+/// own, so redacting the finished source keeps what the live fork still needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redacting_a_finished_source_keeps_the_blobs_its_live_fork_reads() {
+    let (url, store, source, _other) = two_fetched_runs("redact_forked_blobs").await;
+    let open_at = store.run(source).await.unwrap().last_sequence;
+    let out = rein(&[
+        "fork",
+        &source.to_string(),
+        "--at",
+        &open_at.to_string(),
+        "--json",
+        "--database-url",
+        &url,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let forked: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let fork: Uuid = forked["run_id"].as_str().unwrap().parse().unwrap();
+    send(&store, source, "CLOSE", json!({})).await;
+    let own = fetched_ref(&store, source, "own").await;
+    let done = store
+        .redact_run(
+            source,
+            &["email".to_owned()],
+            &key(),
+            "operator:dpo",
+            "erasure request 4713",
+        )
+        .await
+        .unwrap();
+    assert!(done.finished);
+    assert_eq!(
+        done.blobs_deleted,
+        Vec::<String>::new(),
+        "the live fork needs them"
+    );
+    assert_eq!(
+        store.read_blob_of(fork, &own).await.unwrap(),
+        Some(page(&format!("the page of run {source}"))),
+        "the fork still reads the page it was forked with"
     );
 }

@@ -309,6 +309,17 @@ impl Store {
         .bind(steps_made)
         .execute(&mut *tx)
         .await?;
+        // The fork reads what its snapshot refers to through its own references, so a
+        // redaction of the finished source does not forget a blob the live fork still needs.
+        sqlx::query(
+            "INSERT INTO rein_blob_refs (sha256, run_id, proven)
+             SELECT sha256, $1, proven FROM rein_blob_refs WHERE run_id = $2
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(created.run_id)
+        .bind(source)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         self.woke(Some(&request.queue));
         Ok(created.run_id)
