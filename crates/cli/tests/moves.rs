@@ -476,6 +476,12 @@ async fn a_fork_starts_from_the_sources_state_and_leaves_the_source_alone() {
     assert_eq!(row.projection.steps_completed, 1);
     assert_eq!(row.projection.results.len(), 1);
     assert_eq!(row.projection.data["amount"], 70);
+    let input = store.run_input(fork).await.unwrap();
+    assert_eq!(
+        (&input["amount"], &input["note"]),
+        (&json!(70), &json!("second look")),
+        "the fork's input is stored as patched: {input}"
+    );
     let first = &store.history(fork).await.unwrap()[0];
     assert_eq!(first.kind, "RUN_FORKED");
     assert_eq!(first.payload["source_run_id"], source.to_string());
@@ -828,6 +834,8 @@ async fn a_fork_with_a_changed_prompt_asks_the_model_again_and_ends_differently(
         "support-fork@2",
         "--reason",
         "retry with the patient prompt",
+        "--input-patch",
+        r#"{"amount": 7}"#,
         "--json",
         "--database-url",
         &url,
@@ -851,6 +859,13 @@ async fn a_fork_with_a_changed_prompt_asks_the_model_again_and_ends_differently(
     assert!(system.starts_with(prompt_v2), "{system}");
     let said = first["messages"].to_string();
     assert!(said.contains("lookup_order"), "{said}");
+    // Its task message is the input as patched, not the source's.
+    let task = first["messages"][1]["content"].as_str().unwrap();
+    assert_eq!(first["messages"][1]["role"], "user", "{said}");
+    assert!(
+        task.contains(r#""amount":7"#) && !task.contains(r#""amount":40"#),
+        "{task}"
+    );
     let fork_log = store.history(fork).await.unwrap();
     assert_eq!(fork_log[0].kind, "RUN_FORKED");
     assert!(

@@ -163,20 +163,27 @@ pub fn fork_snapshot(
                 "--input-patch must be a JSON object".into(),
             ));
         };
-        if !snapshot.data.is_object() {
-            snapshot.data = json!({});
-        }
-        if let Value::Object(data) = &mut snapshot.data {
-            for (k, v) in patch {
-                if v.is_null() {
-                    data.remove(k);
-                } else {
-                    data.insert(k.clone(), v.clone());
-                }
-            }
-        }
+        snapshot.data = patched(&snapshot.data, patch);
     }
     Ok(snapshot)
+}
+
+/// `value` with `patch`'s top-level keys set (a `null` removes the key): how a fork's
+/// `--input-patch` changes both the run's data and the input it is stored with, so what is
+/// rebuilt from the input (a model's task message) says what the fork was patched to.
+pub fn patched(value: &Value, patch: &serde_json::Map<String, Value>) -> Value {
+    let mut out = match value {
+        Value::Object(map) => map.clone(),
+        _ => serde_json::Map::new(),
+    };
+    for (k, v) in patch {
+        if v.is_null() {
+            out.remove(k);
+        } else {
+            out.insert(k.clone(), v.clone());
+        }
+    }
+    Value::Object(out)
 }
 
 /// The RUN_FORKED payload of a fork of `source_run_id` at `at_sequence`, recording who forked

@@ -596,6 +596,13 @@ pub async fn fork_at(
             old.join(", ")
         )));
     }
+    // The fork is stored with its input as patched, so what a worker rebuilds from the input
+    // (a model's task message) says what the fork was patched to; the log it continues is
+    // the source's, byte for byte.
+    let input = match &body.input_patch {
+        Some(Value::Object(patch)) => rein_core::migration::patched(&input, patch),
+        _ => input,
+    };
     let mut request = EnqueueRequest::new(to.clone(), input);
     request.queue = row.queue.clone();
     request.priority = row.priority;
