@@ -964,3 +964,138 @@ async fn a_tpm_limit_holds_across_two_worker_processes() {
     drop(fleet);
     drop(redis);
 }
+
+/// The support agent's document with its model table's `tool_choice` set to `value`.
+fn with_tool_choice(text: String, value: &str) -> String {
+    text.replacen(
+        "model = \"gpt-4o-mini\"",
+        &format!("model = \"gpt-4o-mini\"\ntool_choice = \"{value}\""),
+        1,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_choice_auto_completes_against_a_server_that_refuses_required() {
+    let (url, store) = common::fresh_store("model_tool_choice").await;
+    // Like llama-cpp-python's server: 500 to `"tool_choice": "required"`.
+    let (standin, base_url) = standin(json!([])).await;
+    standin.refuse_tool_choice_required();
+    register_variant(&store, "support-agent-auto", |t| {
+        with_tool_choice(t, "auto")
+    })
+    .await;
+    let auto = enqueue(
+        &store,
+        "support-agent-auto",
+        json!({"order_id": "A21", "amount": 5}),
+    )
+    .await;
+    let required = enqueue(
+        &store,
+        "support-agent",
+        json!({"order_id": "A22", "amount": 5}),
+    )
+    .await;
+    let mut fleet = Fleet::new(&url, "model_tool_choice");
+    start(&mut fleet, &base_url, "choice-w1", &[]);
+
+    let (row, history) = finished(&store, auto).await;
+    assert_eq!(
+        row.state,
+        "DONE",
+        "{:?} {:?}",
+        row.terminal_reason,
+        kinds(&history)
+    );
+    assert_eq!(applied_effects(&store, auto).await, 1);
+    assert!(
+        !history.iter().any(|e| e.kind == "MODEL_RETRYABLE_FAILED"),
+        "{:?}",
+        kinds(&history)
+    );
+
+    // The default `required` fails as the server answers: a 5xx, retried.
+    wait_for(
+        "the default run's model call to fail",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || async {
+            store.history(required).await.is_ok_and(|h| {
+                h.iter().any(|e| {
+                    e.kind == "MODEL_RETRYABLE_FAILED" && e.payload["error"]["kind"] == "http_5xx"
+                })
+            })
+        },
+    )
+    .await;
+    let choices: Vec<Value> = standin
+        .requests()
+        .iter()
+        .map(|r| r["tool_choice"].clone())
+        .collect();
+    assert!(choices.contains(&json!("auto")), "{choices:?}");
+    assert!(choices.contains(&json!("required")), "{choices:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_definition_setting_tool_choice_gets_runs_of_the_newer_protocol() {
+    let (_url, store) = common::fresh_store("model_tool_choice_protocol").await;
+    register_variant(&store, "support-agent-auto", |t| {
+        with_tool_choice(t, "auto")
+    })
+    .await;
+    // Spelled out, the default needs nothing new.
+    register_variant(&store, "support-agent-required", |t| {
+        with_tool_choice(t, "required")
+    })
+    .await;
+    let mut runs = Vec::new();
+    for name in [
+        "support-agent",
+        "support-agent-required",
+        "support-agent-auto",
+    ] {
+        runs.push(enqueue(&store, name, json!({"order_id": "A23", "amount": 5})).await);
+    }
+    let mut protocols = Vec::new();
+    for run in &runs {
+        protocols.push(
+            sqlx::query_scalar::<_, i16>("SELECT protocol FROM rein_runs WHERE run_id = $1")
+                .bind(run)
+                .fetch_one(store.pool())
+                .await
+                .expect("protocol"),
+        );
+    }
+    assert_eq!(protocols, [1, 1, rein_store::PROTOCOL_TOOL_CHOICE]);
+    const { assert!(rein_store::PROTOCOL_TOOL_CHOICE > rein_store::PROTOCOL_MOVES) };
+
+    // A worker of the release before (it reads up to PROTOCOL_MOVES) claims the others only.
+    let old_claim = sqlx::query(include_str!("../../store/queries/claim.sql"))
+        .bind("w-old-release")
+        .bind(10_i64)
+        .bind(vec!["default".to_owned()])
+        .bind(60_000_i64)
+        .bind(0_i64)
+        .bind(rein_store::PROTOCOL_MOVES)
+        .fetch_all(store.pool())
+        .await
+        .expect("the older claim");
+    let mut expected = vec![runs[0], runs[1]];
+    let mut got: Vec<Uuid> = old_claim
+        .iter()
+        .map(|row| sqlx::Row::get(row, "run_id"))
+        .collect();
+    expected.sort();
+    got.sort();
+    assert_eq!(
+        got, expected,
+        "an older worker never claims the tool_choice run"
+    );
+    let claimed = store
+        .claim("w-new", 10, 60_000, &["default".to_owned()])
+        .await
+        .expect("claim");
+    let ids: Vec<Uuid> = claimed.iter().map(|c| c.run_id).collect();
+    assert_eq!(ids, vec![runs[2]], "this release does");
+}

@@ -747,7 +747,7 @@ impl Definition {
             crate::hash::canonical_json(&serde_json::to_value(&spec).unwrap_or_default())
                 .as_bytes(),
         );
-        Ok(Definition {
+        let def = Definition {
             inner: Arc::new(Inner {
                 initial: initials.remove(0),
                 cancel_state,
@@ -764,7 +764,12 @@ impl Definition {
                 senders,
                 warnings,
             }),
-        })
+        };
+        let problems = crate::model::tool_choice_problems(&def);
+        if !problems.is_empty() {
+            return Err(DefinitionError::Invalid(problems));
+        }
+        Ok(def)
     }
 }
 

@@ -18,7 +18,7 @@ pub use crate::spec::{
     ApprovalPolicy, BackoffSpec, BranchSpec, BudgetSpec, DefinitionError, DefinitionProblem,
     DefinitionSpec, Effect, FanOutSpec, Format, HttpSpec, JoinPolicy, JoinSpec, LimitSpec,
     ModelPrice, ModelSpec, NAME_PATTERN, PolicySpec, StateKind, StateSpec, TerminalOutcome,
-    TimeoutSpec, ToolSpec, TransitionSpec, limit_key_problem, name_problem,
+    TimeoutSpec, ToolChoice, ToolSpec, TransitionSpec, limit_key_problem, name_problem,
 };
 
 /// A transition after validation: guards compiled, names checked.
@@ -223,6 +223,16 @@ impl Definition {
     }
     pub fn events(&self) -> impl Iterator<Item = &String> {
         self.inner.events.iter()
+    }
+    /// Whether a model state asks for a `tool_choice` other than the default `required`:
+    /// such a definition's runs need a worker that sends it (engine protocol 3).
+    pub fn sets_tool_choice(&self) -> bool {
+        self.inner
+            .spec
+            .states
+            .iter()
+            .filter_map(|s| s.model.as_ref())
+            .any(|m| !m.tool_choice.is_required())
     }
     pub fn is_call_result(&self, event: &str) -> bool {
         self.inner.call_results.contains(event)

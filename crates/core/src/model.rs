@@ -10,7 +10,8 @@
 //!   events, the conversation only ever grows at its end.
 //! - [`request_body`] offers the state's tools as function tools (their JSON Schema as
 //!   parameters) and each decision event the state allows (`FINISH`, `GIVE_UP`, …) as a
-//!   function taking an optional `payload` object, with `tool_choice: "required"` and
+//!   function taking an optional `payload` object, with `tool_choice` as the state's model
+//!   table says (`"required"` unless set) and
 //!   `parallel_tool_calls: false`: the model's whole choice arrives as one tool call.
 //! - [`parse_reply`] turns that call into a decision for [`crate::decision::validate`];
 //!   zero or several calls, arguments that are not a JSON object or an unknown name are
@@ -24,7 +25,7 @@ use serde_json::{Map, Value, json};
 
 use crate::blob::Blob;
 use crate::decision::CALL_TOOL;
-use crate::definition::{Definition, ModelSpec, StateSpec};
+use crate::definition::{Definition, DefinitionProblem, ModelSpec, StateSpec, ToolChoice};
 use crate::event::{EngineEvent, Event};
 use crate::hash::{canonical_json, sha256_hex};
 use crate::limits;
@@ -464,6 +465,34 @@ pub fn conversation(spec: &ModelSpec, run: &RunState, input: &Value, log: &[Even
     messages
 }
 
+/// The problems of `tool_choice = "function"` in a compiled definition: it names the one
+/// function a state offers, so the state must offer exactly one (a tool or a decision event).
+pub(crate) fn tool_choice_problems(def: &Definition) -> Vec<DefinitionProblem> {
+    let mut out = Vec::new();
+    for (i, state) in def.spec().states.iter().enumerate() {
+        if state
+            .model
+            .as_ref()
+            .is_none_or(|m| m.tool_choice != ToolChoice::Function)
+        {
+            continue;
+        }
+        let mut offered: Vec<String> = state.tools.iter().map(|t| t.name.clone()).collect();
+        offered.extend(offered_events(def, state));
+        if offered.len() != 1 {
+            out.push(DefinitionProblem {
+                item: format!("states[{i}] ({}).model.tool_choice", state.name),
+                reason: format!(
+                    "`function` names the one function the state offers, but it offers {} ({}); use `required` or `auto`",
+                    offered.len(),
+                    offered.join(", ")
+                ),
+            });
+        }
+    }
+    out
+}
+
 /// The Chat Completions request for `messages` in `state`.
 pub fn request_body(
     def: &Definition,
@@ -503,11 +532,20 @@ pub fn request_body(
             },
         }));
     }
+    let tool_choice = match spec.tool_choice {
+        ToolChoice::Required => json!("required"),
+        ToolChoice::Auto => json!("auto"),
+        // Registration holds a `function` state to exactly one function offered.
+        ToolChoice::Function => match tools.as_slice() {
+            [one] => json!({ "type": "function", "function": { "name": one["function"]["name"] } }),
+            _ => json!("required"),
+        },
+    };
     let mut body = Map::new();
     body.insert("model".into(), spec.model.clone().into());
     body.insert("messages".into(), Value::Array(messages.to_vec()));
     body.insert("tools".into(), Value::Array(tools));
-    body.insert("tool_choice".into(), "required".into());
+    body.insert("tool_choice".into(), tool_choice);
     body.insert("parallel_tool_calls".into(), false.into());
     if let Some(t) = spec.temperature {
         body.insert("temperature".into(), t.into());
@@ -1052,6 +1090,107 @@ to = "DONE"
             "Finds an order."
         );
         assert!(body.get("stream").is_none());
+    }
+
+    /// A model state offering one function only: the decision `FINISH`.
+    const ONE_FUNCTION: &str = r#"
+name = "one"
+version = 1
+cancel_state = "DONE"
+events = ["FINISH", "MODEL_FAILED"]
+[[states]]
+name = "ACTING"
+kind = "active"
+initial = true
+action = "model"
+decisions = ["FINISH"]
+[states.model]
+model = "gpt-test"
+tool_choice = "function"
+transient_event = "MODEL_FAILED"
+[[states]]
+name = "DONE"
+kind = "terminal"
+[[transitions]]
+from = "ACTING"
+event = "FINISH"
+to = "DONE"
+[[transitions]]
+from = "ACTING"
+event = "MODEL_FAILED"
+to = "DONE"
+"#;
+
+    fn with_tool_choice(value: &str) -> String {
+        DEF.replacen(
+            "model = \"gpt-test\"\n",
+            &format!("model = \"gpt-test\"\ntool_choice = \"{value}\"\n"),
+            1,
+        )
+    }
+
+    fn tool_choice_sent(def: &Definition) -> Value {
+        let (state, spec) = acting(def);
+        request_body(
+            def,
+            &state,
+            &spec,
+            &[json!({"role": "user", "content": "x"})],
+        )["tool_choice"]
+            .clone()
+    }
+
+    #[test]
+    fn tool_choice_is_sent_as_the_model_table_says() {
+        assert_eq!(tool_choice_sent(&def()), json!("required"));
+        assert!(!def().sets_tool_choice(), "the default needs nothing new");
+        let required = parse(&with_tool_choice("required")).unwrap();
+        assert_eq!(tool_choice_sent(&required), json!("required"));
+        assert!(!required.sets_tool_choice());
+        // Spelled out, the default is the same definition as left out.
+        assert_eq!(required.hash(), def().hash());
+        let auto = parse(&with_tool_choice("auto")).unwrap();
+        assert_eq!(tool_choice_sent(&auto), json!("auto"));
+        assert!(auto.sets_tool_choice());
+        let function = parse(ONE_FUNCTION).unwrap();
+        assert_eq!(
+            tool_choice_sent(&function),
+            json!({ "type": "function", "function": { "name": "FINISH" } })
+        );
+        assert!(function.sets_tool_choice());
+    }
+
+    #[test]
+    fn registration_refuses_an_unknown_tool_choice_listing_the_allowed_ones() {
+        let err = parse(&with_tool_choice("sometimes")).expect_err("refused");
+        assert!(err.contains("sometimes"), "{err}");
+        for allowed in ["required", "auto", "function"] {
+            assert!(err.contains(allowed), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_named_function_choice_needs_exactly_one_function_offered() {
+        let err = parse(&with_tool_choice("function")).expect_err("refused");
+        assert!(err.contains("model.tool_choice"), "{err}");
+        assert!(
+            err.contains("offers 4 (lookup_order, refund, FINISH, GIVE_UP)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn under_auto_a_reply_without_a_tool_call_is_rejected_at_parse() {
+        let def = parse(&with_tool_choice("auto")).unwrap();
+        let (state, spec) = acting(&def);
+        let mut body = reply_with(json!(null));
+        body["choices"][0]["message"]["content"] = json!("Your refund is on its way.");
+        body["choices"][0]["finish_reason"] = json!("stop");
+        let reason = parse_reply(&def, &state, &spec, &body)
+            .decision
+            .expect_err("rejected");
+        assert!(reason.contains("the model made no tool call"), "{reason}");
+        assert!(reason.contains("Your refund is on its way."), "{reason}");
     }
 
     #[test]

@@ -572,6 +572,31 @@ pub struct ModelSpec {
     /// absent: the run waits for an operator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fatal_event: Option<String>,
+    /// What the request's `tool_choice` asks of the model: `required` (the default), `auto`
+    /// (a server that refuses `required`; a reply without a tool call is a rejected decision)
+    /// or `function` (name the one function the state offers). Set to anything but
+    /// `required`, the definition's runs need engine protocol 3.
+    #[serde(default, skip_serializing_if = "ToolChoice::is_required")]
+    pub tool_choice: ToolChoice,
+}
+
+/// A model state's `tool_choice` (see [`ModelSpec::tool_choice`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolChoice {
+    /// `"tool_choice": "required"`: the model must call one of the offered functions.
+    #[default]
+    Required,
+    /// `"tool_choice": "auto"`: the model may answer without a tool call (then refused).
+    Auto,
+    /// `"tool_choice": {"type": "function", ...}` naming the one function offered.
+    Function,
+}
+
+impl ToolChoice {
+    pub fn is_required(&self) -> bool {
+        *self == ToolChoice::Required
+    }
 }
 
 impl ModelSpec {

@@ -23,6 +23,10 @@
 //! the support-agent policy: look the order up, refund it, finish (or give up when the
 //! refund was denied). `GET /control/requests` returns every request body received, in
 //! order.
+//!
+//! Like llama-cpp-python's server, a stand-in told to (`--refuse-tool-choice-required`,
+//! [`StandIn::refuse_tool_choice_required`]) answers 500 to `"tool_choice": "required"`,
+//! taking only `auto`, `none` or a named function.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -49,6 +53,8 @@ struct Inner {
     authorizations: Mutex<Vec<Option<String>>>,
     /// When each kept request arrived (for `rein bench --model`).
     arrivals: Mutex<Vec<std::time::Instant>>,
+    /// Answer 500 to `"tool_choice": "required"`, as llama-cpp-python's server does.
+    refuse_required: std::sync::atomic::AtomicBool,
 }
 
 /// A running stand-in's shared state.
@@ -86,6 +92,14 @@ impl StandIn {
         }
         *self.inner.script.lock().unwrap_or_else(|e| e.into_inner()) = out;
         Ok(())
+    }
+
+    /// From now on, answer 500 to `"tool_choice": "required"` (as llama-cpp-python's
+    /// OpenAI-compatible server does), before any scripted reply is taken.
+    pub fn refuse_tool_choice_required(&self) {
+        self.inner
+            .refuse_required
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The request bodies received so far.
@@ -183,6 +197,17 @@ async fn completions(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
             "`model` and `messages` are required",
+        );
+    }
+    if s.inner
+        .refuse_required
+        .load(std::sync::atomic::Ordering::Relaxed)
+        && request.get("tool_choice").and_then(Value::as_str) == Some("required")
+    {
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_server_error",
+            "tool_choice 'required' is not supported: use 'auto', 'none' or a named function",
         );
     }
     let entry = s
@@ -415,6 +440,9 @@ pub struct StandInArgs {
     /// A JSON file with the list of replies to play first.
     #[arg(long)]
     pub script: Option<std::path::PathBuf>,
+    /// Answer 500 to `"tool_choice": "required"`, as llama-cpp-python's server does.
+    #[arg(long)]
+    pub refuse_tool_choice_required: bool,
 }
 
 pub async fn stand_in_model(args: StandInArgs) -> u8 {
@@ -438,6 +466,9 @@ pub async fn stand_in_model(args: StandInArgs) -> u8 {
             return rein_process::exit::INPUT;
         }
     };
+    if args.refuse_tool_choice_required {
+        standin.refuse_tool_choice_required();
+    }
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(l) => l,
         Err(e) => {

@@ -194,11 +194,13 @@ children AS (
            upd.enqueued_by, c.parent_run_id, c.branch, COALESCE(upd.root_run_id, upd.run_id), upd.depth + 1,
            clock_timestamp() + c.timer_ms * interval '1 millisecond',
            now() + c.deadline_ms * interval '1 millisecond',
-           -- a child's log starts afresh: the first engine protocol
-           1
+           -- a child's log starts afresh: the first engine protocol, or the one its
+           -- definition needs ($61)
+           c.protocol
     FROM unnest($39::uuid[], $40::uuid[], $41::text[], $42::int[], $43::text[], $44::text[], $45::jsonb[],
-                $46::jsonb[], $47::jsonb[], $48::bigint[], $49::bigint[])
-        AS c(run_id, parent_run_id, definition, version, state, status, projection, input, branch, timer_ms, deadline_ms)
+                $46::jsonb[], $47::jsonb[], $48::bigint[], $49::bigint[], $61::smallint[])
+        AS c(run_id, parent_run_id, definition, version, state, status, projection, input, branch, timer_ms, deadline_ms,
+             protocol)
     JOIN upd ON upd.run_id = c.parent_run_id
     ON CONFLICT (run_id) DO NOTHING
 ),

@@ -3,14 +3,14 @@
 -- created with ($15, compared by the caller). A key stored before keys had callers (caller
 -- NULL) still stands for its run, for any caller. $13: the wall-time budget in ms, NULL for
 -- none. $16: the API token creating the run, NULL for none. $17: who enqueues each run
--- (NULL: nobody named).
+-- (NULL: nobody named). $18: the engine protocol each run's definition needs.
 WITH req AS (
     SELECT *
     FROM unnest($1::uuid[], $2::text[], $3::int[], $4::text[], $5::text[], $6::jsonb[], $7::jsonb[],
                 $8::int[], $9::text[], $10::uuid[], $11::text[], $12::bigint[], $13::bigint[],
-                $14::text[], $15::text[], $16::uuid[], $17::text[]) WITH ORDINALITY
+                $14::text[], $15::text[], $16::uuid[], $17::text[], $18::smallint[]) WITH ORDINALITY
         AS r(run_id, definition, version, state, status, projection, input, priority, queue, parent_run_id, client_key, timer_ms,
-             deadline_ms, caller, body_hash, enqueued_token, enqueued_by, ord)
+             deadline_ms, caller, body_hash, enqueued_token, enqueued_by, protocol, ord)
 ),
 keys AS (
     INSERT INTO rein_enqueue_keys (caller, client_key, run_id, body_hash)
@@ -29,8 +29,9 @@ created AS (
            -- created_at + the wall-time budget (both now(): the same instant)
            now() + q.deadline_ms * interval '1 millisecond',
            q.enqueued_token, q.enqueued_by,
-           -- a new log holds no event of a newer engine protocol than the first
-           1
+           -- a new log holds no event of a newer engine protocol than the first; its
+           -- definition may need a newer one
+           q.protocol
     FROM req q
     WHERE q.client_key IS NULL OR q.run_id IN (SELECT run_id FROM keys)
     RETURNING run_id

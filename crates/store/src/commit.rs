@@ -925,6 +925,7 @@ async fn commit_statement(
             };
             let state = RunState::initial(def, c.input.clone());
             q.c_run.push(c.run_id);
+            q.c_protocol.push(crate::definition_protocol(def));
             q.c_parent.push(r.run_id);
             q.c_def.push(def.name().to_owned());
             q.c_ver.push(def.version() as i32);
@@ -1092,6 +1093,7 @@ async fn commit_statement(
         .bind(&q.new_seqs)
         .bind(&q.ref_run)
         .bind(&q.ref_hash)
+        .bind(&q.c_protocol)
         .fetch_all(&mut *conn)
         .await
         .inspect_err(|e| {
@@ -1353,6 +1355,7 @@ struct Columns<'a> {
     c_branch: Vec<Value>,
     c_timer: Vec<Option<i64>>,
     c_deadline: Vec<Option<i64>>,
+    c_protocol: Vec<i16>,
     defers: Vec<Option<i64>>,
     first_tries: Vec<bool>,
     cancels: Vec<bool>,

@@ -59,9 +59,23 @@ pub use moves::{
     FORK_DEPTH_MAX, ForkedBy, MIGRATION_PAGE_MAX, MigrationCandidate, Moved, PROTOCOL_MOVES,
 };
 
+/// The protocol a run of a definition with a model state's `tool_choice` other than
+/// `required` needs: a worker of an older release would send `required` regardless.
+pub const PROTOCOL_TOOL_CHOICE: i16 = 3;
+
 /// The newest engine protocol this binary reads (`rein_runs.protocol`): it claims no run whose
 /// log needs a newer one, so old and new workers can run side by side during an upgrade.
-pub const PROTOCOL_VERSION: i16 = PROTOCOL_MOVES;
+pub const PROTOCOL_VERSION: i16 = PROTOCOL_TOOL_CHOICE;
+
+/// The engine protocol a run of `def` needs from its first event: the first one, unless the
+/// definition uses a feature older workers would not honour.
+pub fn definition_protocol(def: &rein_core::Definition) -> i16 {
+    if def.sets_tool_choice() {
+        PROTOCOL_TOOL_CHOICE
+    } else {
+        1
+    }
+}
 pub use operate::Member;
 pub use reads::{
     Budgeted, EventAt, EventTime, ID_PREFIX_LEN_MAX, PageView, ROW_BYTES_BESIDES_JSON, Recovered,

@@ -131,7 +131,7 @@ impl Store {
                 )
                 .bind(candidate.run_id)
                 .bind(to.version() as i32)
-                .bind(PROTOCOL_MOVES)
+                .bind(PROTOCOL_MOVES.max(crate::definition_protocol(to)))
                 .execute(&mut *tx)
                 .await?;
                 Moved::Committed {

@@ -711,8 +711,10 @@ async fn enqueue_rows(
     let mut timers: Vec<Option<i64>> = Vec::new();
     let mut deadlines: Vec<Option<i64>> = Vec::new();
     let mut tokens = Vec::new();
+    let mut protocols = Vec::new();
     for r in requests {
         tokens.push(r.enqueued_token);
+        protocols.push(crate::definition_protocol(&r.definition));
         deadlines.push(
             r.definition
                 .budget()
@@ -758,6 +760,7 @@ async fn enqueue_rows(
         .bind(&body_hashes)
         .bind(&tokens)
         .bind(&enqueuers)
+        .bind(&protocols)
         .fetch_all(&mut *conn)
         .await?;
     let mut out = Vec::with_capacity(rows.len());
