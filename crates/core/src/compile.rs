@@ -17,7 +17,9 @@ use crate::spec::{
 /// Which rules a spec is validated with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Rules {
-    /// Every rule: a definition being registered.
+    /// Every rule: a definition being registered. Besides [`Rules::Stored`]'s: the cost
+    /// bound of guard expressions, and a transient path for every state that calls out
+    /// ([`transient_path_problem`]).
     Registration,
     /// The rules every stored definition met when it was registered.
     Stored,
@@ -642,6 +644,11 @@ impl Definition {
             for (item, reason) in crate::model::problems(&item, state, &leaves) {
                 p(item, reason);
             }
+            if rules == Rules::Registration
+                && let Some((what, reason)) = transient_path_problem(state)
+            {
+                p(format!("{item}.{what}"), reason);
+            }
         }
 
         let mut join_guards: HashMap<String, Arc<crate::guard::Expr>> = HashMap::new();
@@ -936,4 +943,43 @@ fn check_name(p: &mut impl FnMut(String, String), item: &str, name: &str) {
     if let Some(reason) = name_problem(name) {
         p(item.to_owned(), reason);
     }
+}
+
+/// A registration rule: a state whose action calls out must give a transient failure of
+/// that call (connect error, timeout, 429, 5xx, ...) a path on the definition's retry path
+/// rather than to an operator. "Has a path" per kind of state:
+///
+/// - `model`: the worker commits a transient failure of the model call as
+///   `[states.model] transient_event` (`rein_worker::model`); without it the run waits for an
+///   operator (OPERATOR_REQUIRED) at the first 429. So `transient_event` must be declared.
+///   That it has a transition leaving the state (to a retry wait with a `backoff`, say) is
+///   checked for every definition, stored ones too, wherever it is declared.
+/// - `http`: `transient_event` is a required field of the `http` table and must leave the
+///   state (both checked for every definition): such a state always has its path.
+/// - a state with `tools`: a tool handler commits its own result events (the definition's
+///   `call_results`), which the definition cannot tell transient from fatal; the engine's
+///   own event for a tool call lost in doubt and found not applied is `on_lease_expired`,
+///   and without it the step runs again under the same idempotency key (SPEC X7), never
+///   waiting for an operator. Both
+///   are accepted, so there is nothing more to refuse here.
+///
+/// Stored definitions keep loading without it ([`Rules::Stored`]): their runs keep going
+/// to an operator on a transient failure, as they did when they were registered.
+fn transient_path_problem(state: &StateSpec) -> Option<(&'static str, String)> {
+    let model = state.model.as_ref()?;
+    if state.action.as_deref() != Some("model") || model.transient_event.is_some() {
+        return None;
+    }
+    Some((
+        "model.transient_event",
+        format!(
+            "state `{name}`: a transient failure of its model call (connect error, timeout, 429, \
+             5xx, a stream cut short) is committed as `transient_event`, but the definition has \
+             none, so the run would wait for an operator; add `transient_event = \"MODEL_RETRYABLE_FAILED\"` \
+             (an event of `events`) to [states.model] and a transition from `{name}` on it to a \
+             state that retries (a waiting state with a `backoff` whose `due` leads back to \
+             `{name}`) so retries have a path",
+            name = state.name
+        ),
+    ))
 }

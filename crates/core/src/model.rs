@@ -954,6 +954,7 @@ model = "gpt-test"
 api_key_env = "OPENAI_API_KEY"
 system = "You help {{input.customer}} ({{data.tier}}){{data.missing}}."
 price = { input = 0.001, output = 0.002 }
+transient_event = "MODEL_FAILED"
 fatal_event = "MODEL_FAILED"
 [[states.tools]]
 name = "lookup_order"

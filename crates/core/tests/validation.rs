@@ -614,3 +614,175 @@ fn a_json_definition_is_an_object_not_an_array_of_its_fields() {
     assert!(rein_core::json_text_is_object(b" \t\r\n{}"));
     assert!(!rein_core::json_text_is_object(b""));
 }
+
+/// A `model` state whose model call's transient failures have `transient` as their event
+/// (none when `None`), with a retry wait and a fatal path.
+fn model_state(transient: Option<&str>) -> String {
+    let transient = transient
+        .map(|e| format!("transient_event = \"{e}\"\n"))
+        .unwrap_or_default();
+    format!(
+        r#"
+name = "asker"
+version = 1
+cancel_state = "CANCELLED"
+events = ["FINISH", "MODEL_RETRYABLE_FAILED", "MODEL_FATAL_FAILED", "RETRY_DUE", "RETRY_EXHAUSTED"]
+
+[[states]]
+name = "ASK"
+kind = "active"
+initial = true
+action = "model"
+decisions = ["FINISH"]
+
+[states.model]
+model = "gpt-test"
+{transient}fatal_event = "MODEL_FATAL_FAILED"
+
+[[states]]
+name = "RETRY_WAIT"
+kind = "waiting"
+backoff = {{ due = "RETRY_DUE", exhausted = "RETRY_EXHAUSTED" }}
+
+[[states]]
+name = "DONE"
+kind = "terminal"
+
+[[states]]
+name = "FAILED"
+kind = "terminal"
+
+[[states]]
+name = "CANCELLED"
+kind = "terminal"
+
+[[transitions]]
+from = "ASK"
+event = "FINISH"
+to = "DONE"
+
+[[transitions]]
+from = "ASK"
+event = "MODEL_RETRYABLE_FAILED"
+to = "RETRY_WAIT"
+effects = ["increment_attempt"]
+
+[[transitions]]
+from = "ASK"
+event = "MODEL_FATAL_FAILED"
+to = "FAILED"
+
+[[transitions]]
+from = "RETRY_WAIT"
+event = "RETRY_DUE"
+to = "ASK"
+
+[[transitions]]
+from = "RETRY_WAIT"
+event = "RETRY_EXHAUSTED"
+to = "FAILED"
+"#
+    )
+}
+
+fn stored(text: &str) -> Result<Definition, DefinitionError> {
+    let spec: DefinitionSpec = toml::from_str(text).expect("parses");
+    Definition::from_stored_spec(spec, &GuardRegistry::new())
+}
+
+#[test]
+fn a_model_state_whose_transient_failures_have_no_event_is_refused_at_registration() {
+    parse(&model_state(Some("MODEL_RETRYABLE_FAILED"))).expect("with a transient path");
+    let text = model_state(None);
+    let err = invalid(&text);
+    assert_problem(
+        &err,
+        "states[0] (ASK).model.transient_event",
+        "a transient failure of its model call",
+    );
+    let said = err.to_string();
+    for part in [
+        "state `ASK`",
+        "the definition has none",
+        "add `transient_event = ",
+        "to [states.model]",
+        "a transition from `ASK` on it",
+    ] {
+        assert!(said.contains(part), "{part:?} missing from: {said}");
+    }
+    // Built in Rust rather than parsed, it is refused the same way.
+    let spec: DefinitionSpec = toml::from_str(&text).expect("parses");
+    let err = Definition::from_spec(spec, &GuardRegistry::new()).expect_err("refused");
+    assert_problem(&err, "model.transient_event", "the definition has none");
+}
+
+#[test]
+fn a_stored_model_state_without_a_transient_event_keeps_loading() {
+    let def = stored(&model_state(None)).expect("stored definitions keep loading");
+    let ask = def.state("ASK").expect("state");
+    assert_eq!(
+        ask.model
+            .as_ref()
+            .and_then(|m| m.transient_event.as_deref()),
+        None
+    );
+}
+
+#[test]
+fn a_model_state_whose_transient_event_has_no_transition_is_refused_even_when_stored() {
+    // Declared but with no transition from the state on it: no path, whichever the rules.
+    let text = model_state(Some("RETRY_DUE"));
+    let err = invalid(&text);
+    assert_problem(
+        &err,
+        "states[0] (ASK).model.transient_event",
+        "event `RETRY_DUE` does not leave state `ASK`",
+    );
+    assert!(stored(&text).is_err());
+}
+
+#[test]
+fn an_http_state_always_has_a_transient_path() {
+    // `transient_event` is a required field of the `http` table ...
+    let missing = with(
+        r#"
+[[states]]
+name = "CALL"
+kind = "active"
+action = "http"
+http = { url = "https://nodes.example.com/x", fatal_event = "finish" }
+"#,
+    );
+    assert!(
+        parse(&missing)
+            .unwrap_err()
+            .to_string()
+            .contains("transient_event"),
+    );
+    // ... and must leave the state, for stored definitions too.
+    let nowhere = replaced(
+        "name = \"work\"\nkind = \"active\"\n",
+        "name = \"work\"\nkind = \"active\"\naction = \"http\"\nhttp = { url = \"https://nodes.example.com/x\", transient_event = \"go\", fatal_event = \"finish\" }\n",
+    );
+    assert_problem(
+        &invalid(&nowhere),
+        "states[1] (work).http.transient_event",
+        "event `go` does not leave state `work`",
+    );
+    assert!(stored(&nowhere).is_err());
+}
+
+#[test]
+fn every_built_in_model_state_has_a_transient_path() {
+    let mut models = 0;
+    for (name, text) in rein_core::builtin::ALL {
+        let def = parse(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for state in def.states() {
+            if let Some(model) = &state.model {
+                models += 1;
+                assert!(model.transient_event.is_some(), "{name}: {}", state.name);
+            }
+        }
+    }
+    assert!(models > 0, "a built-in asks a model");
+}
