@@ -85,10 +85,10 @@ pub async fn fork_run(
     // From the row, before the log is read; again once the versions it ran on are known.
     moves::fork_budget(&app.store, id, at)
         .await
-        .inspect_err(|_| refused_over_budget())?;
+        .inspect_err(refused_over_budget)?;
     let slot = app.replays.slot(who.token_id)?;
     let replay = moves::ForkReplay::load(&app.store, id, at).await?;
-    replay.budget().inspect_err(|_| refused_over_budget())?;
+    replay.budget().inspect_err(refused_over_budget)?;
     let at = app
         .replays
         .run(slot, move |cancel| replay.replay(cancel))

@@ -69,7 +69,7 @@ pub async fn verify_run(
     let id = path_id(id)?;
     recovery::verify_budget(&app.store, id)
         .await
-        .inspect_err(|_| refused_over_budget())?;
+        .inspect_err(refused_over_budget)?;
     let slot = app.replays.slot(who.token_id)?;
     let (store, runtime) = (app.store.clone(), tokio::runtime::Handle::current());
     let verified = app
@@ -170,11 +170,10 @@ pub async fn whatif_run(
         .await?;
     // From the row, before the log is read; again once the versions it ran on are known.
     let events = row.last_sequence.max(0) as u64;
-    replay_budget(Replayed::WhatIf, id, events, &[&old, &new])
-        .inspect_err(|_| refused_over_budget())?;
+    replay_budget(Replayed::WhatIf, id, events, &[&old, &new]).inspect_err(refused_over_budget)?;
     let slot = app.replays.slot(who.token_id)?;
     let replay = rein_ops::whatif::Replay::load(&app.store, id, new).await?;
-    replay.budget().inspect_err(|_| refused_over_budget())?;
+    replay.budget().inspect_err(refused_over_budget)?;
     let compared = app
         .replays
         .run(slot, move |cancel| replay.compare(cancel))

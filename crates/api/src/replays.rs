@@ -58,9 +58,13 @@ pub fn register_metrics() {
     metrics::counter!(REPLAYS_CANCELLED).increment(0);
 }
 
-/// Counts a replay refused over its budget.
-pub fn refused_over_budget() {
-    metrics::counter!(REPLAYS_REFUSED, "reason" => "over_budget").increment(1);
+/// Counts `refused` when it is a replay refused over its budget (the budget checks also
+/// answer a missing run or version, which were never replays).
+pub fn refused_over_budget(refused: &rein_ops::Error) {
+    let limit = refused.details.as_ref().and_then(|d| d.get("limit"));
+    if limit.and_then(serde_json::Value::as_u64) == Some(rein_core::replay_cost::REPLAY_COST_MAX) {
+        metrics::counter!(REPLAYS_REFUSED, "reason" => "over_budget").increment(1);
+    }
 }
 
 type Job = Box<dyn FnOnce() + Send>;
