@@ -1,7 +1,7 @@
 //! `rein api` against real PostgreSQL: the real binary is started as a child process on a
 //! free port, tokens are made with `rein tokens create`, and every request goes over HTTP.
 
-mod common;
+use crate::common;
 
 use common::{Api, PrivateRedis, code, free_port, json_of, rein, stderr, stdout};
 use rein_store::{EnqueueRequest, Sender};

@@ -5,7 +5,7 @@
 //! the API's JSON error. Bounds on time are generous: each behaviour would otherwise take
 //! minutes, or forever.
 
-mod common;
+use crate::common;
 
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};

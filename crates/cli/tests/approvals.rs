@@ -3,7 +3,7 @@
 //! transitions (no worker), a request is opened the way the worker opens one, and a person
 //! decides it through the CLI.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output};
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Each audit checker catches the violation it exists for: a small database of completed runs
 //! audits clean, then one violation planted with raw SQL makes its count positive.
 
-mod common;
+use crate::common;
 
 use rein_store::{AuditReport, EnqueueRequest, Store};
 use serde_json::json;

@@ -1,7 +1,7 @@
 //! `rein bench` as a user runs it: small workloads against a real database, checking that the
 //! report is complete and consistent with what the database holds — never how fast it was.
 
-mod common;
+use crate::common;
 
 use common::{PrivateRedis, REIN, free_port, rein, stderr, stdout};
 use serde_json::Value;

@@ -3,7 +3,7 @@
 //! reference; `GET /v1/blobs/{sha256}` and `rein blobs get` return it to whoever may read a
 //! run that refers to it, and answer 404 to everyone else, as for an unknown hash.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! `--check-only` must report each kind of violation planted in a database under its own
 //! field, and exit 3 for it.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};

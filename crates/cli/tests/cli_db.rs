@@ -1,6 +1,6 @@
 //! Operator commands against a real database, run as a user runs them.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

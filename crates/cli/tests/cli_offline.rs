@@ -1,6 +1,6 @@
 //! The offline commands, run as a user runs them: `rein definitions` and `rein replay`.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::process::{Command, Stdio};

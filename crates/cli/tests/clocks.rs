@@ -4,7 +4,7 @@
 //! the database clock: every run ends, the audit finds no violation, no lease is granted for
 //! longer than its TTL, and each retry waits its backoff — not a minute less or more.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Command;

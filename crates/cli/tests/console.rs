@@ -3,7 +3,7 @@
 //! directory; and the API answers what the console asks (`GET /v1/me`, the run filters, each
 //! run's newest event).
 
-mod common;
+use crate::common;
 
 use common::{Api, code, json_of, rein, stderr};
 use rein_store::EnqueueRequest;

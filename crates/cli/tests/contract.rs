@@ -4,7 +4,7 @@
 //! an older release could still use it. A binary starts on a schema a newer release expanded,
 //! and refuses one a newer release contracted.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! their shell, `--json` where a command reports, a wrong value refused with the right ones
 //! listed, plain text in a log file, and tokens they can list.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

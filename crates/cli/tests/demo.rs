@@ -1,7 +1,7 @@
 //! `rein demo` as a new user runs it: its summary adds up, and the database it drove holds no
 //! broken invariant.
 
-mod common;
+use crate::common;
 
 use common::{rein, stderr, stdout};
 use serde_json::Value;

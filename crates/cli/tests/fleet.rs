@@ -3,7 +3,7 @@
 //! frozen with SIGSTOP past its lease TTL; afterwards the database audit must find every run
 //! terminal and no invariant broken (SPEC X1–X8, S1–S3, C1–C12).
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! use is refused with a 4xx and the JSON error body. `PROPTEST_CASES=5000 cargo test
 //! --workspace --test fuzz_api` sends more.
 
-mod common;
+use crate::common;
 
 use common::{Api, PrivateRedis, free_port};
 use proptest::prelude::*;

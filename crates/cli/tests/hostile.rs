@@ -7,7 +7,7 @@
 //! not asserted: the assertions are that the unrelated work finishes, every probe of the API
 //! is answered, and the fork bomb stays inside its bound.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

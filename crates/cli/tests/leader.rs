@@ -3,7 +3,7 @@
 //! due; stopped with SIGSTOP past its TTL, it is replaced, and when continued it steps down,
 //! and nothing is applied twice.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! holds fleet-wide and a `kill -9`ed holder's slots expire within the lease TTL, and with
 //! Redis gone every process applies the limits on its own and says so.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! add up to what the database holds, the fleet gauges read from it, each refused transition
 //! is counted by the process that refused it, and finished runs carry their real outcome.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

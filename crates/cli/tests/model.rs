@@ -2,7 +2,7 @@
 //! external party, so a fake is allowed; it speaks the published wire format): real
 //! PostgreSQL, real `rein worker` and `rein scheduler` processes.
 
-mod common;
+use crate::common;
 
 use std::os::unix::process::CommandExt;
 use std::time::Duration;

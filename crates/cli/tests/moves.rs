@@ -3,7 +3,7 @@
 //! and verify; `rein fork` starts a new run from a run's state at a sequence, the source
 //! untouched.
 
-mod common;
+use crate::common;
 
 use common::*;
 use rein_core::{Definition, Format, GuardRegistry};

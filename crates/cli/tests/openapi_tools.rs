@@ -7,7 +7,7 @@
 //! The tools live in `target/openapi-tools` (or `$REIN_OPENAPI_TOOLS`); when they are not
 //! there, `scripts/openapi-tools.sh` installs them first, and a failed install fails the test.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

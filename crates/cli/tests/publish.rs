@@ -4,7 +4,7 @@
 //! records who enqueued it, and that person may be kept from granting its approvals; the API
 //! compiles a definition once, not on every request that loads it.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! append-only for everything else, the run still verifying, and the blobs only finished,
 //! redacted runs referred to deleted.
 
-mod common;
+use crate::common;
 
 use common::*;
 use rein_core::{Definition, Format, GuardRegistry};

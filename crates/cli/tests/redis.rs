@@ -2,7 +2,7 @@
 //! an idle worker claim at once, and a private Redis stopped in the middle of a load loses
 //! nothing, duplicates nothing, and wake-ups resume when it comes back.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

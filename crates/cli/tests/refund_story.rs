@@ -3,7 +3,7 @@
 //! with SIGKILL and another takes over; then the approver denies. The refund is applied zero
 //! times and the run ends on the denial path.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! next to the same commands against the database: the `--json` output must be the same
 //! document, and errors the same exit codes.
 
-mod common;
+use crate::common;
 
 use std::process::Output;
 

@@ -3,7 +3,7 @@
 //! still replay to their stored state, unfinished and recently finished runs are untouched,
 //! a second run is a no-op, and no event can be appended to an archived run.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

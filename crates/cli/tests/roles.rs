@@ -3,7 +3,7 @@
 //! logged in as a member of `rein_api_access` enqueues, lists and approves; each is refused
 //! what it does not need (deleting events, reading tokens, DDL).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

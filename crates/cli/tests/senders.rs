@@ -3,7 +3,7 @@
 //! who sent an event, sends and enqueues are idempotent per caller (E2, I3, Z4), and text
 //! PostgreSQL cannot store is refused by name (Z2).
 
-mod common;
+use crate::common;
 
 use std::process::Output;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! every run with no duplicated side effect and the audit finds nothing broken. `rein
 //! scheduler` and `rein api` exit 0 on SIGTERM too.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! events), `rein runs watch` and `rein enqueue --wait`, with real workers and schedulers on
 //! a fresh database and a private Redis for the deltas.
 
-mod common;
+use crate::common;
 
 use std::process::Output;
 use std::time::Duration;

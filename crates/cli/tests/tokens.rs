@@ -3,7 +3,7 @@
 //! subjects and senders that cannot drive a terminal, and a token the command line never
 //! shows.
 
-mod common;
+use crate::common;
 
 use common::{Api, code, json_of, rein, rein_with, stderr, stdout};
 use rein_store::{EnqueueRequest, Store};

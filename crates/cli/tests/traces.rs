@@ -4,7 +4,7 @@
 //! every step, action attempt and scheduler firing under it, from however many processes;
 //! the API's requests are server spans; a collector that cannot be reached is reported.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};

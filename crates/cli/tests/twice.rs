@@ -3,7 +3,7 @@
 //! refused saying it was decided; an outside event sent twice with the same key through two
 //! API processes at once is applied once, and the key with another body is a conflict.
 
-mod common;
+use crate::common;
 
 use common::{Api, code, json_of};
 use reqwest::StatusCode;

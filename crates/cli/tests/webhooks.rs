@@ -3,7 +3,7 @@
 //! deliveries in the same transaction, and schedulers POST them to a receiver in the test
 //! that checks each signature, records what arrived, and can be told to fail or hang.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};

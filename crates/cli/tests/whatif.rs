@@ -4,7 +4,7 @@
 //! A diverges exactly when 50 < A <= 100, at sequence 1 (CHECKED), where v1 went to APPROVED
 //! and v2 would go to REVIEW; every other run ends the same.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

@@ -2,7 +2,7 @@
 //! situation by sending it events (a run without a lease applies them at once), claiming it,
 //! or moving a lease deadline into the past, then asks `rein why` what the run waits for.
 
-mod common;
+use crate::common;
 
 use common::{fresh_store, rein, stderr, stdout};
 use rein_store::{ApprovalAsk, EnqueueRequest, SendOutcome, Sender, Store};

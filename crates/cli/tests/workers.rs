@@ -1,7 +1,7 @@
 //! `rein workers` lists the living only: a worker killed with SIGKILL disappears within its
 //! lease TTL, while one still running stays.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

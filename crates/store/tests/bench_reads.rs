@@ -3,7 +3,7 @@
 //! million finished runs, a progress poll that counted the point's queue by scanning
 //! `rein_runs` took ~0.9 s of the database's CPU every 3 s, inside the measured window.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, SystemTime};
 

@@ -2,7 +2,7 @@
 //! queue's backlog never starves another, and fairness keeps every claim rule (no run claimed
 //! twice, priority within a queue).
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 

@@ -2,7 +2,7 @@
 //! runs enqueued without a version follow, the migration that introduced it, and compiled
 //! definitions kept per process while the stored row's hash stands.
 
-mod common;
+use crate::common;
 
 use common::store;
 use rein_core::{Definition, Format, GuardRegistry, builtin};

@@ -1,6 +1,6 @@
 //! The fencing protocol against a real PostgreSQL (SPEC E1–E4, X1–X3a, S2).
 
-mod common;
+use crate::common;
 
 use common::{assert_replays, event_types, store, wait_lease_expired};
 use rein_core::{Definition, EngineEvent, Event, RejectReason, RunState, apply};

@@ -1,7 +1,7 @@
 //! The floor `rein bench --floor` measures: each shape writes one event per run per
 //! statement, in sequence, on scratch tables, and says so when a statement wrote less.
 
-mod common;
+use crate::common;
 
 use rein_store::{FloorShape, StoreError};
 

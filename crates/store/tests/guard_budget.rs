@@ -2,7 +2,7 @@
 //! it keeps loading, and its guard over the budget is refused when evaluated instead of
 //! holding the database transaction and the caller's thread for as long as it runs.
 
-mod common;
+use crate::common;
 
 use common::{assert_replays, store};
 use rein_core::definition::DefinitionSpec;

@@ -5,7 +5,7 @@
 //!
 //! A test binary of its own: it installs the process-wide Prometheus recorder.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 

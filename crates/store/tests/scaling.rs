@@ -3,7 +3,7 @@
 //! `run_id` first or is listed there with its placement and why; every statement that reads
 //! or writes a per-run table filters on `run_id`, or is listed there as fleet-wide.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

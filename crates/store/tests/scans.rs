@@ -3,7 +3,7 @@
 //! whose definition cannot be loaded) are looked at once and then left alone for a while,
 //! so a thousand of them never keep a due timer, a join or a recovery waiting.
 
-mod common;
+use crate::common;
 
 use common::{store, wait_until};
 use rein_core::{Definition, Format, GuardRegistry};

@@ -1,7 +1,7 @@
 //! Who may send what to a run (SPEC Z3), who the log says sent it, idempotent sends (E2),
 //! client keys scoped to their caller (I3, Z4), and text PostgreSQL cannot store (Z2).
 
-mod common;
+use crate::common;
 
 use common::{assert_replays, event_types, store};
 use rein_core::{Definition, Format, GuardRegistry, builtin};

@@ -1,7 +1,7 @@
 //! Token quotas (SPEC Z4) under concurrency: every API process counts in PostgreSQL, and one
 //! token's enqueues are serialised there, so racing callers cannot together exceed a quota.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,8 +2,7 @@
 //! (the external model, faked) decides; tools run on the sim ledger (an external system that
 //! applies each idempotency key once); people decide approvals through the store.
 
-#[path = "../../store/tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,9 +4,8 @@
 //! (SPEC D3) and the ceiling that ends runaway runs. Only the external model and tools are
 //! faked (the handlers below).
 
-#[path = "../../store/tests/common/mod.rs"]
-mod common;
-mod fleet;
+use crate::common;
+use crate::fleet;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};

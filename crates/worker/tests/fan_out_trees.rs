@@ -4,9 +4,8 @@
 //! once never pass the bound together, and cancelling a run cancels every live run below it,
 //! leased or not. Only the node action is faked.
 
-#[path = "../../store/tests/common/mod.rs"]
-mod common;
-mod fleet;
+use crate::common;
+use crate::fleet;
 
 use std::time::Duration;
 

@@ -2,8 +2,7 @@
 //! node server (`examples/node_server.py`), which stands in for an external agent service.
 
 // The fixtures are the store tests' own: one copy for both crates.
-#[path = "../../store/tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::fs::File;
 use std::os::unix::process::CommandExt;

@@ -2,8 +2,7 @@
 //! R2, X6): a tool declared `retryable = false`, and a fine error class a handler gives its
 //! failure, take the exhausted path instead of a retry. Only the tool is faked.
 
-#[path = "../../store/tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -2,8 +2,7 @@
 //! Only external tools are faked (the handlers below); the database is real.
 
 // The fixtures are the store tests' own: one copy for both crates.
-#[path = "../../store/tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
