@@ -543,9 +543,14 @@ def test_a_model_run_shows_its_calls_token_usage_and_streamed_output(pages: Page
     tokens = sum(e["payload"]["usage"]["tokens"] for e in replied)
     assert tokens > 0
     expect(page.locator("#sec-model-calls ~ * tr.total td").last).to_have_text(str(tokens))
+    # The run list shows the same sum from the run's usage, budget or not.
+    usage = fleet.run(run_id)["usage"]
+    assert usage["input_tokens"] + usage["output_tokens"] == tokens
     shot(page, "run-top")
     page.evaluate("() => document.getElementById('sec-diagram').scrollIntoView({block: 'start'})")
     shot(page, "run")
+    go(page, "#/runs")
+    expect(page.locator(f'tr[data-run-id="{run_id}"] td.tokens')).to_have_text(str(tokens))
 
 
 def test_an_in_doubt_call_is_resolved_from_the_run_page(pages: Pages, fleet: ConsoleFleet) -> None:

@@ -329,3 +329,33 @@ def test_me_names_the_token_and_runs_filter_by_queue_and_state(client: rein.Clie
     run = client.get_run(cancelled)
     assert run.last_event is not None and run.last_event.type == "CANCEL"
     assert run.last_event.sequence == run.sequence
+
+
+def test_a_run_without_a_budget_shows_its_model_usage(client: rein.Client, fleet: Fleet) -> None:
+    # A stand-in OpenAI-compatible server (a model API is an outside party) and a worker of
+    # its own queue bound to it: the shipped support agent declares a price, no budget.
+    _, line = fleet.spawn("standin", [str(fleet.binary), "stand-in-model"], first_line=True)
+    base_url = "http://" + line.removeprefix("listening on ").strip() + "/v1"
+    fleet.spawn("model-worker", [
+        str(fleet.binary), "worker", "--id", "py-model-worker", "--queue", "py-model",
+        "--lease-ttl-ms", "2000", "--database-url", fleet.database_url,
+    ], env={"REIN_MODEL_URL": base_url, "REIN_MODEL_KEYS": f"OPENAI_API_KEY={base_url}",
+            "OPENAI_API_KEY": "sk-test-python-client-0123456789"})
+    run = client.enqueue("support-agent", {"order_id": "P1", "amount": 5}, queue="py-model")
+    done = client.wait(run, timeout=90)
+    assert done.state == "DONE", fleet.logs()
+    replies = [e.payload["usage"] for e in client.history(run) if e.type == "MODEL_REPLIED"]
+    assert len(replies) >= 2
+    assert done.usage is not None
+    assert done.usage.calls == len(replies)
+    assert done.usage.input_tokens == sum(u["input_tokens"] for u in replies)
+    assert done.usage.output_tokens == sum(u["output_tokens"] for u in replies)
+    assert done.usage.cost is not None and done.usage.cost > 0
+    assert done.usage.reasoning_tokens is None  # never reported: null, not 0
+    usage = client.usage(run)
+    assert [m.model for m in usage.models] == ["gpt-4o-mini"]
+    assert usage.total == done.usage
+    # A run with no model call has no usage, rather than zeros.
+    quiet = client.wait(client.enqueue("lifecycle", {"sim": {"work_ms": 1}}), timeout=60)
+    assert quiet.usage is None
+    assert client.usage(quiet).models == []

@@ -282,13 +282,14 @@ export function runPage(main, id) {
       ? pre(run.pending_action)
       : h("p", { class: "muted", text: "No action waiting for its result." }));
 
-    const usage = tokenUsage();
+    // The run's own sums (every call, not only the events loaded on this page).
+    const usage = run.usage;
     replace(budgetBox, dl([
       ["Steps completed", String(run.steps_completed)],
       ["Attempt", String(run.attempt)],
       ["Events", String(run.sequence)],
-      ["Model tokens", usage.calls ? `${usage.tokens} (${usage.input} in, ${usage.output} out)` : "none"],
-      usage.cost ? ["Model cost", usage.cost.toFixed(4)] : null,
+      ["Model tokens", usage ? `${usage.input_tokens + usage.output_tokens} (${usage.input_tokens} in, ${usage.output_tokens} out, ${usage.calls} calls)` : "none"],
+      usage && usage.cost != null ? ["Model cost", usage.cost.toFixed(4)] : null,
       why && why.since ? ["Time in state", duration(why.since.in_state_ms)] : null,
     ]));
   }

@@ -123,7 +123,7 @@ export function runsPage(main, params) {
     if (runs.length === 0) {
       replace(body, h("p", { class: "empty", text: Object.values(filters).some(Boolean) ? "No runs match these filters." : "No runs yet." }));
     } else {
-      replace(body, table("Runs", ["Run", "Status", "State", "Definition", "Queue", "Age", "Last event"],
+      replace(body, table("Runs", ["Run", "Status", "State", "Definition", "Queue", "Tokens", "Age", "Last event"],
         runs.map(row), { className: "runs" }));
     }
     newer.disabled = cursors.length === 0;
@@ -140,8 +140,18 @@ export function runsPage(main, params) {
       h("td", { class: "mono", text: run.state }),
       h("td", {}, `${run.definition}@${run.version}`),
       h("td", { text: run.queue ?? "–" }),
+      h("td", { class: "num tokens" }, tokens(run.usage)),
       h("td", {}, time(run.created_at)),
       h("td", {}, last ? [h("span", { class: "mono", text: last.type }), " ", h("span", { class: "muted", text: `· ${ago(last.occurred_at)}` })] : h("span", { class: "muted", text: "–" })));
+  }
+
+  // What the run's model calls used (`usage`, all models): tokens, with the calls and the
+  // cost where the model has a price in the title.
+  function tokens(usage) {
+    if (!usage) return h("span", { class: "muted", text: "–" });
+    const cost = usage.cost == null ? "no price" : `cost ${usage.cost.toFixed(4)}`;
+    return h("span", { title: `${usage.calls} model calls: ${usage.input_tokens} in, ${usage.output_tokens} out; ${cost}`,
+      text: String(usage.input_tokens + usage.output_tokens) });
   }
 
   function tick() {

@@ -81,6 +81,7 @@ pub fn router() -> OpenApiRouter<Arc<App>> {
         .routes(routes!(list_runs, enqueue_run))
         .routes(routes!(get_run))
         .routes(routes!(why_run))
+        .routes(routes!(run_usage))
         .routes(routes!(run_events, send_event))
         .routes(routes!(crate::stream::stream_run))
         .routes(routes!(list_approvals))
@@ -180,6 +181,9 @@ struct RunView {
     /// `data=true`.
     #[schema(value_type = Option<schema::JsonObject>)]
     data: Option<Value>,
+    /// What its model calls used, all models together (`GET /v1/runs/{id}/usage` has them
+    /// by model); null for a run with no model call.
+    usage: Option<rein_ops::usage::UsageSums>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -706,6 +710,26 @@ async fn why_run(
 ) -> Result<Json<Value>, ApiError> {
     caller.require(Scope::Read)?;
     Ok(Json(service::why(&app.store, path_id(id)?).await?))
+}
+
+/// What the run's model calls used, by model (the model its definition asked for) and in
+/// all: calls, input and output tokens, reasoning and cached tokens where the server
+/// reported them, and cost where the model has a price. Budget or not.
+#[utoipa::path(get, path = "/v1/runs/{id}/usage", tag = "runs",
+    params(("id" = Uuid, Path, description = "Run id")),
+    responses((status = 200, description = "The run's model usage", body = rein_ops::usage::UsageView),
+              (status = 401, description = "No or bad token", body = ErrorBody),
+              (status = 403, description = "Needs the read scope", body = ErrorBody),
+              (status = 404, description = "No such run", body = ErrorBody)))]
+async fn run_usage(
+    State(app): AppState,
+    Extension(caller): Extension<Caller>,
+    id: Result<Path<Uuid>, PathRejection>,
+) -> Result<Json<rein_ops::usage::UsageView>, ApiError> {
+    caller.require(Scope::Read)?;
+    Ok(Json(
+        rein_ops::usage::usage(&app.store, path_id(id)?).await?,
+    ))
 }
 
 /// Run a finished run again: a new run with its definition version, input, queue and

@@ -292,6 +292,15 @@ pub enum RunsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// What the run's model calls used, by model: calls, input, output, reasoning and
+    /// cached tokens, and cost where the model has a price.
+    Usage {
+        #[command(flatten)]
+        conn: Conn,
+        run: Uuid,
+        #[arg(long)]
+        json: bool,
+    },
     /// The run's events in order, with fencing token and worker.
     History {
         #[command(flatten)]
@@ -1014,10 +1023,30 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
                     }
                 ),
             }
+            println!(
+                "usage       {}",
+                crate::print::usage_line(row.get("usage").unwrap_or(&Value::Null))
+            );
             let reason = printable(text(&row, "terminal_reason"));
             if !reason.is_empty() {
                 println!("reason      {reason}");
             }
+            exit::OK
+        }
+        RunsCommand::Usage { conn, run, json } => {
+            let backend = match Backend::open(&conn).await {
+                Ok(b) => b,
+                Err(code) => return code,
+            };
+            let usage = match backend.usage(run).await {
+                Ok(usage) => usage,
+                Err(e) => return crate::print::fail(&e),
+            };
+            if json {
+                print_json(&json!(usage));
+                return exit::OK;
+            }
+            crate::print::usage_table(&usage);
             exit::OK
         }
         RunsCommand::History { conn, run, json } => {

@@ -138,3 +138,58 @@ pub fn print_history_row(e: &Value) {
         text(e, "occurred_at")
     );
 }
+
+/// A run's `usage` (all models summed) on one line: calls, tokens in and out, reasoning and
+/// cached where known, cost where priced; what a run with no model call says instead.
+pub fn usage_line(usage: &Value) -> String {
+    let Ok(sums) = serde_json::from_value::<rein_ops::usage::UsageSums>(usage.clone()) else {
+        return "no model calls".to_owned();
+    };
+    sums_text(&sums)
+}
+
+fn sums_text(s: &rein_ops::usage::UsageSums) -> String {
+    let mut line = format!(
+        "{} call{}, {} input + {} output tokens",
+        s.calls,
+        if s.calls == 1 { "" } else { "s" },
+        s.input_tokens,
+        s.output_tokens
+    );
+    let known: Vec<String> = [
+        ("reasoning", s.reasoning_tokens),
+        ("cached", s.cached_tokens),
+    ]
+    .into_iter()
+    .filter_map(|(name, n)| Some(format!("{name} {}", n?)))
+    .collect();
+    if !known.is_empty() {
+        line.push_str(&format!(" ({})", known.join(", ")));
+    }
+    match s.cost {
+        Some(cost) => line.push_str(&format!(", cost {cost:.6}")),
+        None => line.push_str(", cost unknown (no price)"),
+    }
+    line
+}
+
+/// `rein runs usage`: one line per model, then the total.
+pub fn usage_table(view: &rein_ops::usage::UsageView) {
+    if view.models.is_empty() {
+        println!("run {} made no model calls", view.run_id);
+        return;
+    }
+    for m in &view.models {
+        let name = if m.model.is_empty() {
+            "(unnamed)".to_owned()
+        } else {
+            printable(&m.model).into_owned()
+        };
+        println!("{name:<28} {}", sums_text(&m.sums));
+    }
+    if let Some(total) = &view.total
+        && view.models.len() > 1
+    {
+        println!("{:<28} {}", "total", sums_text(total));
+    }
+}

@@ -561,6 +561,17 @@ impl Backend {
         }
     }
 
+    /// What `run`'s model calls used, by model and in all.
+    pub async fn usage(&self, run: Uuid) -> Result<rein_ops::usage::UsageView, Error> {
+        match self {
+            Backend::Db(store) => rein_ops::usage::usage(store, run).await,
+            Backend::Api(c) => typed(
+                c.get(&["v1", "runs", &run.to_string(), "usage"], &[])
+                    .await?,
+            ),
+        }
+    }
+
     /// Whether `run`'s log replays to what is stored.
     pub async fn verify(&self, run: Uuid) -> Result<VerifyView, Error> {
         match self {

@@ -1099,3 +1099,157 @@ async fn a_definition_setting_tool_choice_gets_runs_of_the_newer_protocol() {
     let ids: Vec<Uuid> = claimed.iter().map(|c| c.run_id).collect();
     assert_eq!(ids, vec![runs[2]], "this release does");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_without_a_budget_shows_its_tokens_and_cost_in_the_cli_and_the_api() {
+    let api = common::Api::start("model_usage", &[]).await;
+    let store = &api.store;
+    let (_standin, base_url) = standin(json!([])).await;
+    let run = enqueue(
+        store,
+        "support-agent",
+        json!({"order_id": "A31", "amount": 5}),
+    )
+    .await;
+    let mut fleet = Fleet::new(&api.url, "model_usage");
+    start(&mut fleet, &base_url, "usage-w1", &[]);
+    let (row, history) = finished(store, run).await;
+    assert_eq!(row.state, "DONE", "{:?}", kinds(&history));
+    let def = store.load_definition("support-agent", None).await.unwrap();
+    assert!(
+        def.budget().is_none(),
+        "the shipped agent declares no budget"
+    );
+
+    // What the log says the calls used: the figures every view must show.
+    let replies: Vec<&Value> = history
+        .iter()
+        .filter(|e| e.kind == "MODEL_REPLIED")
+        .map(|e| &e.payload["usage"])
+        .collect();
+    assert!(replies.len() >= 2, "{:?}", kinds(&history));
+    let sum = |k: &str| replies.iter().map(|u| u[k].as_u64().unwrap()).sum::<u64>();
+    let (input, output) = (sum("input_tokens"), sum("output_tokens"));
+    let cost: f64 = replies.iter().map(|u| u["cost"].as_f64().unwrap()).sum();
+    assert!(input > 0 && output > 0 && cost > 0.0);
+
+    let stored = store.run_usage(run).await.unwrap();
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    let m = &stored[0];
+    assert_eq!(m.model, "gpt-4o-mini");
+    assert_eq!(
+        (m.calls, m.input_tokens, m.output_tokens),
+        (replies.len() as u64, input, output)
+    );
+    assert_eq!(
+        m.reasoning_tokens, None,
+        "the stand-in reports none: null, not 0"
+    );
+    assert!((m.cost.unwrap() - cost).abs() < 1e-12);
+
+    // The CLI, straight from the database.
+    let show = rein(&["runs", "show", &run.to_string(), "--database-url", &api.url]);
+    let text = stdout(&show);
+    assert!(show.status.success(), "{}", stderr(&show));
+    let line = format!(
+        "usage       {} calls, {input} input + {output} output tokens",
+        replies.len()
+    );
+    assert!(text.contains(&line), "{text}");
+    assert!(text.contains(", cost 0.0"), "{text}");
+    let by_model = rein(&[
+        "runs",
+        "usage",
+        &run.to_string(),
+        "--json",
+        "--database-url",
+        &api.url,
+    ]);
+    assert!(by_model.status.success(), "{}", stderr(&by_model));
+    let by_model: Value = serde_json::from_str(&stdout(&by_model)).unwrap();
+    assert_eq!(by_model["models"][0]["model"], "gpt-4o-mini");
+    assert_eq!(by_model["models"][0]["input_tokens"], input);
+    assert_eq!(by_model["total"]["output_tokens"], output);
+    assert_eq!(by_model["total"]["reasoning_tokens"], Value::Null);
+
+    // The API: the run view, the list and the route by model say the same.
+    let token = api.token("reader", &["read"]);
+    let (status, view) = api.get_json(&format!("/v1/runs/{run}"), &token).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["usage"]["calls"], replies.len());
+    assert_eq!(view["usage"]["input_tokens"], input);
+    assert!((view["usage"]["cost"].as_f64().unwrap() - cost).abs() < 1e-12);
+    let (status, list) = api.get_json("/v1/runs", &token).await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list[0]["usage"], view["usage"], "{list}");
+    let (status, usage) = api.get_json(&format!("/v1/runs/{run}/usage"), &token).await;
+    assert_eq!(status, 200, "{usage}");
+    assert_eq!(usage, by_model);
+    let (status, missing) = api
+        .get_json(&format!("/v1/runs/{}/usage", Uuid::now_v7()), &token)
+        .await;
+    assert_eq!(status, 404, "{missing}");
+
+    // The CLI through the API prints what it prints from the database.
+    let remote = common::rein_with(
+        &["runs", "show", &run.to_string()],
+        &[("REIN_URL", &api.base), ("REIN_TOKEN", &token)],
+    );
+    assert!(
+        stdout(&remote).contains(&line),
+        "{}{}",
+        stdout(&remote),
+        stderr(&remote)
+    );
+
+    // A run with no model call says so, in every view.
+    fleet.kill("usage-w1");
+    let quiet = enqueue(
+        store,
+        "support-agent",
+        json!({"order_id": "A32", "amount": 5}),
+    )
+    .await;
+    let (_, view) = api.get_json(&format!("/v1/runs/{quiet}"), &token).await;
+    assert_eq!(view["usage"], Value::Null, "{view}");
+    let show = rein(&[
+        "runs",
+        "show",
+        &quiet.to_string(),
+        "--database-url",
+        &api.url,
+    ]);
+    assert!(
+        stdout(&show).contains("usage       no model calls"),
+        "{}",
+        stdout(&show)
+    );
+
+    // `verify` recomputes the sums from the log: a changed row is caught.
+    let ok = rein(&[
+        "runs",
+        "verify",
+        &run.to_string(),
+        "--database-url",
+        &api.url,
+    ]);
+    assert!(ok.status.success(), "{}", stderr(&ok));
+    sqlx::query("UPDATE rein_run_usage SET output_tokens = output_tokens + 1 WHERE run_id = $1")
+        .bind(run)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let caught = rein(&[
+        "runs",
+        "verify",
+        &run.to_string(),
+        "--database-url",
+        &api.url,
+    ]);
+    assert!(!caught.status.success());
+    assert!(
+        stderr(&caught).contains("usage table"),
+        "{}",
+        stderr(&caught)
+    );
+}

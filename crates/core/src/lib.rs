@@ -40,6 +40,7 @@ pub mod limits;
 pub mod migration;
 pub mod model;
 pub mod model_keys;
+pub mod model_usage;
 mod movable;
 pub mod redact;
 pub mod reducer;

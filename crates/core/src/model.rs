@@ -600,11 +600,20 @@ pub fn parse_reply(def: &Definition, state: &StateSpec, spec: &ModelSpec, body: 
         .map(|m| crate::text::storable(&m.chars().take(MODEL_NAME_LEN_MAX).collect::<String>()));
     let usage = body.get("usage").and_then(|u| {
         let n = |k: &str| u.get(k).and_then(Value::as_u64);
-        match (n("prompt_tokens"), n("completion_tokens")) {
-            (Some(i), Some(o)) => Some(usage(spec, i, o)),
-            (None, None) => n("total_tokens").map(|t| usage(spec, t, 0)),
-            (i, o) => Some(usage(spec, i.unwrap_or(0), o.unwrap_or(0))),
+        let mut out = match (n("prompt_tokens"), n("completion_tokens")) {
+            (Some(i), Some(o)) => usage(spec, i, o),
+            (None, None) => usage(spec, n("total_tokens")?, 0),
+            (i, o) => usage(spec, i.unwrap_or(0), o.unwrap_or(0)),
+        };
+        // Where the server says them: what `rein_run_usage` sums besides input and output.
+        let detail = |group: &str, k: &str| u.get(group)?.get(k)?.as_u64();
+        if let Some(r) = detail("completion_tokens_details", "reasoning_tokens") {
+            out["reasoning_tokens"] = r.into();
         }
+        if let Some(c) = detail("prompt_tokens_details", "cached_tokens") {
+            out["cached_tokens"] = c.into();
+        }
+        Some(out)
     });
     // A NUL cannot be stored: the reply is refused at step `parse` (as an http node's is)
     // and kept out of the record, instead of parking the run on a commit that fails.
@@ -1223,6 +1232,17 @@ to = "DONE"
         assert_eq!(usage["tokens"], 120);
         assert_eq!(usage["input_tokens"], 100);
         assert!((usage["cost"].as_f64().unwrap() - 0.14).abs() < 1e-9);
+        assert_eq!(
+            usage.get("reasoning_tokens"),
+            None,
+            "not reported: not made up"
+        );
+        let mut detailed = reply_with(json!([call("lookup_order", r#"{"order_id":"A1"}"#)]));
+        detailed["usage"]["completion_tokens_details"] = json!({ "reasoning_tokens": 12 });
+        detailed["usage"]["prompt_tokens_details"] = json!({ "cached_tokens": 64 });
+        let usage = parse_reply(&def, &state, &spec, &detailed).usage.unwrap();
+        assert_eq!(usage["reasoning_tokens"], 12);
+        assert_eq!(usage["cached_tokens"], 64);
         let finish = parse_reply(
             &def,
             &state,

@@ -13,6 +13,7 @@ pub mod recovery;
 pub mod schema;
 pub mod service;
 pub mod stream;
+pub mod usage;
 pub mod whatif;
 pub mod why;
 

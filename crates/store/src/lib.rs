@@ -28,6 +28,7 @@ mod sender;
 mod sim;
 mod tokens;
 pub mod trace;
+mod usage;
 mod webhooks;
 mod whatif;
 mod why;

@@ -549,6 +549,12 @@ impl Store {
         if row.last_sequence != replayed.sequence as i64 || row.state != replayed.state {
             return Ok(Some("run row columns disagree with the projection".into()));
         }
+        let usage = rein_core::model_usage::of_log(&logged);
+        if let Some(problem) =
+            rein_core::model_usage::disagreement(&usage, &self.run_usage(run_id).await?)
+        {
+            return Ok(Some(problem));
+        }
         Ok(bad_checkpoints.into_iter().next())
     }
 

@@ -14,3 +14,4 @@ mod scaling;
 mod scans;
 mod senders;
 mod tokens;
+mod usage;

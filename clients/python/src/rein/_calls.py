@@ -40,6 +40,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/runs/{id}/events"): "send",
     ("GET", "/v1/runs/{id}/stream"): "stream",
     ("GET", "/v1/runs/{id}/brief"): "brief",
+    ("GET", "/v1/runs/{id}/usage"): "usage",
     ("GET", "/v1/runs/{id}/verify"): "verify",
     ("POST", "/v1/runs/{id}/resolve"): "resolve",
     ("GET", "/v1/approvals"): "approvals",
@@ -398,6 +399,10 @@ def why(run: RunRef) -> Call[models.WhyView]:
 
 def brief(run: RunRef) -> Call[models.BriefView]:
     return Call("GET", f"/v1/runs/{run_id(run)}/brief", model(models.BriefView))
+
+
+def usage(run: RunRef) -> Call[models.UsageView]:
+    return Call("GET", f"/v1/runs/{run_id(run)}/usage", model(models.UsageView))
 
 
 def verify(run: RunRef) -> Call[models.VerifyView]:

@@ -197,6 +197,10 @@ class Client:
     def brief(self, run: RunRef) -> models.BriefView:
         return self._do(calls.brief(run))
 
+    def usage(self, run: RunRef) -> models.UsageView:
+        """What the run's model calls used, by model and in all (tokens, cost)."""
+        return self._do(calls.usage(run))
+
     def verify(self, run: RunRef) -> models.VerifyView:
         return self._do(calls.verify(run))
 
@@ -509,6 +513,10 @@ class AsyncClient:
 
     async def brief(self, run: RunRef) -> models.BriefView:
         return await self._do(calls.brief(run))
+
+    async def usage(self, run: RunRef) -> models.UsageView:
+        """What the run's model calls used, by model and in all (tokens, cost)."""
+        return await self._do(calls.usage(run))
 
     async def verify(self, run: RunRef) -> models.VerifyView:
         return await self._do(calls.verify(run))

@@ -385,6 +385,32 @@ class Sequence(RootModel[int]):
     root: int = Field(..., ge=0, le=9223372036854775807)
 
 
+class UsageSums(BaseModel):
+    """
+    What model calls used, summed.
+    """
+
+    cached_tokens: int | None = Field(None, ge=0)
+    """
+    Input tokens served from the server's prompt cache; null until a server reports them.
+    """
+    calls: int = Field(..., ge=0)
+    """
+    Replies recorded.
+    """
+    cost: float | None = None
+    """
+    From the model's `price` in the definition; null when no call was priced.
+    """
+    input_tokens: int = Field(..., ge=0)
+    output_tokens: int = Field(..., ge=0)
+    reasoning_tokens: int | None = Field(None, ge=0)
+    """
+    Reasoning tokens; null until a server reports them (and for calls recorded before
+    Rein read them).
+    """
+
+
 class VerifyView(BaseModel):
     """
     Whether a run's log replays to its stored projection and to every checkpoint.
@@ -870,6 +896,17 @@ class MigrateResponse(BaseModel):
     would_move: int = Field(..., ge=0)
 
 
+class ModelUsageView(UsageSums):
+    """
+    The calls to one model (the one the definition asked for) and what they used.
+    """
+
+    model: str
+    """
+    The model the definition named; empty for a reply that named none.
+    """
+
+
 class RedactBody(BaseModel):
     """
     What to forget of a run.
@@ -951,6 +988,7 @@ class RunView(BaseModel):
     steps_completed: int = Field(..., ge=0)
     terminal_reason: str | None = None
     updated_at: AwareDatetime
+    usage: UsageSums | None = None
     version: int = Field(..., ge=0)
     wake_at: AwareDatetime | None = None
 
@@ -968,6 +1006,19 @@ class RunsPageView(BaseModel):
     Whether the page holds fewer runs than `limit` because more would pass its byte
     bound (as `Rein-Page-Truncated`).
     """
+
+
+class UsageView(BaseModel):
+    """
+    A run's model usage, by model and in all.
+    """
+
+    models: list[ModelUsageView]
+    """
+    By model, in name order.
+    """
+    run_id: UUID
+    total: UsageSums | None = None
 
 
 class DecisionView(ApprovalView):
