@@ -348,7 +348,10 @@ pub fn conversation(spec: &ModelSpec, run: &RunState, input: &Value, log: &[Even
     }
     let mut seen = 0usize;
     let mut pending: Vec<String> = Vec::new();
+    // The call waiting for a person (tool, args), and who granted it once they did: an
+    // approved call is run by the engine, and its result answers the model's own call.
     let mut requested: Option<(Value, Value)> = None;
+    let mut approved_by: Option<String> = None;
     // Tool messages must follow their call at once: a note that comes while a call is open
     // waits until the call is answered.
     let mut deferred: Vec<Value> = Vec::new();
@@ -371,11 +374,19 @@ pub fn conversation(spec: &ModelSpec, run: &RunState, input: &Value, log: &[Even
         let payload = &event.payload;
         match EngineEvent::parse(&event.kind) {
             _ if event.kind == MODEL_REPLIED => {
+                // A call still open here never got a result: granted and not yet run (a log
+                // from before Rein ran approved calls itself), or interrupted.
+                let text = match approved_by.take() {
+                    Some(who) => json!({ "status": "approved", "approved_by": who,
+                                         "note": "approved; no result was recorded" }),
+                    None => json!({ "error": "interrupted before a result was recorded" }),
+                };
+                requested = None;
                 answer_pending(
                     &mut messages,
                     &mut pending,
                     &mut deferred,
-                    canonical_json(&json!({ "error": "interrupted before a result was recorded" })),
+                    canonical_json(&text),
                 );
                 let reply = payload.get("reply").cloned().unwrap_or(Value::Null);
                 if reply.is_object() {
@@ -401,17 +412,9 @@ pub fn conversation(spec: &ModelSpec, run: &RunState, input: &Value, log: &[Even
                 }
             }
             Some(EngineEvent::ApprovalRequested) => {
+                // The call stays open: a person's decision, or the approved call's own
+                // result, answers it.
                 requested = Some((payload["tool"].clone(), payload["args"].clone()));
-                answer_pending(
-                    &mut messages,
-                    &mut pending,
-                    &mut deferred,
-                    canonical_json(&json!({
-                        "status": "approval_required",
-                        "approval_id": payload["approval_id"],
-                        "note": "a person must approve this exact call first; you will be told their decision",
-                    })),
-                );
             }
             Some(EngineEvent::ActionResultInDoubt | EngineEvent::LeaseExpired) => {
                 let reason = payload["reason"].as_str().unwrap_or("its worker stopped");
@@ -430,28 +433,41 @@ pub fn conversation(spec: &ModelSpec, run: &RunState, input: &Value, log: &[Even
                 if let Some(approval) = payload.get("data").and_then(|d| d.get("last_approval")) {
                     let granted = approval["granted"] == json!(true);
                     let (tool, args) = requested.take().unwrap_or((Value::Null, Value::Null));
-                    let who = approval["approver"].as_str().unwrap_or("a person");
-                    messages.push(user_message(if granted {
-                        format!(
-                            "{who} approved the call {} {}. Make exactly that call again to carry it out.",
-                            tool.as_str().unwrap_or("?"),
-                            canonical_json(&args)
-                        )
+                    let who = approval["approver"]
+                        .as_str()
+                        .unwrap_or("a person")
+                        .to_owned();
+                    let call =
+                        format!("{} {}", tool.as_str().unwrap_or("?"), canonical_json(&args));
+                    if granted && !pending.is_empty() {
+                        approved_by = Some(who);
+                    } else if granted {
+                        messages.push(user_message(format!(
+                            "{who} approved the call {call}; Rein runs it as approved."
+                        )));
+                    } else if pending.is_empty() {
+                        messages.push(user_message(format!("{who} denied the call {call}.")));
                     } else {
-                        format!(
-                            "{who} denied the call {} {}.",
-                            tool.as_str().unwrap_or("?"),
-                            canonical_json(&args)
-                        )
-                    }));
-                } else if !pending.is_empty() {
-                    if let Some(result) = payload.get("result") {
-                        let text = quoted(&json!({ "result": result }));
-                        answer_pending(&mut messages, &mut pending, &mut deferred, text);
-                    } else if let Some(error) = payload.get("error") {
-                        let text = quoted(&json!({ "error": error }));
-                        answer_pending(&mut messages, &mut pending, &mut deferred, text);
+                        let text = json!({ "status": "denied", "denied_by": who,
+                                           "note": format!("{who} denied this call; it was not run") });
+                        answer_pending(
+                            &mut messages,
+                            &mut pending,
+                            &mut deferred,
+                            canonical_json(&text),
+                        );
                     }
+                } else if !pending.is_empty() {
+                    let mut answer = match (payload.get("result"), payload.get("error")) {
+                        (Some(result), _) => json!({ "result": result }),
+                        (None, Some(error)) => json!({ "error": error }),
+                        (None, None) => continue,
+                    };
+                    if let Some(who) = approved_by.take() {
+                        answer["approved_by"] = who.into();
+                    }
+                    let text = quoted(&answer);
+                    answer_pending(&mut messages, &mut pending, &mut deferred, text);
                 }
             }
         }
@@ -1417,40 +1433,57 @@ to = "DONE"
                 "APPROVED",
                 json!({"data": {"last_approval": {"granted": true, "approver": "bob"}}}),
             ),
+            ev(7, "ACTION_DISPATCHED", json!({"approval_id": "ap1"})),
+            ev(8, "TOOL_SUCCEEDED", json!({"result": {"refunded": 150}})),
         ];
         let messages = conversation(&spec, &run, &input, &log);
         let roles: Vec<&str> = messages
             .iter()
             .map(|m| m["role"].as_str().unwrap())
             .collect();
+        // The approved call is answered by its own result, under its own id: the model is
+        // never asked to make it again.
         assert_eq!(
             roles,
-            [
-                "system",
-                "user",
-                "assistant",
-                "tool",
-                "assistant",
-                "tool",
-                "user"
-            ]
+            ["system", "user", "assistant", "tool", "assistant", "tool"]
         );
         assert_eq!(messages[0]["content"], "You help Ada ().");
         assert_eq!(messages[1]["content"], "Refund order A1");
         assert_eq!(messages[3]["tool_call_id"], "c1");
         assert!(messages[3]["content"].as_str().unwrap().contains("150"));
+        assert_eq!(messages[4]["tool_calls"][0]["id"], "c2");
+        assert_eq!(messages[5]["tool_call_id"], "c2");
+        let answer = messages[5]["content"].as_str().unwrap();
         assert!(
-            messages[5]["content"]
-                .as_str()
-                .unwrap()
-                .contains("approval_required")
+            answer.contains("refunded") && answer.contains("bob"),
+            "{answer}"
         );
-        assert!(
-            messages[6]["content"]
-                .as_str()
-                .unwrap()
-                .contains("bob approved the call refund")
-        );
+        assert!(!answer.contains("again"), "{answer}");
+
+        // Denied: the call is answered with the denial, under its own id.
+        let mut denied = log[..5].to_vec();
+        denied.push(ev(
+            6,
+            "DENIED",
+            json!({"data": {"last_approval": {"granted": false, "approver": "carol"}}}),
+        ));
+        let messages = conversation(&spec, &run, &input, &denied);
+        let last = messages.last().unwrap();
+        assert_eq!(last["tool_call_id"], "c2");
+        let said = last["content"].as_str().unwrap();
+        assert!(said.contains("denied") && said.contains("carol"), "{said}");
+
+        // A log from before Rein ran approved calls: granted, then the model was asked.
+        let mut older = log[..6].to_vec();
+        older.push(ev(
+            7,
+            MODEL_REPLIED,
+            reply("c3", "refund", r#"{"order_id":"A1","amount":150}"#),
+        ));
+        let messages = conversation(&spec, &run, &input, &older);
+        let answered = &messages[messages.len() - 3];
+        assert_eq!(answered["tool_call_id"], "c2");
+        assert!(answered["content"].as_str().unwrap().contains("approved"));
     }
 
     #[test]

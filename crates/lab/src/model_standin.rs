@@ -389,7 +389,8 @@ fn stream(
 }
 
 /// The support agent of the demo: look up the order, refund it, finish; give up when the
-/// refund was denied. It reads the order from the task (`order_id`, `amount` in the run
+/// refund was denied. Like a sloppy model, it never repeats a call: a refund that needs
+/// approval is run by the engine once granted, and its result is what the agent sees next. It reads the order from the task (`order_id`, `amount` in the run
 /// input) and where it is from the conversation.
 fn support_agent(request: &Value) -> Value {
     let empty = Vec::new();
@@ -408,10 +409,10 @@ fn support_agent(request: &Value) -> Value {
         .find_map(|m| m["tool_calls"][0]["function"]["name"].as_str());
     let last = messages.last();
     let last_text = last.and_then(|m| m["content"].as_str()).unwrap_or("");
-    let denied =
-        last.is_some_and(|m| m["role"] == "user") && last_text.contains(" denied the call");
-    let approved =
-        last.is_some_and(|m| m["role"] == "user") && last_text.contains(" approved the call");
+    // A denial answers the refund's own call (`"status":"denied"`); logs from before Rein
+    // answered it that way said it in a user message.
+    let denied = last_text.contains(r#""status":"denied""#)
+        || (last.is_some_and(|m| m["role"] == "user") && last_text.contains(" denied the call"));
     let call = |name: &str, arguments: Value| json!({ "tool_call": { "name": name, "arguments": arguments } });
     match last_call {
         _ if denied => call(
@@ -420,9 +421,6 @@ fn support_agent(request: &Value) -> Value {
         ),
         None => call("lookup_order", json!({ "order_id": order_id })),
         Some("lookup_order") => call("refund", json!({ "order_id": order_id, "amount": amount })),
-        Some("refund") if approved => {
-            call("refund", json!({ "order_id": order_id, "amount": amount }))
-        }
         Some("refund") => call(
             "FINISH",
             json!({ "payload": { "data": { "summary": format!("refunded {amount} on order {order_id}") } } }),

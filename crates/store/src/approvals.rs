@@ -119,6 +119,25 @@ impl Store {
         .await?)
     }
 
+    /// The grant of `run_id`'s call `action_hash` that a dispatch already used: an approved
+    /// call retried after a failure runs under it again, with no new approval.
+    pub async fn spent_grant(
+        &self,
+        run_id: Uuid,
+        action_hash: &str,
+    ) -> Result<Option<Approval>, StoreError> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {COLUMNS} FROM rein_approvals
+             WHERE run_id = $1 AND action_hash = $2 AND status = 'granted'
+               AND consumed_at IS NOT NULL
+             ORDER BY consumed_at DESC LIMIT 1"
+        )))
+        .bind(run_id)
+        .bind(action_hash)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+
     pub async fn approval(&self, approval_id: Uuid) -> Result<Approval, StoreError> {
         sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT {COLUMNS} FROM rein_approvals WHERE approval_id = $1"

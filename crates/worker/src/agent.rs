@@ -7,17 +7,16 @@
 //! ```json
 //! {"agent": {
 //!    "script": [
-//!      {"decision": "call_tool", "tool": "refund", "args": {"order_id": "A1", "amount": 150},
-//!       "after_approval": {"decision": "call_tool", "tool": "refund",
-//!                          "args": {"order_id": "A1", "amount": 10000}}},
+//!      {"decision": "call_tool", "tool": "refund", "args": {"order_id": "A1", "amount": 150}},
 //!      {"decision": "FINISH"}],
 //!    "timeout_after_apply": false,
+//!    "fail_first": 0,
 //!    "no_reconcile": false}}
 //! ```
 //!
 //! The model answers step N (completed tool calls so far) with `script[N]` (the last entry
-//! once the script runs out), or with its `after_approval` variant once a person has granted
-//! an approval — which is how a test plays a model that changes its mind after the grant.
+//! once the script runs out). A call a person approved is run by the engine itself, so the
+//! model is not asked again until that call has its result.
 
 use std::time::Duration;
 
@@ -53,15 +52,7 @@ impl NodeHandler for ScriptedModel {
             else {
                 return Outcome::Decision(json!({ "decision": "" }));
             };
-            let granted = ctx.run.data["last_approval"]["granted"] == json!(true);
-            let mut decision = match entry.get("after_approval") {
-                Some(changed) if granted => changed.clone(),
-                _ => entry.clone(),
-            };
-            if let Some(map) = decision.as_object_mut() {
-                map.remove("after_approval");
-            }
-            Outcome::Decision(decision)
+            Outcome::Decision(entry.clone())
         })
     }
 }
@@ -88,6 +79,21 @@ impl NodeHandler for SimTool {
                 return Outcome::event(
                     "TOOL_SUCCEEDED",
                     json!({ "result": { "tool": name, "order": ctx.args, "found": true } }),
+                );
+            }
+            // A transient failure before anything is applied, on the first `fail_first`
+            // attempts: the call is retried under the same key.
+            if agent_input(&ctx)["fail_first"].as_u64().unwrap_or(0) > u64::from(ctx.run.attempt) {
+                let failure = rein_core::retry::Failure::transient(
+                    rein_core::retry::kind::HTTP_5XX,
+                    &format!(
+                        "{name}: the ledger answered 503 (attempt {})",
+                        ctx.run.attempt
+                    ),
+                );
+                return Outcome::event(
+                    "TOOL_RETRYABLE_FAILED",
+                    json!({ "reason": "transient", "error": failure.to_json() }),
                 );
             }
             let applied = match crate::sim::apply_to_ledger(&store, &ctx, &result).await {

@@ -771,6 +771,12 @@ impl Driver {
                 (step, format!("step-{step}"))
             }
         };
+        // A call a person approved runs as approved: the engine dispatches exactly that call
+        // itself (SPEC H2); the model is never asked to make it again.
+        if let Some((call, grant)) = self.approved_call(&node).await? {
+            info!(run_id = %self.run_id, tool = %call.tool, approval_id = ?grant, "running the approved call");
+            return self.call_tool(call, &node, step, &action_id, grant).await;
+        }
         let permit = self.admit(&node, None).await?;
         let call_id = Uuid::now_v7().to_string();
         let ctx = self.context(&node, step, &action_id, &call_id);
@@ -1083,6 +1089,72 @@ impl Driver {
             }
         }
         self.call_tool(call, node, step, action_id, approval).await
+    }
+
+    /// The call a person approved at `node` that the engine is to run now, with the grant the
+    /// dispatch uses up: the run's newest decision granted an unused request of this node
+    /// (`Some(grant)`), or an approved call failed in a way that may be retried and its step
+    /// is open again (`None`: the same call under the same key, no new approval). The call
+    /// is validated again in the current state and must hash to what was approved; anything
+    /// else leaves the step to the node's own action.
+    async fn approved_call(
+        &mut self,
+        node: &str,
+    ) -> Result<Option<(ToolCall, Option<Uuid>)>, Stop> {
+        let store = self.inner.store.clone();
+        let found = match &self.state.action {
+            Some(slot) if slot.status == ActionStatus::Failed && slot.node == node => {
+                match (&slot.tool, &slot.action_hash) {
+                    (Some(_), Some(hash)) => store
+                        .spent_grant(self.run_id, hash)
+                        .await
+                        .map(|a| a.map(|a| (a, None))),
+                    _ => Ok(None),
+                }
+            }
+            Some(_) => Ok(None),
+            None => {
+                let last = &self.state.data["last_approval"];
+                match last["approval_id"]
+                    .as_str()
+                    .and_then(|id| id.parse::<Uuid>().ok())
+                {
+                    Some(id) if last["granted"] == json!(true) => match store.approval(id).await {
+                        Ok(a) => Ok(Some((a, Some(id)))),
+                        Err(StoreError::Invalid(_)) => Ok(None),
+                        Err(e) => Err(e),
+                    },
+                    _ => Ok(None),
+                }
+            }
+        };
+        let (approval, grant) = match found {
+            Ok(Some(found)) => found,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                warn!(run_id = %self.run_id, error = %e, "cannot read approvals; handing the run back");
+                return Err(self.release().await);
+            }
+        };
+        let unused = approval.status == "granted" && approval.consumed_at.is_none();
+        if approval.run_id != self.run_id || approval.node != node || (grant.is_some() && !unused) {
+            return Ok(None);
+        }
+        let decision = json!({
+            "decision": rein_core::decision::CALL_TOOL,
+            "tool": approval.tool,
+            "args": approval.args,
+        });
+        match rein_core::decision::validate(&self.def, &self.state, &decision) {
+            Ok(Valid::Call(call)) if call.action_hash == approval.action_hash => {
+                Ok(Some((call, grant)))
+            }
+            _ => {
+                warn!(run_id = %self.run_id, approval_id = %approval.approval_id,
+                    "the approved call no longer validates to what was approved; the node decides again");
+                Ok(None)
+            }
+        }
     }
 
     /// Records a refused decision (DECISION_REJECTED with its step), then the state's

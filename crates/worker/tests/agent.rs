@@ -208,14 +208,13 @@ async fn a_granted_refund_uses_its_grant_once_in_the_dispatch_commit() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_grant_for_150_does_not_authorise_10000() {
+async fn a_grant_for_150_runs_150_once_and_a_later_10000_needs_its_own_approval() {
     let store = store("agent_changed").await;
-    let mut first = refund(150.0);
-    first["after_approval"] = refund(10_000.0);
+    // A model that, once its approved 150 is done, wants 10,000 more.
     let run = start_run(
         &store,
         &refund_agent(),
-        json!({ "script": [first, { "decision": "FINISH" }] }),
+        json!({ "script": [refund(150.0), refund(10_000.0), { "decision": "FINISH" }] }),
     )
     .await;
     let fleet = Fleet::start(&store, "agent-changed");
@@ -224,17 +223,83 @@ async fn a_grant_for_150_does_not_authorise_10000() {
         .decide_approval(request.approval_id, true, "alice", None)
         .await
         .expect("grant for 150");
-    // The model now wants 10,000: a new request, and the 150 grant is void.
+    // The engine runs exactly the approved 150; the 10,000 is a new request.
     let first_id = request.approval_id;
     let second = find_request(&store, run, false, |a| a.approval_id != first_id).await;
     assert_eq!(second.args["amount"], json!(10_000.0));
     assert_ne!(second.action_hash, request.action_hash);
     wait_state(&store, run, "WAITING_APPROVAL").await;
     let first_now = store.approval(request.approval_id).await.unwrap();
-    assert_eq!(first_now.status, "void", "the 150 grant no longer applies");
-    assert!(first_now.consumed_at.is_none(), "and it was never used");
-    assert_eq!(effects(&store, run).await, 0, "no refund of any amount");
+    assert_eq!(first_now.status, "granted");
+    assert!(first_now.consumed_at.is_some(), "the 150 grant is spent");
+    assert_eq!(
+        effects(&store, run).await,
+        1,
+        "the 150, and nothing of the 10,000"
+    );
+    let applied: Value =
+        sqlx::query_scalar("SELECT result FROM rein_sim_idempotency WHERE run_id = $1")
+            .bind(run)
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(applied["args"]["amount"], json!(150.0), "{applied}");
+    // Denied, the 10,000 never runs; the run ends.
+    store
+        .decide_approval(second.approval_id, false, "alice", Some("too much"))
+        .await
+        .expect("deny");
+    wait_until("the run to end", LONG, || async {
+        store.run(run).await.unwrap().status == "terminal"
+    })
+    .await;
     fleet.stop().await;
+    assert_eq!(effects(&store, run).await, 1);
+    assert_replays(&store, run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_refund_that_fails_transiently_is_retried_under_its_key_without_a_new_approval()
+{
+    let store = store("agent_approved_retry").await;
+    let run = start_run(
+        &store,
+        &refund_agent(),
+        json!({ "script": [refund(150.0), { "decision": "FINISH" }], "fail_first": 1 }),
+    )
+    .await;
+    let fleet = Fleet::start(&store, "agent-approved-retry");
+    let request = open_request(&store, run).await;
+    store
+        .decide_approval(request.approval_id, true, "alice", None)
+        .await
+        .expect("grant");
+    wait_state(&store, run, "DONE").await;
+    fleet.stop().await;
+    assert_eq!(effects(&store, run).await, 1, "applied exactly once");
+    let requests = store.approvals(true, Some(run), 10).await.unwrap();
+    assert_eq!(requests.len(), 1, "no new approval: {requests:?}");
+    let history = store.history(run).await.unwrap();
+    let types: Vec<&str> = history.iter().map(|e| e.kind.as_str()).collect();
+    assert!(types.contains(&"TOOL_RETRYABLE_FAILED"), "{types:?}");
+    let dispatches: Vec<&Value> = history
+        .iter()
+        .filter(|e| e.kind == "ACTION_DISPATCHED")
+        .map(|e| &e.payload)
+        .collect();
+    assert_eq!(dispatches.len(), 2, "{types:?}");
+    assert_eq!(dispatches[0]["approval_id"], json!(request.approval_id));
+    assert_eq!(
+        dispatches[1]["approval_id"],
+        Value::Null,
+        "the grant is used once"
+    );
+    assert_eq!(
+        dispatches[0]["idempotency_key"], dispatches[1]["idempotency_key"],
+        "the retry runs under the same key"
+    );
+    assert_eq!(dispatches[1]["action_hash"], json!(request.action_hash));
+    assert_replays(&store, run).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
