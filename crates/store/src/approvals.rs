@@ -107,16 +107,7 @@ impl Store {
         run_id: Uuid,
         action_hash: &str,
     ) -> Result<Option<Approval>, StoreError> {
-        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT {COLUMNS} FROM rein_approvals
-             WHERE run_id = $1 AND action_hash = $2 AND status = 'granted'
-               AND consumed_at IS NULL
-             ORDER BY decided_at DESC LIMIT 1"
-        )))
-        .bind(run_id)
-        .bind(action_hash)
-        .fetch_optional(self.pool())
-        .await?)
+        self.grant_of(run_id, action_hash, false).await
     }
 
     /// The grant of `run_id`'s call `action_hash` that a dispatch already used: an approved
@@ -126,14 +117,25 @@ impl Store {
         run_id: Uuid,
         action_hash: &str,
     ) -> Result<Option<Approval>, StoreError> {
+        self.grant_of(run_id, action_hash, true).await
+    }
+
+    /// The newest grant of the call, used (`spent`) or not.
+    async fn grant_of(
+        &self,
+        run_id: Uuid,
+        action_hash: &str,
+        spent: bool,
+    ) -> Result<Option<Approval>, StoreError> {
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT {COLUMNS} FROM rein_approvals
              WHERE run_id = $1 AND action_hash = $2 AND status = 'granted'
-               AND consumed_at IS NOT NULL
-             ORDER BY consumed_at DESC LIMIT 1"
+               AND (consumed_at IS NOT NULL) = $3
+             ORDER BY coalesce(consumed_at, decided_at) DESC LIMIT 1"
         )))
         .bind(run_id)
         .bind(action_hash)
+        .bind(spent)
         .fetch_optional(self.pool())
         .await?)
     }
