@@ -1847,6 +1847,23 @@ impl<'a> Harness<'a> {
         if frozen == 0 {
             return false;
         }
+        // Continued on time by a timer of their own, not only by the loop: a backend frozen
+        // mid-fsync holds the WAL write lock every other session waits for, the harness's
+        // own queries (the next one is just below) included, so a thaw that waited for the
+        // loop could wait forever.
+        let stopped: Vec<i32> = self
+            .frozen
+            .iter()
+            .filter(|(_, u)| *u == until)
+            .map(|(b, _)| *b)
+            .collect();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(tokio::time::Instant::from_std(until)).await;
+            for backend in stopped {
+                // SAFETY: as above; continuing a backend that exited since is a no-op.
+                unsafe { libc::kill(backend, libc::SIGCONT) };
+            }
+        });
         let held = self.held_by(&victim).await;
         let what = self.track(Fault::BackendStop, &victim, at, held);
         self.progress.note(&format!(
