@@ -54,6 +54,9 @@ const EXPIRING_VERSION_OFFSET: u32 = 100;
 const EXITS_MAX: usize = 20;
 /// How long past the window faults go on while some kind has not had its turn.
 const FIRST_ROUND_GRACE: Duration = Duration::from_secs(60);
+/// Beyond the fault window, its grace and the healing timeout: how long the harness itself
+/// may take (starting processes, restarting the server) before it is stopped as stuck.
+const HARNESS_MARGIN: Duration = Duration::from_secs(300);
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 const CHILD_LOG_FILTER: &str = "info,sqlx=warn";
 /// How long the private Redis stays down after a `redis_stop` fault.
@@ -201,7 +204,20 @@ pub async fn chaos(args: ChaosArgs) -> u8 {
     let log_dir = log_dir();
     let (code, summary) = match Harness::start(&args, seed, &db, &log_dir).await {
         Ok(mut harness) => {
-            let outcome = harness.drive(&mut db).await;
+            // A watchdog over the harness itself: should one of its own awaits never end,
+            // the run ends as aborted (everything frozen is continued by `finish`) instead
+            // of hanging whoever waits for it.
+            let limit = Duration::from_secs(args.duration_s + args.timeout_s)
+                + FIRST_ROUND_GRACE
+                + HARNESS_MARGIN;
+            let outcome = match tokio::time::timeout(limit, harness.drive(&mut db)).await {
+                Ok(outcome) => outcome,
+                Err(_) => Outcome::Aborted(format!(
+                    "the harness did not end within {} s (fault window, grace, --timeout-s and a \
+                     margin); one of its own steps is stuck: see the fleet's logs",
+                    limit.as_secs()
+                )),
+            };
             harness.finish(outcome, &mut db).await
         }
         Err(code) => (code, None),
