@@ -242,7 +242,9 @@ def test_a_call_rein_drops_is_cancelled_under_a_real_server() -> None:
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
+        up_by = time.monotonic() + 30
         while not server.started:
+            assert thread.is_alive() and time.monotonic() < up_by, "the node server did not start within 30 s"
             time.sleep(0.01)
         for name, wanted in (("ASYNC", "async cancelled"), ("SYNC", "sync tool not started")):
             started.clear()
