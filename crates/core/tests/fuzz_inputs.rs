@@ -255,8 +255,10 @@ proptest! {
             let data = json!({ "x": data, "items": items });
             let input = guard_input(&payload, data);
             // Ok(bool) or a refusal (a type error, a missing field, the cost bound): never a
-            // panic, never a hang.
-            let _ = compiled.eval(&input);
+            // panic, never a hang, and never more steps than the limit.
+            let mut scope = rein_core::guard::GuardScope::new(&input);
+            let _ = compiled.eval_in(&mut scope);
+            prop_assert!(scope.steps_used() <= rein_core::limits::GUARD_STEPS_MAX);
         }
     }
 
@@ -279,7 +281,7 @@ proptest! {
     }
 
     #[test]
-    fn any_json_schema_in_a_tools_spec_is_loaded_or_refused_and_checks_any_arguments(
+    fn any_json_schema_in_a_tools_spec_is_loaded_or_refused_and_any_arguments_are_judged(
         schema in json_value(),
         args in json_value(),
     ) {

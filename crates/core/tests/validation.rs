@@ -581,6 +581,23 @@ fn guards_run_legality_before_safety_before_business() {
             guard: "l".into()
         }
     );
+    // With legality passing, safety is judged before business, whatever the listed order.
+    let text = replaced(
+        "event = \"finish\"\nto = \"done\"",
+        "event = \"finish\"\nto = \"done\"\nguards = [\
+         { kind = \"business\", name = \"b\", expr = \"false\" },\
+         { kind = \"safety\", name = \"s\", expr = \"false\" },\
+         { kind = \"legality\", name = \"l\", expr = \"true\" }]",
+    );
+    let def = parse(&text).unwrap();
+    let err = apply(&def, &run, &Event::new(1, "finish", json!({}))).unwrap_err();
+    assert_eq!(
+        err.reason,
+        RejectReason::GuardFailed {
+            kind: GuardKind::Safety,
+            guard: "s".into()
+        }
+    );
 }
 
 #[test]
