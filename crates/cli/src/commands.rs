@@ -1105,17 +1105,23 @@ pub async fn runs(cmd: RunsCommand) -> u8 {
                 print_json(&rows);
             } else {
                 println!(
-                    "{:<36}  {:<15}  {:<18}  {:<15}  {:>4}",
-                    "run", "definition", "state", "status", "seq"
+                    "{:<36}  {:<15}  {:<18}  {:<15}  {:>4}  {:>8}",
+                    "run", "definition", "state", "status", "seq", "tokens"
                 );
                 for r in rows.as_array().into_iter().flatten() {
+                    // What its model calls used, in and out; "-" for a run with none.
+                    let tokens = r["usage"]["input_tokens"]
+                        .as_u64()
+                        .zip(r["usage"]["output_tokens"].as_u64())
+                        .map_or("-".to_owned(), |(i, o)| i.saturating_add(o).to_string());
                     println!(
-                        "{:<36}  {:<15}  {:<18}  {:<15}  {:>4}",
+                        "{:<36}  {:<15}  {:<18}  {:<15}  {:>4}  {:>8}",
                         text(r, "run_id"),
                         text(r, "definition"),
                         text(r, "state"),
                         text(r, "status"),
-                        cell(r, "sequence")
+                        cell(r, "sequence"),
+                        tokens
                     );
                 }
             }

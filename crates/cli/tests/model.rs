@@ -1212,6 +1212,17 @@ async fn a_run_without_a_budget_shows_its_tokens_and_cost_in_the_cli_and_the_api
         .await;
     assert_eq!(status, 404, "{missing}");
 
+    let list = rein(&["runs", "list", "--database-url", &api.url]);
+    let row = stdout(&list)
+        .lines()
+        .find(|l| l.starts_with(&run.to_string()))
+        .map(str::to_owned)
+        .unwrap_or_default();
+    assert!(
+        row.trim_end().ends_with(&(input + output).to_string()),
+        "{row}"
+    );
+
     // The CLI through the API prints what it prints from the database.
     let remote = common::rein_with(
         &["runs", "show", &run.to_string()],
