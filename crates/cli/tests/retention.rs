@@ -421,6 +421,32 @@ async fn detach_moves_a_finished_month_whole_and_keeps_a_month_with_a_live_run()
         "a dry run moves nothing"
     );
 
+    // A session that keeps reading rein_events holds the move up: it gives up after its
+    // lock timeout, says what to do, and the month stays where it was.
+    let mut reader = store.pool().acquire().await.expect("a connection");
+    sqlx::query("BEGIN").execute(&mut *reader).await.unwrap();
+    sqlx::query("SELECT count(*) FROM rein_events")
+        .execute(&mut *reader)
+        .await
+        .unwrap();
+    let cutoff = db_now(&store).await - chrono::Duration::days(1);
+    let refused = store
+        .archive_month(&old_month, cutoff)
+        .await
+        .expect_err("the reader holds the table");
+    let said = refused.to_string();
+    assert!(
+        said.contains("did not let go within") && said.contains("rein retention detach"),
+        "{said}"
+    );
+    sqlx::query("ROLLBACK").execute(&mut *reader).await.unwrap();
+    drop(reader);
+    assert_eq!(
+        partition_of_events(&store, &old).await,
+        vec![(old_month.clone(), old_events)],
+        "the month stays attached"
+    );
+
     let moved = retention("detach", &url, &["--older-than", "1d"]);
     println!("detach summary: {moved}");
     let moved_months: Vec<&str> = moved["moved"]
