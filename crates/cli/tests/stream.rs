@@ -581,3 +581,82 @@ async fn timeout_gives_up_on_a_run_that_is_still_going_with_its_own_exit_code() 
         stderr(&out)
     );
 }
+
+/// `rein runs watch` through the API opens a broken stream again after the last event it
+/// read: the API killed and started again on its address, the run ending meanwhile, the watch
+/// still prints every event once, in order, and exits by how the run ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_watch_opens_a_broken_stream_again_and_prints_each_event_once() {
+    use common::DieWithParent;
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+
+    let (url, store) = common::fresh_store("stream_reopen").await;
+    let mut fleet = Fleet::new(&url, "stream_reopen");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let base = fleet.spawn_server("api1", &["api", "--listen", &listen]);
+    let token = common::token(&url, "watcher", &["read"]);
+    let run = idle_run(&store).await;
+    let out_path = fleet.log_dir.join("watch.out");
+    let child = Command::new(common::REIN)
+        .args([
+            "runs",
+            "watch",
+            &run.to_string(),
+            "--json",
+            "--timeout",
+            "60",
+        ])
+        .env_remove("DATABASE_URL")
+        .env("REIN_URL", &base)
+        .env("REIN_TOKEN", &token)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(fleet.log_dir.join("watch.err")).unwrap())
+        .process_group(0)
+        .die_with_parent()
+        .spawn()
+        .expect("spawn rein runs watch");
+    fleet.procs.push(common::Proc {
+        name: "watch".into(),
+        child,
+    });
+    let read = || std::fs::read_to_string(&out_path).unwrap_or_default();
+    common::wait_for(
+        "the watch to print the run's events so far",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || async { read().lines().count() >= 2 },
+    )
+    .await;
+
+    fleet.kill("api1");
+    common::cancel(&store, run).await;
+    fleet.spawn_server("api2", &["api", "--listen", &listen]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = fleet.proc("watch").child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the watch did not end after the API came back: {}",
+            read()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let text = read();
+    assert_eq!(status.code(), Some(5), "cancelled: {text}");
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let committed: Vec<i64> = lines
+        .iter()
+        .filter(|l| l["event"] == "committed")
+        .map(|l| l["data"]["sequence"].as_i64().unwrap())
+        .collect();
+    let last = store.run(run).await.unwrap().last_sequence;
+    assert_eq!(committed, (1..=last).collect::<Vec<_>>(), "{text}");
+    assert_eq!(lines.last().unwrap()["event"], "end", "{text}");
+}
