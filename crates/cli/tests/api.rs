@@ -456,6 +456,7 @@ async fn the_openapi_document_lists_every_route_served() {
         ("/v1/runs", "post"),
         ("/v1/runs/{id}", "get"),
         ("/v1/runs/{id}/why", "get"),
+        ("/v1/runs/{id}/usage", "get"),
         ("/v1/runs/{id}/events", "get"),
         ("/v1/runs/{id}/events", "post"),
         ("/v1/approvals", "get"),
@@ -1528,10 +1529,10 @@ async fn a_malformed_path_parameter_is_a_documented_422_on_every_operation() {
             checked += 1;
         }
     }
-    // Run, why, events (get and send), stream, rerun, fork, redact, grant, deny, definition,
-    // its current version, its migration, brief, verify, what-if, resolve, blob.
+    // Run, why, usage, events (get and send), stream, rerun, fork, redact, grant, deny,
+    // definition, its current version, its migration, brief, verify, what-if, resolve, blob.
     assert_eq!(
-        checked, 18,
+        checked, 19,
         "every operation with a path parameter was checked"
     );
 }
