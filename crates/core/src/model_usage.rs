@@ -45,15 +45,26 @@ impl ModelUsage {
     /// Adds one reply's `usage` (absent or malformed: a call that used nothing known).
     pub fn add(&mut self, usage: Option<&Value>) {
         let field = |k: &str| usage.and_then(|u| u.get(k));
-        self.calls = add_count(self.calls, 1);
-        self.input_tokens = add_count(self.input_tokens, count(field("input_tokens")).unwrap_or(0));
-        self.output_tokens = add_count(
-            self.output_tokens,
-            count(field("output_tokens")).unwrap_or(0),
-        );
-        self.reasoning_tokens = add_known(self.reasoning_tokens, count(field("reasoning_tokens")));
-        self.cached_tokens = add_known(self.cached_tokens, count(field("cached_tokens")));
-        self.cost = match (self.cost, cost(field("cost"))) {
+        self.merge(&ModelUsage {
+            model: String::new(),
+            calls: 1,
+            input_tokens: count(field("input_tokens")).unwrap_or(0),
+            output_tokens: count(field("output_tokens")).unwrap_or(0),
+            reasoning_tokens: count(field("reasoning_tokens")),
+            cached_tokens: count(field("cached_tokens")),
+            cost: cost(field("cost")),
+        });
+    }
+
+    /// Adds `other`'s sums to these, each held at its ceiling; a field unknown on one side
+    /// keeps the other's value.
+    fn merge(&mut self, other: &ModelUsage) {
+        self.calls = add_count(self.calls, other.calls);
+        self.input_tokens = add_count(self.input_tokens, other.input_tokens);
+        self.output_tokens = add_count(self.output_tokens, other.output_tokens);
+        self.reasoning_tokens = add_known(self.reasoning_tokens, other.reasoning_tokens);
+        self.cached_tokens = add_known(self.cached_tokens, other.cached_tokens);
+        self.cost = match (self.cost, other.cost) {
             (Some(a), Some(b)) => Some((a + b).min(COST_MAX)),
             (a, b) => a.or(b),
         };
@@ -136,17 +147,7 @@ pub fn total(models: &[ModelUsage]) -> Option<ModelUsage> {
         model: String::new(),
         ..first.clone()
     };
-    for m in rest {
-        sum.calls = add_count(sum.calls, m.calls);
-        sum.input_tokens = add_count(sum.input_tokens, m.input_tokens);
-        sum.output_tokens = add_count(sum.output_tokens, m.output_tokens);
-        sum.reasoning_tokens = add_known(sum.reasoning_tokens, m.reasoning_tokens);
-        sum.cached_tokens = add_known(sum.cached_tokens, m.cached_tokens);
-        sum.cost = match (sum.cost, m.cost) {
-            (Some(a), Some(b)) => Some((a + b).min(COST_MAX)),
-            (a, b) => a.or(b),
-        };
-    }
+    rest.iter().for_each(|m| sum.merge(m));
     Some(sum)
 }
 
