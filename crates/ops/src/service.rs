@@ -359,7 +359,7 @@ pub async fn run(store: &Store, run_id: Uuid) -> Result<Value, Error> {
     let row = store.run(run_id).await?;
     let mut run = run_json(&row);
     with_last_events(store, std::slice::from_mut(&mut run), &[&row]).await?;
-    crate::usage::with_usage(store, std::slice::from_mut(&mut run)).await?;
+    crate::usage::with_usage(store, std::slice::from_mut(&mut run), &[row.run_id]).await?;
     Ok(run)
 }
 
@@ -422,7 +422,8 @@ pub async fn runs(
         })
         .collect();
     with_last_events(store, &mut runs, &rows.iter().collect::<Vec<_>>()).await?;
-    crate::usage::with_usage(store, &mut runs).await?;
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.run_id).collect();
+    crate::usage::with_usage(store, &mut runs, &ids).await?;
     Ok(RunsPage {
         runs,
         next,

@@ -77,21 +77,12 @@ pub async fn usage(store: &Store, run_id: Uuid) -> Result<UsageView, Error> {
     })
 }
 
-/// Sets each run document's `usage` (all models summed, or null) in one read.
-pub async fn with_usage(store: &Store, runs: &mut [Value]) -> Result<(), Error> {
-    let ids: Vec<Uuid> = runs
-        .iter()
-        .filter_map(|r| r.get("run_id")?.as_str()?.parse().ok())
-        .collect();
-    let mut by_run = store.runs_usage(&ids).await?;
-    for run in runs.iter_mut() {
-        let id: Option<Uuid> = run
-            .get("run_id")
-            .and_then(Value::as_str)
-            .and_then(|s| s.parse().ok());
-        let sums = id
-            .and_then(|id| by_run.remove(&id))
-            .and_then(|models| total(&models));
+/// Sets each run document's `usage` (all models summed, or null) in one read; `ids` are the
+/// documents' runs, in the same order.
+pub async fn with_usage(store: &Store, runs: &mut [Value], ids: &[Uuid]) -> Result<(), Error> {
+    let mut by_run = store.runs_usage(ids).await?;
+    for (run, id) in runs.iter_mut().zip(ids) {
+        let sums = by_run.remove(id).and_then(|models| total(&models));
         if let Some(run) = run.as_object_mut() {
             run.insert("usage".to_owned(), json!(sums));
         }
