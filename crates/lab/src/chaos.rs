@@ -1852,14 +1852,15 @@ impl<'a> Harness<'a> {
         let at = Instant::now();
         let until =
             at + Duration::from_millis(2 * self.args.lease_ttl_ms + self.args.scheduler_tick_ms);
-        let mut frozen = 0;
+        let mut stopped = Vec::new();
         for backend in &backends {
             // SAFETY: kill(2) with a pid read from the private server's own activity view.
             if unsafe { libc::kill(*backend, libc::SIGSTOP) } == 0 {
                 self.frozen.push((*backend, until));
-                frozen += 1;
+                stopped.push(*backend);
             }
         }
+        let frozen = stopped.len();
         if frozen == 0 {
             return false;
         }
@@ -1867,12 +1868,6 @@ impl<'a> Harness<'a> {
         // mid-fsync holds the WAL write lock every other session waits for, the harness's
         // own queries (the next one is just below) included, so a thaw that waited for the
         // loop could wait forever.
-        let stopped: Vec<i32> = self
-            .frozen
-            .iter()
-            .filter(|(_, u)| *u == until)
-            .map(|(b, _)| *b)
-            .collect();
         tokio::spawn(async move {
             tokio::time::sleep_until(tokio::time::Instant::from_std(until)).await;
             for backend in stopped {
