@@ -389,8 +389,9 @@ pub fn conversation(spec: &ModelSpec, run: &RunState, input: &Value, log: &[Even
                     canonical_json(&text),
                 );
                 let mut reply = payload.get("reply").cloned().unwrap_or(Value::Null);
+                let ids = call_ids(&reply);
                 if let Some(said) = reply.as_object_mut() {
-                    pending = call_ids(&Value::Object(said.clone()));
+                    pending = ids;
                     // A tool call's message without text says "" rather than null: OpenAI
                     // takes either, llama-cpp-python's server answers 500 to null and its
                     // function-calling template to a message with no content at all.
